@@ -113,6 +113,7 @@ class TrainConfig:
     val_micro_batch_size: int = 64
     log_every: int = 10  # optimizer steps between train-loss logs
     checkpoint_every: int = 50  # optimizer steps between resumable checkpoints
+    divergence_nats: float = 2.0  # stop when the smoothed train loss rises this far above its minimum
 
 
 @dataclass

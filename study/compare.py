@@ -1,0 +1,205 @@
+"""Stage 3, ``python -m study.compare [overrides]``: statistics and report over every run.
+
+Reads ``runs/VARIANT-sSEED/{metrics.json,curve.csv}`` for the variants x seeds
+of conf/study.yaml and writes to ``study.reports_dir`` (default reports/):
+  summary.json          per variant: n_seeds, val_loss_mean/sd (nats), parameters;
+                        vs the baseline, paired by seed: mean difference, 95% CI,
+                        paired t-test p-value (and Benjamini-Hochberg adjusted),
+                        percent log-loss and perplexity change (arXiv 2603.13381)
+  comparison.md         the same as tables, with the runs that diverged
+  val_loss_curves.png   val loss (nats) against training tokens, mean over seeds, band = min..max
+  final_val_loss.png    final val loss per variant, mean with its 95% interval
+Diverged runs are reported as such and left out of the statistics.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from study.config import ConfigError, load_config, project_root, run_name
+from study.data import DataError
+from study.stats import adjust, mean_ci, paired
+
+PALETTE = {"baseline": "#1f77b4", "identity_q": "#2ca02c", "nonlinear_q": "#d62728", "baseline_mlp4.75": "#9467bd",
+           "residual_linear_q": "#ff7f0e", "nonlinear_q_nores": "#8c564b", "nonlinear_q_r4": "#e377c2",
+           "nonlinear_q_r1": "#7f7f7f", "nonlinear_q_relu2": "#bcbd22", "nonlinear_q_silu": "#17becf",
+           "nonlinear_k": "#aec7e8", "nonlinear_v": "#ffbb78", "identity_q_mlp4.5": "#98df8a",
+           "baseline_mlp3.5": "#c5b0d5", "baseline_mlp4.5": "#c49c94", "baseline_mlp5": "#f7b6d2"}
+
+
+def color(variant: str) -> str:
+    """The colour of a variant, the same in every figure (and the notebook)."""
+    if variant in PALETTE:
+        return PALETTE[variant]
+    import matplotlib
+    return matplotlib.colors.to_hex(matplotlib.colormaps["tab20"](sum(map(ord, variant)) % 20))
+
+
+def load_runs(cfg, root: Path) -> dict[str, dict[int, dict]]:
+    """{variant: {seed: metrics.json + "curve": rows}} for every run of the study.
+
+    Raises:
+        DataError: a run of the study has no metrics.json (with the command that makes it).
+    """
+    runs: dict[str, dict[int, dict]] = {}
+    missing = []
+    for variant in cfg.study.variants:
+        for seed in cfg.study.seeds:
+            d = root / cfg.study.runs_dir / run_name(variant, seed)
+            if not (d / "metrics.json").is_file():
+                missing.append(f"`python -m study.train variant={variant} seed={seed}`")
+                continue
+            m = json.loads((d / "metrics.json").read_text())
+            with open(d / "curve.csv") as f:
+                m["curve"] = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
+            runs.setdefault(variant, {})[seed] = m
+    if missing:
+        raise DataError(f"{len(missing)} run(s) of the study have no metrics.json; run `dvc repro` or "
+                        f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    return runs
+
+
+def summarize(cfg, runs: dict[str, dict[int, dict]]) -> dict:
+    """The content of summary.json (see the module docstring)."""
+    base_name = cfg.study.baseline
+    ok = {v: {s: m["val_loss"] for s, m in r.items() if m["status"] == "ok" and math.isfinite(m["val_loss"])}
+          for v, r in runs.items()}
+    variants = {}
+    for v, r in runs.items():
+        losses = list(ok[v].values())
+        any_run = next(iter(r.values()))
+        mean, lo, hi = mean_ci(losses) if losses else (float("nan"),) * 3
+        sd = float(np.std(losses, ddof=1)) if len(losses) > 1 else float("nan")
+        variants[v] = {"n_seeds": len(losses), "val_loss_mean": mean, "val_loss_sd": sd, "val_loss_ci95": [lo, hi],
+                       "val_perplexity_mean": math.exp(mean) if math.isfinite(mean) else float("nan"),
+                       "non_embedding_params": any_run["non_embedding_params"],
+                       "total_params": any_run["total_params"], "flops_per_token": any_run["flops_per_token"],
+                       "tokens": any_run["tokens"],
+                       "diverged": {str(s): m["reason"] for s, m in r.items() if m["status"] != "ok"}}
+    vs = {}
+    if base_name in ok:
+        for v in runs:
+            if v != base_name:
+                vs[v] = paired(ok[v], ok[base_name])
+        for v, p in adjust({v: c["p_value"] for v, c in vs.items()}).items():
+            vs[v]["p_value_bh"] = p
+    return {"study": cfg.study.name, "baseline": base_name, "seeds": list(cfg.study.seeds),
+            "variants": variants, "vs_baseline": vs}
+
+
+def _fmt(x, spec=".4f") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def markdown(summary: dict, cfg) -> str:
+    b = summary["baseline"]
+    lines = [f"# {summary['study']}: comparison of attention variants", "",
+             f"Model `{cfg.model.name}` ({cfg.model.n_layer} layers, n_embd {cfg.model.n_embd}, block_size "
+             f"{cfg.model.block_size}), tokenizer `{cfg.data.tokenizer}`, {cfg.train.tokens:,} training tokens per "
+             f"run, seeds {summary['seeds']}. Losses are final validation cross-entropy in nats on the same fixed "
+             f"{cfg.train.val_tokens:,} validation tokens for every run.", "",
+             "## Final validation loss per variant", "",
+             "| variant | non-embedding params | vs baseline params | seeds | val loss mean | sd | 95% CI | perplexity |",
+             "|---|---|---|---|---|---|---|---|"]
+    bp = summary["variants"].get(b, {}).get("non_embedding_params")
+    for v, s in summary["variants"].items():
+        rel = f"{100 * (s['non_embedding_params'] / bp - 1):+.2f}%" if bp else "n/a"
+        lines.append(f"| {v} | {s['non_embedding_params']:,} | {rel} | {s['n_seeds']} | {_fmt(s['val_loss_mean'])} | "
+                     f"{_fmt(s['val_loss_sd'])} | [{_fmt(s['val_loss_ci95'][0])}, {_fmt(s['val_loss_ci95'][1])}] | "
+                     f"{_fmt(s['val_perplexity_mean'], '.2f')} |")
+    lines += ["", f"## Against `{b}`, paired by seed", "",
+              "Mean difference = variant - baseline (nats; negative is better), with the paired-t 95% confidence "
+              "interval; p from the two-sided paired t-test, p (BH) adjusted over the variants by "
+              "Benjamini-Hochberg. Percent log-loss change = (L - L_base) / L_base; percent perplexity change = "
+              "exp(L - L_base) - 1 (the paper's two figures).", "",
+              "| variant | pairs | mean diff | 95% CI | p | p (BH) | log-loss change | its 95% CI | perplexity change |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for v, c in summary["vs_baseline"].items():
+        lines.append(f"| {v} | {c['n_pairs']} | {_fmt(c['mean_diff'], '+.4f')} | [{_fmt(c['ci95'][0], '+.4f')}, "
+                     f"{_fmt(c['ci95'][1], '+.4f')}] | {_fmt(c['p_value'], '.3g')} | {_fmt(c.get('p_value_bh'), '.3g')} | "
+                     f"{_fmt(c['pct_log_loss'], '+.2f')}% | [{_fmt(c['pct_log_loss_ci95'][0], '+.2f')}%, "
+                     f"{_fmt(c['pct_log_loss_ci95'][1], '+.2f')}%] | {_fmt(c['pct_perplexity'], '+.2f')}% |")
+    diverged = [(v, s, r) for v, x in summary["variants"].items() for s, r in x["diverged"].items()]
+    lines += ["", "## Diverged runs", ""]
+    lines += [f"- {run_name(v, s)}: {r}" for v, s, r in diverged] or ["None."]
+    lines += ["", "Figures: `val_loss_curves.png` (validation loss against training tokens, mean over seeds, "
+              "band = range over seeds), `final_val_loss.png` (final loss per variant with its 95% interval).", ""]
+    return "\n".join(lines)
+
+
+def figures(summary: dict, runs: dict[str, dict[int, dict]], out: Path) -> list[Path]:
+    """Write the two PNG figures; return their paths."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for v, r in runs.items():
+        curves = [m["curve"] for m in r.values() if m["status"] == "ok" and m["curve"]]
+        if not curves:
+            continue
+        n = min(len(c) for c in curves)
+        tokens = np.array([row["tokens"] for row in curves[0][:n]])
+        vals = np.array([[row["val_loss"] for row in c[:n]] for c in curves])
+        ax.plot(tokens, vals.mean(0), color=color(v), label=f"{v} (n={len(curves)})")
+        ax.fill_between(tokens, vals.min(0), vals.max(0), color=color(v), alpha=0.2, linewidth=0)
+    ax.set_xlabel("training tokens")
+    ax.set_ylabel("validation loss (nats)")
+    ax.set_title("Validation loss, mean over seeds (band: min..max)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    paths.append(out / "val_loss_curves.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    names = list(summary["variants"])
+    for i, v in enumerate(names):
+        s = summary["variants"][v]
+        lo, hi = s["val_loss_ci95"]
+        err = [[s["val_loss_mean"] - lo], [hi - s["val_loss_mean"]]] if math.isfinite(lo) else None
+        ax.errorbar([i], [s["val_loss_mean"]], yerr=err, fmt="o", color=color(v), capsize=6, markersize=8)
+        seeds = [m["val_loss"] for m in runs[v].values() if m["status"] == "ok"]
+        ax.scatter([i] * len(seeds), seeds, color=color(v), alpha=0.4, s=14)
+    ax.set_xticks(range(len(names)), names, rotation=20)
+    ax.set_ylabel("final validation loss (nats)")
+    ax.set_title("Final validation loss: mean, 95% interval, seeds")
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    paths.append(out / "final_val_loss.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        root = project_root()
+        cfg = load_config(argv, root)
+        runs = load_runs(cfg, root)
+    except (ConfigError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    out = root / cfg.study.reports_dir
+    out.mkdir(parents=True, exist_ok=True)
+    summary = summarize(cfg, runs)
+    figures(summary, runs, out)
+    (out / "comparison.md").write_text(markdown(summary, cfg))
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    for v, c in summary["vs_baseline"].items():
+        print(f"{v:>20s}: {c['pct_log_loss']:+.2f}% log-loss, {c['pct_perplexity']:+.2f}% perplexity "
+              f"vs {summary['baseline']} (p={c['p_value']:.3g}, n={c['n_pairs']})")
+    print(f"wrote {out / 'comparison.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

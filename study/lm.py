@@ -1,0 +1,130 @@
+"""The LightningModule: one class for every variant, configured by ``cfg.variant``.
+
+Loss is the mean next-token cross-entropy in nats; ``val_loss`` is its mean over
+the fixed validation windows and ``val_perplexity = exp(val_loss)``.  AdamW
+(beta1, beta2) with weight decay on 2-D weights only, linear warmup then cosine
+decay to min_lr (per optimizer step), gradient clipping by the Trainer.
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import lightning.pytorch as pl
+import torch
+from torchmetrics.aggregation import MeanMetric
+
+from study.config import RunConfig, cosine_lr, peak_lr
+from study.model import GPT, describe
+
+
+class GPTModule(pl.LightningModule):
+    """Trains :class:`study.model.GPT` on batches of (B, block_size + 1) token ids.
+
+    Keeps the learning curve (one row per evaluation: step, tokens, train_loss,
+    val_loss, lr) in the checkpoint, so a resumed run writes the whole curve.
+    Stops the run (``self.diverged`` set to the reason) when the train loss is
+    NaN/inf or rises ``train.divergence_nats`` above its running minimum.
+    """
+
+    def __init__(self, cfg: RunConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.model = GPT(cfg.model, cfg.variant)
+        self.counts = describe(cfg.model, cfg.variant)
+        self.lr, self.min_lr = peak_lr(cfg)
+        self.val_loss = MeanMetric()
+        self.curve: list[dict] = []
+        self.diverged: str | None = None
+        self._train_losses: list[float] = []
+        self._ema: float | None = None
+        self._ema_min = math.inf
+        self._t_last: float | None = None
+        self._tokens_since = 0
+        self._compiled = None
+        if cfg.trainer.compile:  # compile the inner model, not the LightningModule (self.log breaks it);
+            # kept out of the module tree so checkpoints hold plain weights and load compiled or not
+            object.__setattr__(self, "_compiled", torch.compile(self.model))
+
+    # -- steps -----------------------------------------------------------------------------------
+    def _loss(self, batch: torch.Tensor) -> torch.Tensor:
+        batch = batch.long()  # (B, block_size + 1)
+        _, loss = (self._compiled or self.model)(batch[:, :-1], batch[:, 1:])
+        return loss
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        loss = self._loss(batch)
+        self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+        self._train_losses.append(loss.detach().item())
+        self._tokens_since += batch.shape[0] * (batch.shape[1] - 1) * self.trainer.world_size
+        return loss
+
+    def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
+        loss = self._train_losses[-1]
+        step = self.trainer.global_step
+        if not math.isfinite(loss):
+            self.diverged = f"non-finite train loss ({loss}) at step {step}"
+        else:
+            self._ema = loss if self._ema is None else 0.9 * self._ema + 0.1 * loss
+            self._ema_min = min(self._ema_min, self._ema)
+            if self._ema > self._ema_min + self.cfg.train.divergence_nats:
+                self.diverged = (f"train loss {self._ema:.3f} rose more than {self.cfg.train.divergence_nats} "
+                                 f"nats above its running minimum {self._ema_min:.3f} at step {step}")
+        if self.diverged:
+            self.trainer.should_stop = True
+            return
+        now = time.perf_counter()
+        if self._t_last is None:
+            self._t_last, self._tokens_since = now, 0
+        elif step % self.cfg.train.log_every == 0 and (now - self._t_last) > 0:
+            tokens_per_s = self._tokens_since / (now - self._t_last)
+            self.log_dict({"tokens_per_s": tokens_per_s, "tokens": float(step * self.cfg.train.batch_tokens),
+                           "lr": self.lr_schedulers().get_last_lr()[0]}, on_step=True)
+            self._t_last, self._tokens_since = now, 0
+
+    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
+        self.val_loss.update(self._loss(batch), weight=batch.shape[0])
+
+    def on_validation_epoch_end(self) -> None:
+        val_loss = self.val_loss.compute().item()
+        self.val_loss.reset()
+        self.log_dict({"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50.0))}, sync_dist=False)
+        if self.trainer.sanity_checking:
+            return
+        step = self.trainer.global_step
+        train = self._train_losses
+        self.curve = [r for r in self.curve if r["step"] != step] + [{
+            "step": step,
+            "tokens": step * self.cfg.train.batch_tokens,
+            "train_loss": sum(train) / len(train) if train else float("nan"),
+            "val_loss": val_loss,
+            "lr": self.lr_at(step),
+        }]
+        self._train_losses = []
+
+    # -- optimisation ------------------------------------------------------------------------------
+    def lr_at(self, step: int) -> float:
+        """Learning rate used at optimizer step ``step`` (warmup then cosine, in steps)."""
+        t = self.cfg.train
+        return cosine_lr(step, t.warmup_tokens // t.batch_tokens, t.tokens // t.batch_tokens, self.lr, self.min_lr)
+
+    def configure_optimizers(self):
+        decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
+        no_decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() < 2]
+        t = self.cfg.train
+        opt = torch.optim.AdamW([{"params": decay, "weight_decay": t.weight_decay},
+                                 {"params": no_decay, "weight_decay": 0.0}],
+                                lr=self.lr, betas=(t.beta1, t.beta2))
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: self.lr_at(step) / self.lr)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # -- checkpoint ------------------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint["study"] = {"curve": self.curve, "train_losses": self._train_losses, "ema": self._ema,
+                               "ema_min": self._ema_min}
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        s = checkpoint.get("study", {})
+        self.curve = s.get("curve", [])
+        self._train_losses = s.get("train_losses", [])
+        self._ema, self._ema_min = s.get("ema"), s.get("ema_min", math.inf)

@@ -1,0 +1,81 @@
+"""Paired statistics across seeds (scipy.stats).
+
+Seed s means the same initialisation seed and the same batches for every
+variant, so variant and baseline losses are paired by seed.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import stats
+
+
+def pct_log_loss(loss: float, base: float) -> float:
+    """Percent change of the log-loss, 100 (L - L_base) / L_base (arXiv 2603.13381)."""
+    return 100.0 * (loss - base) / base
+
+
+def pct_perplexity(loss: float, base: float) -> float:
+    """Percent change of perplexity, 100 (exp(L - L_base) - 1) (arXiv 2603.13381)."""
+    return 100.0 * (math.exp(loss - base) - 1.0)
+
+
+def mean_ci(values, level: float = 0.95) -> tuple[float, float, float]:
+    """(mean, lo, hi): Student-t interval of the mean; lo = hi = nan for fewer than 2 values."""
+    x = np.asarray(values, dtype=float)
+    m = float(x.mean())
+    if len(x) < 2:
+        return m, float("nan"), float("nan")
+    lo, hi = stats.t.interval(level, len(x) - 1, loc=m, scale=stats.sem(x))
+    return m, float(lo), float(hi)
+
+
+def paired(variant: dict[int, float], baseline: dict[int, float], level: float = 0.95) -> dict:
+    """Compare a variant's final val losses (nats) with the baseline's, paired by seed.
+
+    Args:
+        variant, baseline: {seed: val_loss}; only seeds present in both are used.
+
+    Returns:
+        {"n_pairs", "seeds", "mean_diff" (nats, variant - baseline), "ci95" [lo, hi] of the mean
+        difference (paired t), "p_value" (two-sided paired t-test), "pct_log_loss",
+        "pct_log_loss_ci95", "pct_perplexity", "pct_perplexity_ci95"}.  With fewer than two
+        pairs the interval and p-value are NaN.
+    """
+    seeds = sorted(set(variant) & set(baseline))
+    v = np.array([variant[s] for s in seeds], dtype=float)
+    b = np.array([baseline[s] for s in seeds], dtype=float)
+    n = len(seeds)
+    out = {"n_pairs": n, "seeds": seeds}
+    if n == 0:
+        return {**out, "mean_diff": float("nan"), "ci95": [float("nan")] * 2, "p_value": float("nan"),
+                "pct_log_loss": float("nan"), "pct_log_loss_ci95": [float("nan")] * 2,
+                "pct_perplexity": float("nan"), "pct_perplexity_ci95": [float("nan")] * 2}
+    diff = float((v - b).mean())
+    base = float(b.mean())
+    if n >= 2 and np.ptp(v - b) > 0:
+        res = stats.ttest_rel(v, b)
+        ci = res.confidence_interval(level)
+        lo, hi, p = float(ci.low), float(ci.high), float(res.pvalue)
+    elif n >= 2:  # identical differences: zero variance, the interval is the point
+        lo = hi = diff
+        p = 0.0 if diff != 0 else 1.0
+    else:
+        lo = hi = p = float("nan")
+    return {**out, "mean_diff": diff, "ci95": [lo, hi], "p_value": p,
+            "pct_log_loss": 100.0 * diff / base,
+            "pct_log_loss_ci95": [100.0 * lo / base, 100.0 * hi / base],
+            "pct_perplexity": pct_perplexity(base + diff, base),
+            "pct_perplexity_ci95": [100.0 * (math.exp(lo) - 1) if math.isfinite(lo) else float("nan"),
+                                    100.0 * (math.exp(hi) - 1) if math.isfinite(hi) else float("nan")]}
+
+
+def adjust(p_values: dict[str, float]) -> dict[str, float]:
+    """Benjamini-Hochberg adjusted p-values (scipy.stats.false_discovery_control); NaN stays NaN."""
+    names = [k for k, p in p_values.items() if math.isfinite(p)]
+    out = {k: float("nan") for k in p_values}
+    if names:
+        adj = stats.false_discovery_control([p_values[k] for k in names], method="bh")
+        out.update({k: float(a) for k, a in zip(names, adj)})
+    return out

@@ -1,0 +1,204 @@
+"""Stage 2, ``python -m study.train variant=NAME seed=N [model=NAME] [key=value ...]``.
+
+Trains one (variant, seed) run on the prepared token data and writes
+``runs/VARIANT-sSEED/``:
+  metrics.json     final val_loss (nats) and val_perplexity, parameter and FLOP
+                   counts, tokens seen, wall time (s), throughput (tokens/s), status
+  curve.csv        step, tokens, train_loss, val_loss, lr (one row per evaluation)
+  checkpoints/     last.ckpt (resumable) and run.json (config hash, MLflow run id)
+and one MLflow run (experiment = study.name, run name = VARIANT-sSEED) in the
+project's SQLite store.
+
+Running the same command again after a kill resumes from checkpoints/last.ckpt
+(same config hash) and continues the same MLflow run.  metrics.json and
+curve.csv appear only when the run has ended (finished or diverged).
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from study.config import (ConfigError, config_hash, flatten, load_config, max_steps, micro_batches,
+                          project_root, run_name, to_dict)
+from study.data import DataError, TokenDataModule, check_prepared
+
+
+def world_size(trainer_cfg) -> int:
+    """Devices x nodes the Trainer will use (devices=-1: every visible GPU)."""
+    devices = trainer_cfg.devices
+    if devices in (-1, "-1", "auto"):
+        import torch
+        devices = torch.cuda.device_count() if trainer_cfg.accelerator in ("gpu", "cuda") else 1
+    if isinstance(devices, (list, tuple)) or hasattr(devices, "__len__") and not isinstance(devices, str):
+        devices = len(devices)
+    return int(devices) * int(trainer_cfg.num_nodes)
+
+
+def make_strategy(trainer_cfg):
+    """Lightning strategy from its name; ``fsdp`` auto-wraps each transformer Block, full state dict."""
+    if trainer_cfg.strategy == "fsdp":
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        from study.model import Block
+        return FSDPStrategy(auto_wrap_policy={Block}, state_dict_type="full")
+    return trainer_cfg.strategy
+
+
+def write_curve(path: Path, rows: list[dict]) -> None:
+    """curve.csv: step, tokens, train_loss, val_loss, lr, written atomically."""
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=["step", "tokens", "train_loss", "val_loss", "lr"])
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in r.items()})
+    tmp.replace(path)
+
+
+def write_json(path: Path, obj: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(obj, indent=1))
+    tmp.replace(path)
+
+
+def train(cfg, root: Path) -> dict:
+    """Train one run; return the content of its metrics.json.
+
+    Raises:
+        ConfigError, DataError: bad config or data (the MLflow run, if started, is marked FAILED).
+    """
+    import lightning.pytorch as pl
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.loggers import MLFlowLogger
+
+    from study.lm import GPTModule
+    from study.tracking import artifact_location, git_commit, tracking_uri
+
+    name = run_name(cfg.variant.name, cfg.seed)
+    run_dir = root / cfg.study.runs_dir / name
+    ckpt_dir = run_dir / "checkpoints"
+    data_dir = root / cfg.data.dir
+    meta = check_prepared(data_dir, cfg)
+    steps = max_steps(cfg)
+    ws = world_size(cfg.trainer)
+    micro, accum = micro_batches(cfg, ws)
+    n_val = cfg.train.val_tokens // cfg.model.block_size
+    val_micro = min(cfg.train.val_micro_batch_size, n_val)
+    while n_val % val_micro:
+        val_micro -= 1
+    if cfg.trainer.threads:
+        torch.set_num_threads(cfg.trainer.threads)
+
+    # resume only a checkpoint of this very config that has not finished
+    digest = config_hash(cfg)
+    state_path = ckpt_dir / "run.json"
+    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    resume = ckpt_dir / "last.ckpt"
+    if not (resume.is_file() and state.get("config_hash") == digest and not state.get("completed")):
+        resume, state = None, {}
+        shutil.rmtree(ckpt_dir, ignore_errors=True)
+    for stale in ("metrics.json", "curve.csv"):
+        (run_dir / stale).unlink(missing_ok=True)
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+
+    logger = MLFlowLogger(experiment_name=cfg.study.name, run_name=name, tracking_uri=tracking_uri(root, cfg.study),
+                          artifact_location=artifact_location(root, cfg.study), run_id=state.get("mlflow_run_id"),
+                          tags={"variant": cfg.variant.name, "seed": str(cfg.seed), "git_commit": git_commit(root),
+                                "config_hash": digest, "model": cfg.model.name})
+    if not state:
+        logger.log_hyperparams(flatten(to_dict(cfg)))
+        state = {"config_hash": digest, "mlflow_run_id": logger.run_id, "completed": False, "seconds": 0.0}
+        write_json(state_path, state)
+    try:
+        pl.seed_everything(cfg.seed, workers=True, verbose=False)  # the seed fixes init and data order
+        module = GPTModule(cfg)
+        logger.log_metrics({"non_embedding_params": module.counts["non_embedding_params"],
+                            "flops_per_token": module.counts["flops_per_token"]}, step=0)
+        dm = TokenDataModule(data_dir, cfg.model.block_size, micro, cfg.seed, n_val, val_micro)
+        checkpoint = ModelCheckpoint(dirpath=ckpt_dir, filename="last", save_top_k=0, save_last=True,
+                                     every_n_train_steps=cfg.train.checkpoint_every)
+        trainer = pl.Trainer(
+            accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices, num_nodes=cfg.trainer.num_nodes,
+            strategy=make_strategy(cfg.trainer), precision=cfg.trainer.precision,
+            max_steps=steps, max_epochs=-1, accumulate_grad_batches=accum, gradient_clip_val=cfg.train.grad_clip,
+            val_check_interval=cfg.train.eval_every * accum, check_val_every_n_epoch=None,
+            limit_val_batches=n_val // val_micro, num_sanity_val_steps=0, log_every_n_steps=cfg.train.log_every,
+            logger=logger, callbacks=[checkpoint], enable_progress_bar=cfg.trainer.progress_bar,
+            enable_model_summary=False, deterministic=cfg.trainer.accelerator == "cpu",
+            default_root_dir=str(run_dir))
+        t0 = time.time()
+        start_step = 0
+        if resume is not None:
+            start_step = torch.load(resume, map_location="cpu", weights_only=False)["global_step"]
+        trainer.fit(module, dm, ckpt_path=str(resume) if resume else None)
+        if not module.diverged and (not module.curve or module.curve[-1]["step"] != trainer.global_step):
+            trainer.validate(module, dm, verbose=False)
+        seconds = time.time() - t0
+    except BaseException:
+        logger.finalize("failed")
+        raise
+    trained_tokens = (trainer.global_step - start_step) * cfg.train.batch_tokens
+    state.update(completed=True, seconds=state.get("seconds", 0.0) + seconds)
+    if trainer.is_global_zero:
+        trainer.save_checkpoint(ckpt_dir / "last.ckpt")
+    final = module.curve[-1] if module.curve else {}
+    val_loss = final.get("val_loss", float("nan"))
+    metrics = {
+        "variant": cfg.variant.name,
+        "seed": cfg.seed,
+        "status": "diverged" if module.diverged else "ok",
+        "reason": module.diverged,
+        "val_loss": val_loss,
+        "val_perplexity": math.exp(val_loss) if math.isfinite(val_loss) and val_loss < 50 else None,
+        "steps": trainer.global_step,
+        "tokens": trainer.global_step * cfg.train.batch_tokens,
+        "non_embedding_params": module.counts["non_embedding_params"],
+        "total_params": module.counts["total_params"],
+        "flops_per_token": module.counts["flops_per_token"],
+        "wall_time_s": round(state["seconds"], 2),
+        "tokens_per_s": round(trained_tokens / seconds, 1) if seconds > 0 else None,
+        "tokenizer": meta["tokenizer"],
+        "config_hash": digest,
+        "mlflow_run_id": state["mlflow_run_id"],
+    }
+    if trainer.is_global_zero:
+        client = logger.experiment
+        client.log_metric(logger.run_id, "final_val_loss", val_loss if math.isfinite(val_loss) else float("nan"))
+        client.log_metric(logger.run_id, "tokens_per_s_mean", metrics["tokens_per_s"] or 0.0)
+        if module.diverged:
+            client.set_tag(logger.run_id, "diverged", module.diverged)
+            client.set_terminated(logger.run_id, "FAILED")
+        write_curve(run_dir / "curve.csv", module.curve)
+        write_json(run_dir / "metrics.json", metrics)
+        write_json(state_path, state)
+    return metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        root = project_root()
+        cfg = load_config(argv, root)
+        metrics = train(cfg, root)
+    except (ConfigError, DataError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    name = run_name(metrics["variant"], metrics["seed"])
+    if metrics["status"] != "ok":
+        print(f"{name}: DIVERGED: {metrics['reason']}", file=sys.stderr)
+        return 0  # a diverged run is a result, reported by compare
+    print(f"{name}: val_loss {metrics['val_loss']:.4f} nats after {metrics['tokens']:,} tokens "
+          f"in {metrics['wall_time_s']:.0f} s ({metrics['tokens_per_s']:,.0f} tokens/s)")
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    sys.exit(main())
