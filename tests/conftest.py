@@ -1,0 +1,105 @@
+"""Shared fixtures.  Every output goes under pytest's tmp_path (never the repository)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+# A small study: the nano model on a slice of the embedded corpus (real text, real BPE).
+NANO_STUDY = """\
+defaults:
+  model: nano
+  data: default
+  trainer: cpu
+study:
+  name: {name}
+  variants: {variants}
+  seeds: {seeds}
+  baseline: baseline
+data:
+  bpe_vocab_size: 512
+  max_docs_per_corpus: 10
+  val_every: 5
+train:
+  tokens: {tokens}
+  batch_tokens: 2048
+  micro_batch_size: 32
+  lr: 3.0e-3
+  min_lr: 3.0e-4
+  warmup_tokens: 4096
+  eval_every: 5
+  val_tokens: 8192
+  log_every: 5
+  checkpoint_every: 5
+"""
+
+
+def project_files() -> list[str]:
+    """Files of the working tree that git would commit (tracked + untracked, not ignored)."""
+    out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    return [f for f in out.split("\0") if f and (ROOT / f).is_file()]
+
+
+def copy_project(dest: Path, name: str = "test-study", variants=("baseline", "nonlinear_q"), seeds=(1, 2),
+                 tokens: int = 20480) -> Path:
+    """Copy the project into ``dest`` as a fresh git repository with a nano study.yaml."""
+    for f in project_files():
+        target = dest / f
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / f, target)
+    (dest / "conf" / "study.yaml").write_text(NANO_STUDY.format(
+        name=name, variants=list(variants), seeds=list(seeds), tokens=tokens))
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q", "-b", "main"], cwd=dest, check=True)
+    subprocess.run(git + ["add", "-A"], cwd=dest, check=True)
+    subprocess.run(git + ["commit", "-qm", "test copy"], cwd=dest, check=True)
+    return dest
+
+
+def env_for(project: Path) -> dict:
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env["MLFLOW_DISABLE_TELEMETRY"] = "true"
+    env["PYTHONPATH"] = str(project)
+    return env
+
+
+def run_cli(project: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    """Run ``python -m ARGS`` in ``project`` with the test's interpreter."""
+    return subprocess.run([sys.executable, "-m", *args], cwd=project, env=env_for(project),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="session")
+def nano_project(tmp_path_factory) -> Path:
+    """A project copy with the nano study's token data already prepared (shared, read-only use)."""
+    project = copy_project(tmp_path_factory.mktemp("nano_project"))
+    r = run_cli(project, "study.prepare")
+    assert r.returncode == 0, r.stderr[-3000:]
+    return project
+
+
+@pytest.fixture
+def run_in(nano_project, tmp_path, monkeypatch):
+    """Train in-process on the shared nano data; runs/ and the MLflow store go to tmp_path."""
+    from study.config import load_config
+    from study.train import train
+
+    monkeypatch.chdir(nano_project)
+
+    def _run(*overrides: str):
+        cfg = load_config([f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={tmp_path / 'mlruns.db'}",
+                           f"study.artifact_dir={tmp_path / 'mlartifacts'}", "trainer.progress_bar=false",
+                           *overrides], nano_project)
+        return train(cfg, nano_project)
+    return _run

@@ -1,0 +1,87 @@
+"""Corpora, cleaning, the held-out split, tokenizers and the prepared chunks."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+
+from study.config import DataConfig
+from study.data import (DataError, chunk_token_count, gpt2_tokenizer, make_tokenizer, read_folder, read_kjv,
+                        read_shakespeare, read_sotu, split_documents)
+
+
+def test_gpt2_tokenizer_offline():
+    enc = gpt2_tokenizer()
+    assert enc.encode("Hello world<|endoftext|>", allowed_special="all") == [15496, 995, 50256]
+    assert enc.n_vocab == 50257 and enc.eot_token == 50256
+    assert enc.decode(enc.encode_ordinary("Fellow-Citizens of the Senate")) == "Fellow-Citizens of the Senate"
+
+
+def test_embedded_corpora_are_clean_documents():
+    sotu, plays, kjv = read_sotu(), read_shakespeare(), read_kjv()
+    assert len(sotu) == 249 and len(plays) == 38 and len(kjv) == 66
+    assert kjv[0].text.startswith("In the beginning God created the heaven and the earth.")
+    assert kjv[-1].text.endswith("The grace of our Lord Jesus Christ be with you all. Amen.")
+    assert not any(ch in d.text for d in kjv for ch in "[]")
+    assert "2. And the earth" not in kjv[0].text  # verse numbers stripped
+    hamlet = next(d for d in plays if d.id == "shakespeare/hamlet").text
+    assert "**" not in hamlet and "\n#" not in hamlet and not hamlet.startswith("#")
+    assert "To be, or not to be" in hamlet
+    assert sotu[0].text.startswith("Fellow-Citizens of the Senate and House of Representatives")
+
+
+def test_split_holds_out_whole_documents_disjoint_and_fixed():
+    docs = read_sotu() + read_kjv()
+    train, val = split_documents(docs, 20)
+    ids_t, ids_v = {d.id for d in train}, {d.id for d in val}
+    assert not ids_t & ids_v and len(ids_t) + len(ids_v) == len(docs)
+    assert {d.id.split("/")[0] for d in val} == {"sotu", "kjv"}
+    assert len(val) == 12 + 3  # positions 10, 30, ... of 249 speeches (12) and of 66 books (3)
+    assert [d.id for d in split_documents(list(reversed(docs)), 20)[1]] == [d.id for d in val]
+
+
+def test_user_folder_txt_and_jsonl(tmp_path):
+    (tmp_path / "a.txt").write_text("First document.\n")
+    (tmp_path / "b.jsonl").write_text(json.dumps({"text": "Second."}) + "\n\n" + json.dumps({"text": "Third."}) + "\n")
+    docs = read_folder(tmp_path)
+    assert [d.text for d in docs] == ["First document.", "Second.", "Third."]
+
+
+@pytest.mark.parametrize("name,content,match", [
+    ("empty.txt", b"  \n", "empty"),
+    ("latin1.txt", "café".encode("latin-1"), "not UTF-8"),
+    ("bad.jsonl", b"{not json}\n", "JSON"),
+    ("notext.jsonl", b'{"body": "x"}\n', '"text"'),
+])
+def test_user_folder_bad_files(tmp_path, name, content, match):
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(DataError, match=match):
+        read_folder(tmp_path)
+
+
+def test_bpe_tokenizer_trains_with_eot(tmp_path):
+    cfg = OmegaConf.structured(DataConfig(tokenizer="bpe", bpe_vocab_size=300))
+    texts = [d.text for d in read_kjv()[:3]]
+    tok = make_tokenizer(cfg, texts, tmp_path / "tok.json")
+    assert tok.vocab_size == 300 and tok.eot_id == 0
+    arrays = tok.encode_documents(texts[:2])
+    assert arrays[0].dtype == np.uint16 and arrays[0][-1] == 0 and 0 not in arrays[0][:-1]
+    again = make_tokenizer(cfg, None, tmp_path / "tok.json")
+    assert again.encode("In the beginning") == tok.encode("In the beginning")
+
+
+def test_prepared_chunks_match_meta(nano_project):
+    meta = json.loads((nano_project / "data/tokens/meta.json").read_text())
+    assert meta["tokenizer"] == "bpe" and meta["vocab_size"] == 512
+    for split in ("train", "val"):
+        assert chunk_token_count(nano_project / "data/tokens" / split) == meta["tokens"][split]
+    assert meta["documents"]["train"] > meta["documents"]["val"] > 0
+    assert len(meta["sources_sha256"]) > 3 and all(len(h) == 64 for h in meta["sources_sha256"].values())
+    # the tokens decode back to the source text
+    from litdata import StreamingDataset, TokensLoader
+    from tokenizers import Tokenizer
+    ds = StreamingDataset(str(nano_project / "data/tokens/val"), item_loader=TokensLoader(block_size=200))
+    text = Tokenizer.from_file(str(nano_project / "data/tokens/tokenizer.json")).decode(ds[0].tolist())
+    assert text.split()[0].isalpha()

@@ -1,0 +1,93 @@
+"""End to end: the real DVC pipeline (prepare -> train matrix -> compare) on the nano model.
+
+Runs `dvc repro` in a temporary copy of the project and checks the report's
+figures against statistics recomputed here from the runs' metrics.json files.
+"""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from conftest import BIN, copy_project, env_for
+
+pytestmark = pytest.mark.slow
+
+
+def dvc(project, *args, timeout=1500):
+    return subprocess.run([str(BIN / "dvc"), *args], cwd=project, env=env_for(project), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def study(tmp_path_factory):
+    project = copy_project(tmp_path_factory.mktemp("pipeline"), name="e2e", variants=("baseline", "nonlinear_q"),
+                           seeds=(1, 2), tokens=20480)
+    r = dvc(project, "repro")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    return project
+
+
+def test_report_figures_match_the_runs(study):
+    summary = json.loads((study / "reports/summary.json").read_text())
+    runs = {(v, s): json.loads((study / f"runs/{v}-s{s}/metrics.json").read_text())
+            for v in ("baseline", "nonlinear_q") for s in (1, 2)}
+    assert all(m["status"] == "ok" and m["tokens"] == 20480 for m in runs.values())
+    for v in ("baseline", "nonlinear_q"):
+        losses = [runs[v, s]["val_loss"] for s in (1, 2)]
+        got = summary["variants"][v]
+        assert got["n_seeds"] == 2
+        assert got["val_loss_mean"] == pytest.approx(np.mean(losses))
+        assert got["val_loss_sd"] == pytest.approx(np.std(losses, ddof=1))
+        assert got["non_embedding_params"] == runs[v, 1]["non_embedding_params"]
+        assert 3.0 < got["val_loss_mean"] < math.log(512) + 0.1  # trained below the uniform loss, real text
+    b = [runs["baseline", s]["val_loss"] for s in (1, 2)]
+    n = [runs["nonlinear_q", s]["val_loss"] for s in (1, 2)]
+    c = summary["vs_baseline"]["nonlinear_q"]
+    assert c["pct_log_loss"] == pytest.approx(100 * (np.mean(n) - np.mean(b)) / np.mean(b))
+    assert c["pct_perplexity"] == pytest.approx(100 * (math.exp(np.mean(n) - np.mean(b)) - 1))
+    assert c["p_value"] == pytest.approx(stats.ttest_rel(n, b).pvalue)
+    assert c["ci95"][0] < c["mean_diff"] < c["ci95"][1]
+    md = (study / "reports/comparison.md").read_text()
+    assert f"{c['pct_log_loss']:+.2f}%" in md and "nonlinear_q" in md
+    for png in ("val_loss_curves.png", "final_val_loss.png"):
+        data = (study / "reports" / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    # every run sees the same fixed validation windows and the same number of evaluations
+    curves = [(study / f"runs/{v}-s{s}/curve.csv").read_text().splitlines() for v, s in runs]
+    assert len({len(c) for c in curves}) == 1 and curves[0][0] == "step,tokens,train_loss,val_loss,lr"
+
+
+def test_runs_are_tracked_in_mlflow(study):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{study / 'mlruns.db'}")
+    exp = client.get_experiment_by_name("e2e")
+    runs = client.search_runs([exp.experiment_id])
+    assert sorted(r.info.run_name for r in runs) == ["baseline-s1", "baseline-s2", "nonlinear_q-s1", "nonlinear_q-s2"]
+    for r in runs:
+        assert r.info.status == "FINISHED"
+        assert r.data.params["variant.query"] in ("linear", "nonlinear")
+        assert r.data.params["train.tokens"] == "20480"
+        assert {"val_loss", "val_perplexity", "train_loss", "tokens_per_s", "lr"} <= set(r.data.metrics)
+        assert r.data.tags["variant"] in ("baseline", "nonlinear_q") and len(r.data.tags["git_commit"]) >= 40
+        metrics = json.loads((study / f"runs/{r.info.run_name}/metrics.json").read_text())
+        assert r.data.metrics["val_loss"] == pytest.approx(metrics["val_loss"], rel=1e-6)
+
+
+def test_repro_is_idempotent_and_selective(study):
+    r = dvc(study, "repro")
+    assert r.returncode == 0 and "Running stage" not in r.stdout, r.stdout
+    assert dvc(study, "metrics", "show", "--json").returncode == 0
+    r = dvc(study, "plots", "show", "-o", str(study / "plots_html"))
+    assert r.returncode == 0, r.stderr
+    # editing one variant re-runs only that variant's training and the comparison
+    path = study / "conf/variant/nonlinear_q.yaml"
+    path.write_text(path.read_text() + "lr: 2.0e-3\n")
+    r = dvc(study, "repro", "--dry")
+    ran = sorted(line.split("'")[1] for line in r.stdout.splitlines() if line.startswith("Running stage"))
+    assert ran == ["compare", "train@nonlinear_q-1", "train@nonlinear_q-2"], r.stdout

@@ -1,0 +1,47 @@
+"""Paired statistics, checked against values computed by hand."""
+import math
+
+import numpy as np
+import pytest
+from scipy import stats as ss
+
+from study.stats import adjust, mean_ci, paired, pct_log_loss, pct_perplexity
+
+
+def test_paper_percentages():
+    # PAPER.md: baseline 2.956, nonlinear 2.919
+    assert pct_log_loss(2.919, 2.956) == pytest.approx(-1.2517, abs=1e-4)
+    assert pct_perplexity(2.919, 2.956) == pytest.approx(100 * (math.exp(-0.037) - 1))
+    # the later abstract's back-solved figures: 2.94 -> 2.87 is about -2.4% / -6.8%
+    assert pct_log_loss(2.87, 2.94) == pytest.approx(-2.38, abs=0.02)
+    assert pct_perplexity(2.87, 2.94) == pytest.approx(-6.76, abs=0.05)
+
+
+def test_paired_t_by_hand():
+    base = {1: 3.00, 2: 3.10, 3: 2.95}
+    var = {1: 2.97, 2: 3.06, 3: 2.93, 4: 9.9}  # seed 4 has no pair and is ignored
+    r = paired(var, base)
+    d = np.array([-0.03, -0.04, -0.02])
+    se = d.std(ddof=1) / math.sqrt(3)
+    t = d.mean() / se
+    assert r["n_pairs"] == 3 and r["seeds"] == [1, 2, 3]
+    assert r["mean_diff"] == pytest.approx(-0.03)
+    assert r["p_value"] == pytest.approx(2 * ss.t.sf(abs(t), 2))
+    half = ss.t.ppf(0.975, 2) * se
+    assert r["ci95"] == pytest.approx([-0.03 - half, -0.03 + half])
+    assert r["pct_log_loss"] == pytest.approx(100 * -0.03 / np.mean([3.0, 3.1, 2.95]))
+    assert r["pct_perplexity"] == pytest.approx(100 * (math.exp(-0.03) - 1))
+
+
+def test_single_pair_has_no_interval():
+    r = paired({1: 2.0}, {1: 2.1})
+    assert r["n_pairs"] == 1 and math.isnan(r["p_value"]) and math.isnan(r["ci95"][0])
+
+
+def test_mean_ci_and_bh():
+    m, lo, hi = mean_ci([1.0, 2.0, 3.0])
+    assert m == 2.0 and hi - m == pytest.approx(ss.t.ppf(0.975, 2) * 1 / math.sqrt(3))
+    adj = adjust({"a": 0.01, "b": 0.04, "c": 0.03, "d": float("nan")})
+    # BH by hand: sorted p 0.01, 0.03, 0.04 with m = 3 -> 0.03, 0.04, 0.04
+    assert adj["a"] == pytest.approx(0.03) and adj["c"] == pytest.approx(0.04) and adj["b"] == pytest.approx(0.04)
+    assert math.isnan(adj["d"])
