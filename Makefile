@@ -34,9 +34,7 @@ test-fast: $(STAMP)
 
 UI_PORT ?= 5000
 ui: $(STAMP)
-	@echo "MLflow UI: http://127.0.0.1:$(UI_PORT)  (store: sqlite:///$(CURDIR)/mlruns.db)"
-	.venv/bin/mlflow ui --backend-store-uri "sqlite:///$(CURDIR)/mlruns.db" \
-		--default-artifact-root "file://$(CURDIR)/mlartifacts" --host 127.0.0.1 --port $(UI_PORT) --workers 1
+	$(PY) -m study.ui --port $(UI_PORT)
 
 bench: $(STAMP)
 	$(PY) -m study.bench

@@ -23,7 +23,7 @@ import numpy as np
 
 from study.config import ConfigError, load_config, project_root, run_name
 from study.data import DataError
-from study.stats import adjust, mean_ci, paired
+from study.stats import adjust, fit_power_law, mean_ci, paired, parameter_multiplier
 
 PALETTE = {"baseline": "#1f77b4", "identity_q": "#2ca02c", "nonlinear_q": "#d62728", "baseline_mlp4.75": "#9467bd",
            "residual_linear_q": "#ff7f0e", "nonlinear_q_nores": "#8c564b", "nonlinear_q_r4": "#e377c2",
@@ -67,7 +67,7 @@ def load_runs(cfg, root: Path) -> dict[str, dict[int, dict]]:
 def summarize(cfg, runs: dict[str, dict[int, dict]]) -> dict:
     """The content of summary.json (see the module docstring)."""
     base_name = cfg.study.baseline
-    ok = {v: {s: m["val_loss"] for s, m in r.items() if m["status"] == "ok" and math.isfinite(m["val_loss"])}
+    ok = {v: {s: m["val_loss"] for s, m in r.items() if m["status"] == "ok" and m["val_loss"] is not None}
           for v, r in runs.items()}
     variants = {}
     for v, r in runs.items():
@@ -89,7 +89,27 @@ def summarize(cfg, runs: dict[str, dict[int, dict]]) -> dict:
         for v, p in adjust({v: c["p_value"] for v, c in vs.items()}).items():
             vs[v]["p_value_bh"] = p
     return {"study": cfg.study.name, "baseline": base_name, "seeds": list(cfg.study.seeds),
-            "variants": variants, "vs_baseline": vs}
+            "variants": variants, "vs_baseline": vs, "frontier": frontier(base_name, ok, variants)}
+
+
+def in_family(variant: str, base_name: str) -> bool:
+    """The baseline family of the parameter frontier: the baseline and its MLP-width siblings."""
+    return variant == base_name or variant.startswith(f"{base_name}_mlp")
+
+
+def frontier(base_name: str, ok: dict[str, dict[int, float]], variants: dict) -> dict | None:
+    """Equivalent parameter multiplier of every non-family variant (None with < 2 family sizes)."""
+    family = {variants[v]["non_embedding_params"]: ok[v] for v in ok if in_family(v, base_name) and len(ok[v]) > 0}
+    if len(family) < 2:
+        return None
+    sizes = sorted(family)
+    slope, intercept = fit_power_law(sizes, [float(np.mean(list(family[n].values()))) for n in sizes])
+    out = {"family": sorted(v for v in ok if in_family(v, base_name)), "slope": slope, "intercept": intercept,
+           "multipliers": {}}
+    for v in ok:
+        if not in_family(v, base_name) and ok[v]:
+            out["multipliers"][v] = parameter_multiplier(family, ok[v], variants[v]["non_embedding_params"])
+    return out
 
 
 def _fmt(x, spec=".4f") -> str:
@@ -124,6 +144,19 @@ def markdown(summary: dict, cfg) -> str:
                      f"{_fmt(c['ci95'][1], '+.4f')}] | {_fmt(c['p_value'], '.3g')} | {_fmt(c.get('p_value_bh'), '.3g')} | "
                      f"{_fmt(c['pct_log_loss'], '+.2f')}% | [{_fmt(c['pct_log_loss_ci95'][0], '+.2f')}%, "
                      f"{_fmt(c['pct_log_loss_ci95'][1], '+.2f')}%] | {_fmt(c['pct_perplexity'], '+.2f')}% |")
+    f = summary.get("frontier")
+    lines += ["", "## Parameter frontier", ""]
+    if f:
+        lines += [f"Baseline family {f['family']}: fitted log L = {f['intercept']:.4f} {f['slope']:+.4f} log N "
+                  f"(N = non-embedding parameters). A variant's multiplier is the baseline size that would reach "
+                  f"its mean loss divided by its own size (> 1: worth more parameters than it has); 95% percentile "
+                  f"bootstrap over seeds.", "",
+                  "| variant | multiplier | 95% CI | equivalent baseline params |", "|---|---|---|---|"]
+        for v, mlt in f["multipliers"].items():
+            lines.append(f"| {v} | {_fmt(mlt['multiplier'], '.3f')} | [{_fmt(mlt['ci95'][0], '.3f')}, "
+                         f"{_fmt(mlt['ci95'][1], '.3f')}] | {_fmt(mlt['equivalent_params'], ',.0f')} |")
+    else:
+        lines.append("Needs at least two baseline sizes (e.g. `baseline` and `baseline_mlp4.75`) in study.variants.")
     diverged = [(v, s, r) for v, x in summary["variants"].items() for s, r in x["diverged"].items()]
     lines += ["", "## Diverged runs", ""]
     lines += [f"- {run_name(v, s)}: {r}" for v, s, r in diverged] or ["None."]
@@ -174,6 +207,28 @@ def figures(summary: dict, runs: dict[str, dict[int, dict]], out: Path) -> list[
     ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     paths.append(out / "final_val_loss.png")
+    fig.savefig(paths[-1], dpi=120)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    f = summary.get("frontier")
+    for v, s in summary["variants"].items():
+        if math.isfinite(s["val_loss_mean"]):
+            ax.scatter([s["non_embedding_params"]], [s["val_loss_mean"]], color=color(v), s=50, label=v, zorder=3)
+    if f:
+        sizes = [summary["variants"][v]["non_embedding_params"] for v in f["family"]]
+        n = np.geomspace(min(sizes) * 0.8, max(sizes) * 1.2, 100)
+        ax.plot(n, np.exp(f["intercept"] + f["slope"] * np.log(n)), color="grey", ls="--", label="baseline frontier fit")
+    else:
+        ax.text(0.5, 0.5, "frontier needs two baseline sizes", transform=ax.transAxes, ha="center", color="grey")
+    ax.set_xscale("log")
+    ax.set_xlabel("non-embedding parameters")
+    ax.set_ylabel("final validation loss (nats)")
+    ax.set_title("Parameter frontier of the baseline family")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, which="both")
+    fig.tight_layout()
+    paths.append(out / "frontier.png")
     fig.savefig(paths[-1], dpi=120)
     plt.close(fig)
     return paths

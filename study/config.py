@@ -112,7 +112,6 @@ class TrainConfig:
     val_tokens: int = 131_072  # fixed validation tokens (first val_tokens // block_size windows)
     val_micro_batch_size: int = 64
     log_every: int = 10  # optimizer steps between train-loss logs
-    checkpoint_every: int = 50  # optimizer steps between resumable checkpoints
     divergence_nats: float = 2.0  # stop when the smoothed train loss rises this far above its minimum
 
 
@@ -299,7 +298,7 @@ def validate(cfg: RunConfig) -> None:
         if val is not None and not val > 0:
             raise ConfigError(f"variant.{key}={val} must be > 0 (or null to use train.{key})")
     for key in ("tokens", "batch_tokens", "micro_batch_size", "eval_every", "val_tokens",
-                "val_micro_batch_size", "log_every", "checkpoint_every"):
+                "val_micro_batch_size", "log_every"):
         if getattr(t, key) <= 0:
             raise ConfigError(f"train.{key}={getattr(t, key)} must be a positive integer")
     if t.warmup_tokens < 0:

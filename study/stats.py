@@ -79,3 +79,56 @@ def adjust(p_values: dict[str, float]) -> dict[str, float]:
         adj = stats.false_discovery_control([p_values[k] for k in names], method="bh")
         out.update({k: float(a) for k, a in zip(names, adj)})
     return out
+
+
+# -- the parameter frontier ------------------------------------------------------------------------
+def fit_power_law(params, losses) -> tuple[float, float]:
+    """Least-squares fit of log L = intercept + slope log N (N: non-embedding parameters).
+
+    Returns: (slope, intercept); slope < 0 when more parameters give lower loss.
+    Raises: ValueError with fewer than two distinct sizes.
+    """
+    x, y = np.log(np.asarray(params, float)), np.log(np.asarray(losses, float))
+    if len(set(x.tolist())) < 2:
+        raise ValueError("the frontier needs at least two model sizes")
+    fit = stats.linregress(x, y)
+    return float(fit.slope), float(fit.intercept)
+
+
+def equivalent_params(loss: float, slope: float, intercept: float) -> float:
+    """The size N on the fitted frontier whose loss is ``loss``: exp((log L - intercept) / slope)."""
+    return float(math.exp((math.log(loss) - intercept) / slope)) if slope < 0 else float("nan")
+
+
+def parameter_multiplier(family: dict[int, dict[int, float]], variant: dict[int, float], variant_params: int,
+                         n_resamples: int = 2000) -> dict:
+    """How many parameters a variant is worth, on the frontier of a model family.
+
+    Args:
+        family: {non_embedding_params: {seed: val_loss}} for the baseline family (several MLP widths).
+        variant: {seed: val_loss} of the variant; ``variant_params`` its non-embedding parameters.
+
+    Returns:
+        {"multiplier": N_equivalent / N_variant from the seed means, "ci95": [lo, hi] (percentile
+        bootstrap over seeds, resampled jointly since seed s is shared by every run;
+        scipy.stats.bootstrap), "equivalent_params", "slope", "intercept", "seeds"}.  Values above 1
+        mean the variant reaches the loss of a larger baseline.
+    """
+    seeds = sorted(set(variant).intersection(*[set(s) for s in family.values()]))
+    sizes = sorted(family)
+    slope, intercept = fit_power_law(sizes, [np.mean([family[n][s] for s in seeds]) for n in sizes])
+    point = equivalent_params(float(np.mean([variant[s] for s in seeds])), slope, intercept) / variant_params
+    out = {"multiplier": point, "ci95": [float("nan"), float("nan")], "equivalent_params": point * variant_params,
+           "slope": slope, "intercept": intercept, "seeds": seeds}
+    if len(seeds) >= 2:
+        data = [np.array([family[n][s] for s in seeds]) for n in sizes] + [np.array([variant[s] for s in seeds])]
+
+        def statistic(*samples):
+            *fam, var = samples
+            sl, ic = fit_power_law(sizes, [np.mean(f) for f in fam])
+            return equivalent_params(float(np.mean(var)), sl, ic) / variant_params
+
+        res = stats.bootstrap(data, statistic, paired=True, vectorized=False, n_resamples=n_resamples,
+                              method="percentile", confidence_level=0.95, rng=np.random.default_rng(0))
+        out["ci95"] = [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+    return out

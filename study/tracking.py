@@ -36,3 +36,12 @@ def git_commit(root: Path) -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return (sha + ("+dirty" if dirty else "")) if sha else "unknown"
+
+
+def store_lock(root: Path, study: StudyConfig):
+    """An inter-process lock (filelock) held while a run creates the SQLite store, experiment or run."""
+    from filelock import FileLock
+
+    db = (root / study.tracking_db).resolve()
+    db.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(db) + ".lock", timeout=600)

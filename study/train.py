@@ -79,7 +79,7 @@ def train(cfg, root: Path) -> dict:
     from lightning.pytorch.loggers import MLFlowLogger
 
     from study.lm import GPTModule
-    from study.tracking import artifact_location, git_commit, tracking_uri
+    from study.tracking import artifact_location, git_commit, store_lock, tracking_uri
 
     name = run_name(cfg.variant.name, cfg.seed)
     run_dir = root / cfg.study.runs_dir / name
@@ -112,9 +112,11 @@ def train(cfg, root: Path) -> dict:
                           artifact_location=artifact_location(root, cfg.study), run_id=state.get("mlflow_run_id"),
                           tags={"variant": cfg.variant.name, "seed": str(cfg.seed), "git_commit": git_commit(root),
                                 "config_hash": digest, "model": cfg.model.name})
+    with store_lock(root, cfg.study):  # two runs creating the store or experiment at once would race
+        run_id = logger.run_id
     if not state:
         logger.log_hyperparams(flatten(to_dict(cfg)))
-        state = {"config_hash": digest, "mlflow_run_id": logger.run_id, "completed": False, "seconds": 0.0}
+        state = {"config_hash": digest, "mlflow_run_id": run_id, "completed": False, "seconds": 0.0}
         write_json(state_path, state)
     try:
         pl.seed_everything(cfg.seed, workers=True, verbose=False)  # the seed fixes init and data order
@@ -122,8 +124,8 @@ def train(cfg, root: Path) -> dict:
         logger.log_metrics({"non_embedding_params": module.counts["non_embedding_params"],
                             "flops_per_token": module.counts["flops_per_token"]}, step=0)
         dm = TokenDataModule(data_dir, cfg.model.block_size, micro, cfg.seed, n_val, val_micro)
-        checkpoint = ModelCheckpoint(dirpath=ckpt_dir, filename="last", save_top_k=0, save_last=True,
-                                     every_n_train_steps=cfg.train.checkpoint_every)
+        # saved (atomically, by Lightning) at the end of every evaluation: the curve row is in it
+        checkpoint = ModelCheckpoint(dirpath=ckpt_dir, filename="last", save_top_k=0, save_last=True)
         trainer = pl.Trainer(
             accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices, num_nodes=cfg.trainer.num_nodes,
             strategy=make_strategy(cfg.trainer), precision=cfg.trainer.precision,
@@ -155,7 +157,7 @@ def train(cfg, root: Path) -> dict:
         "seed": cfg.seed,
         "status": "diverged" if module.diverged else "ok",
         "reason": module.diverged,
-        "val_loss": val_loss,
+        "val_loss": val_loss if math.isfinite(val_loss) else None,
         "val_perplexity": math.exp(val_loss) if math.isfinite(val_loss) and val_loss < 50 else None,
         "steps": trainer.global_step,
         "tokens": trainer.global_step * cfg.train.batch_tokens,

@@ -39,7 +39,6 @@ train:
   eval_every: 5
   val_tokens: 8192
   log_every: 5
-  checkpoint_every: 5
 """
 
 

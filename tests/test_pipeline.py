@@ -91,3 +91,65 @@ def test_repro_is_idempotent_and_selective(study):
     r = dvc(study, "repro", "--dry")
     ran = sorted(line.split("'")[1] for line in r.stdout.splitlines() if line.startswith("Running stage"))
     assert ran == ["compare", "train@nonlinear_q-1", "train@nonlinear_q-2"], r.stdout
+
+
+def test_mlflow_ui_serves_the_runs(study):
+    """`make ui` = `python -m study.ui`: start it, ask the REST API for the study's runs, stop it by pid."""
+    import os
+    import signal
+    import socket
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([str(BIN / "python"), "-m", "study.ui", "--port", str(port)], cwd=study,
+                            env=env_for(study), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline, exp = time.time() + 120, None
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"{url}/api/2.0/mlflow/experiments/get-by-name?experiment_name=e2e",
+                                            timeout=5) as r:
+                    exp = json.loads(r.read())["experiment"]
+                    break
+            except OSError:
+                time.sleep(1)
+        assert exp is not None, "the MLflow UI did not answer"
+        req = urllib.request.Request(f"{url}/api/2.0/mlflow/runs/search", method="POST",
+                                     data=json.dumps({"experiment_ids": [exp["experiment_id"]]}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=10) as r:
+            runs = json.loads(r.read())["runs"]
+        assert sorted(r["info"]["run_name"] for r in runs) == ["baseline-s1", "baseline-s2", "nonlinear_q-s1",
+                                                               "nonlinear_q-s2"]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+
+
+def test_notebook_executes_against_the_runs(study):
+    import os
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    from conftest import ROOT
+
+    nb = nbformat.read(ROOT / "notebooks/analysis.ipynb", as_version=4)
+    assert all(not c.get("outputs") for c in nb.cells if c.cell_type == "code")  # committed without outputs
+    old = dict(os.environ)
+    os.environ.update(STUDY_ROOT=str(study), MLFLOW_DISABLE_TELEMETRY="true", MPLBACKEND="Agg")
+    try:
+        NotebookClient(nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(study)}}).execute()
+    finally:
+        os.environ.clear()
+        os.environ.update(old)
+    text = "\n".join(o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
+                     for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+    assert "4 finished runs of experiment 'e2e'" in text
+    assert "nonlinear_q" in text and "pct_log_loss" in text
+    assert sum("image/png" in o.get("data", {}) for c in nb.cells if c.cell_type == "code" for o in c.outputs) >= 3

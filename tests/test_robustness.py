@@ -1,0 +1,203 @@
+"""Runs survive kills, bad input, divergence and concurrent writers, and lose nothing."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import env_for, run_cli
+
+# -- bad input: one table ---------------------------------------------------------------------------
+# (id, command, overrides, expected words in the one-line error)
+BAD_INPUT = [
+    ("unknown variant", "study.train", ["variant=nope"], ["unknown variant 'nope'", "nonlinear_q"]),
+    ("unknown model", "study.train", ["model=huge"], ["unknown model 'huge'", "gpt3-small"]),
+    ("typo in a key", "study.train", ["train.lrr=1e-3"], ["lrr"]),
+    ("n_embd % n_head", "study.train", ["model.n_head=3"], ["model.n_embd=32", "n_head=3"]),
+    ("bottleneck", "study.train", ["variant=nonlinear_q", "variant.bottleneck=0.3"], ["variant.bottleneck=0.3"]),
+    ("zero lr", "study.train", ["train.lr=0"], ["train.lr=0"]),
+    ("negative lr", "study.train", ["train.lr=-1e-3"], ["train.lr=-0.001"]),
+    ("zero budget", "study.train", ["train.tokens=0"], ["train.tokens=0"]),
+    ("empty seed list", "study.compare", ["study.seeds=[]"], ["study.seeds is empty"]),
+    ("missing data", "study.train", ["data.dir=data/nowhere"], ["data/nowhere/meta.json", "study.prepare"]),
+    ("other tokenizer", "study.train", ["data.tokenizer=gpt2", "model.vocab_size=50304"],
+     ["tokenizer 'bpe'", "data.tokenizer='gpt2'"]),
+    ("block too long", "study.train", ["model.max_block_size=32"], ["model.block_size=64", "max_block_size=32"]),
+    ("vocab too large", "study.train", ["model.vocab_size=256"], ["bpe_vocab_size=512", "vocab_size=256"]),
+    ("no '=' in override", "study.train", ["variant"], ["variant", "key=value"]),
+]
+
+
+@pytest.mark.parametrize("case,module,overrides,words", BAD_INPUT, ids=[c[0] for c in BAD_INPUT])
+def test_bad_input_table(nano_project, tmp_path, monkeypatch, capsys, case, module, overrides, words):
+    import importlib
+
+    monkeypatch.chdir(nano_project)
+    runs = tmp_path / "runs"
+    main = importlib.import_module(module).main
+    rc = main([f"study.runs_dir={runs}", f"study.tracking_db={tmp_path / 'm.db'}", *overrides])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    for w in words:
+        assert w in err, (w, err)
+    assert not list(runs.glob("*/metrics.json"))  # nothing that looks complete
+
+
+def _copy_data(nano_project: Path, dest: Path) -> Path:
+    shutil.copytree(nano_project / "data/tokens", dest)
+    return dest
+
+
+def test_corrupt_chunk_is_refused(nano_project, tmp_path, monkeypatch, capsys):
+    from study.train import main
+
+    data = _copy_data(nano_project, tmp_path / "tokens")
+    chunk = next((data / "train").glob("*.bin"))
+    chunk.write_bytes(chunk.read_bytes()[:-100])
+    monkeypatch.chdir(nano_project)
+    assert main([f"data.dir={data}", f"study.runs_dir={tmp_path / 'runs'}"]) == 2
+    err = capsys.readouterr().err
+    assert "corrupt or truncated" in err and chunk.name in err
+    (data / "train" / chunk.name).unlink()
+    assert main([f"data.dir={data}", f"study.runs_dir={tmp_path / 'runs'}"]) == 2
+    assert "is missing" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name,content,words", [("empty.txt", b"\n", "is empty"),
+                                                ("latin.txt", "naïve".encode("latin-1"), "not UTF-8")])
+def test_bad_user_corpus(nano_project, tmp_path, monkeypatch, capsys, name, content, words):
+    from study.prepare import main
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "good.txt").write_text("Some real text. " * 50)
+    (corpus / name).write_bytes(content)
+    monkeypatch.chdir(nano_project)
+    out = tmp_path / "tokens"
+    assert main([f"data.source={corpus}", f"data.dir={out}"]) == 2
+    err = capsys.readouterr().err
+    assert words in err and name in err
+    assert not out.exists() and not list(tmp_path.glob(".tokens.tmp*"))
+
+
+def test_failure_inside_a_run_marks_mlflow_failed(nano_project, tmp_path, monkeypatch, capsys):
+    """A data error raised after the MLflow run has started: exit 2, run FAILED, no metrics.json."""
+    from mlflow import MlflowClient
+
+    from study.train import main
+
+    monkeypatch.chdir(nano_project)
+    db = tmp_path / "m.db"
+    rc = main([f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={db}", "train.val_tokens=100000000",
+               "trainer.progress_bar=false"])
+    assert rc == 2 and "lower train.val_tokens" in capsys.readouterr().err
+    runs = MlflowClient(tracking_uri=f"sqlite:///{db}").search_runs(
+        [e.experiment_id for e in MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()])
+    assert [r.info.status for r in runs] == ["FAILED"]
+    assert not (tmp_path / "runs/baseline-s1/metrics.json").exists()
+
+
+# -- determinism, divergence ------------------------------------------------------------------------
+def test_same_seed_gives_identical_curves(run_in, tmp_path):
+    a = run_in("variant=nonlinear_q", "seed=3", f"study.runs_dir={tmp_path / 'a'}")
+    b = run_in("variant=nonlinear_q", "seed=3", f"study.runs_dir={tmp_path / 'b'}")
+    assert (tmp_path / "a/nonlinear_q-s3/curve.csv").read_text() == (tmp_path / "b/nonlinear_q-s3/curve.csv").read_text()
+    assert a["val_loss"] == b["val_loss"]
+    c = run_in("variant=nonlinear_q", "seed=4", f"study.runs_dir={tmp_path / 'c'}")
+    assert c["val_loss"] != a["val_loss"]  # the seed matters
+
+
+def test_divergence_stops_the_run_and_compare_reports_it(run_in, tmp_path, nano_project, monkeypatch):
+    from mlflow import MlflowClient
+
+    from study.compare import summarize
+    from study.config import load_config
+
+    m = run_in("variant=baseline", "seed=1", "train.lr=30", "train.min_lr=30", "train.warmup_tokens=0",
+               "train.tokens=40960", "train.divergence_nats=0.5")
+    assert m["status"] == "diverged" and m["steps"] < 20 and ("rose" in m["reason"] or "non-finite" in m["reason"])
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
+    run = client.get_run(m["mlflow_run_id"])
+    assert run.info.status == "FAILED" and run.data.tags["diverged"] == m["reason"]
+    ok = run_in("variant=baseline", "seed=2")
+    cfg = load_config(["study.seeds=[1,2]", "study.variants=[baseline]"], nano_project)
+    runs = {"baseline": {1: {**m, "curve": []}, 2: {**ok, "curve": []}}}
+    s = summarize(cfg, runs)["variants"]["baseline"]
+    assert s["n_seeds"] == 1 and s["val_loss_mean"] == ok["val_loss"] and s["diverged"] == {"1": m["reason"]}
+
+
+# -- kill and resume --------------------------------------------------------------------------------
+def _train_cmd(runs: Path, db: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "study.train", "variant=nonlinear_q", "seed=2", "train.tokens=163840",
+            "trainer.progress_bar=false", f"study.runs_dir={runs}", f"study.tracking_db={db}", *extra]
+
+
+def test_killed_run_resumes_exactly(nano_project, tmp_path):
+    """SIGKILL a real training process mid-run; the same command resumes to the uninterrupted result."""
+    from mlflow import MlflowClient
+
+    ref = subprocess.run(_train_cmd(tmp_path / "ref", tmp_path / "ref.db"), cwd=nano_project,
+                         env=env_for(nano_project), capture_output=True, text=True, timeout=600)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    runs, db = tmp_path / "runs", tmp_path / "m.db"
+    ckpt = runs / "nonlinear_q-s2/checkpoints/last.ckpt"
+    proc = subprocess.Popen(_train_cmd(runs, db), cwd=nano_project, env=env_for(nano_project),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert ckpt.exists(), "no checkpoint before the kill"
+    import torch
+    killed_at = torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"]
+    assert 0 < killed_at < 80, killed_at  # really mid-run (80 steps in all)
+    assert not (runs / "nonlinear_q-s2/metrics.json").exists()
+    again = subprocess.run(_train_cmd(runs, db), cwd=nano_project, env=env_for(nano_project),
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    ref_m = json.loads((tmp_path / "ref/nonlinear_q-s2/metrics.json").read_text())
+    got_m = json.loads((runs / "nonlinear_q-s2/metrics.json").read_text())
+    assert got_m["steps"] == ref_m["steps"] == 80
+    assert abs(got_m["val_loss"] - ref_m["val_loss"]) < 1e-6
+    ref_rows = (tmp_path / "ref/nonlinear_q-s2/curve.csv").read_text().splitlines()
+    got_rows = (runs / "nonlinear_q-s2/curve.csv").read_text().splitlines()
+    assert len(got_rows) == len(ref_rows) == 1 + 80 // 5
+    for r, g in zip(ref_rows[1:], got_rows[1:]):
+        rv, gv = [float(x) for x in r.split(",")], [float(x) for x in g.split(",")]
+        assert all(abs(a - b) < 1e-6 for a, b in zip(rv, gv)), (r, g)
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    runs_in_store = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert len(runs_in_store) == 1 and runs_in_store[0].info.status == "FINISHED"  # continued, not a second run
+    assert runs_in_store[0].info.run_id == got_m["mlflow_run_id"]
+
+
+def test_two_writers_share_the_store(nano_project, tmp_path):
+    """Two trainings at once on one SQLite store lose no run and no metric."""
+    from mlflow import MlflowClient
+
+    db = tmp_path / "shared.db"
+    procs = [subprocess.Popen([sys.executable, "-m", "study.train", f"variant={v}", "seed=1",
+                               "trainer.progress_bar=false", f"study.runs_dir={tmp_path / 'runs'}",
+                               f"study.tracking_db={db}", "train.log_every=1"],
+                              cwd=nano_project, env=env_for(nano_project), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for v in ("baseline", "identity_q")]
+    for p in procs:
+        assert p.wait(timeout=600) == 0, p.stderr.read()[-2000:]
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert sorted(r.info.run_name for r in runs) == ["baseline-s1", "identity_q-s1"]
+    for r in runs:
+        assert r.info.status == "FINISHED"
+        steps = json.loads((tmp_path / f"runs/{r.info.run_name}/metrics.json").read_text())["steps"]
+        assert len(client.get_metric_history(r.info.run_id, "train_loss")) == steps
+        curve = (tmp_path / f"runs/{r.info.run_name}/curve.csv").read_text().splitlines()
+        assert len(client.get_metric_history(r.info.run_id, "val_loss")) == len(curve) - 1
