@@ -333,8 +333,8 @@ class TokenDataModule(pl.LightningDataModule):
 
     Train batches are (B, block_size + 1) uint16/int32 token tensors, shuffled
     by litdata with ``seed``: a seed means the same batches for every variant.
-    Validation is the first ``n_val_windows`` windows of the validation split,
-    unshuffled: identical for all runs.  The train loader's position is saved
+    Validation is ``n_val_windows`` windows spread evenly over the validation
+    split, read once: the same tokens at every evaluation of every run.  The train loader's position is saved
     in checkpoints (``state_dict``) so a resumed run sees the batch an
     uninterrupted run would.
     """
@@ -347,6 +347,7 @@ class TokenDataModule(pl.LightningDataModule):
         self.n_val_windows, self.val_micro_batch_size = n_val_windows, val_micro_batch_size
         self._train_loader = None
         self._pending_state: dict | None = None
+        self._val = None
 
     def _dataset(self, split: str, shuffle: bool):
         from litdata import StreamingDataset, TokensLoader
@@ -364,14 +365,24 @@ class TokenDataModule(pl.LightningDataModule):
             self._pending_state = None
         return self._train_loader
 
-    def val_dataloader(self):
-        from litdata import StreamingDataLoader
+    def val_windows(self):
+        """The fixed validation set: ``n_val_windows`` windows (n_val, block_size + 1), evenly spaced
+        over the whole validation split so that every held-out document contributes."""
+        import torch
 
         ds = self._dataset("val", shuffle=False)
-        if len(ds) < self.n_val_windows:
-            raise DataError(f"the validation split holds {len(ds)} windows of {self.block_size + 1} tokens, "
+        n = len(ds)
+        if n < self.n_val_windows:
+            raise DataError(f"the validation split holds {n} windows of {self.block_size + 1} tokens, "
                             f"fewer than the {self.n_val_windows} asked for: lower train.val_tokens")
-        return StreamingDataLoader(ds, batch_size=self.val_micro_batch_size, num_workers=0)
+        return torch.stack([torch.as_tensor(ds[i * n // self.n_val_windows]) for i in range(self.n_val_windows)])
+
+    def val_dataloader(self):
+        import torch
+
+        if self._val is None:
+            self._val = self.val_windows()
+        return torch.utils.data.DataLoader(self._val, batch_size=self.val_micro_batch_size, shuffle=False)
 
     def state_dict(self) -> dict:
         return {"train_loader": self._train_loader.state_dict()} if self._train_loader is not None else {}

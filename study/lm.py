@@ -18,6 +18,28 @@ from study.config import RunConfig, cosine_lr, peak_lr
 from study.model import GPT, describe
 
 
+def peak_flops(device: torch.device, precision: str) -> float | None:
+    """Peak FLOP/s of one device, for MFU.
+
+    GPUs/TPUs: Lightning's table of datasheet dense peaks
+    (``lightning.fabric.utilities.throughput.get_available_flops``; e.g. H100/H200 SXM bf16
+    989 TFLOP/s, A100 bf16 312 TFLOP/s, per the NVIDIA datasheets).  CPUs: measured here,
+    the best of five 1024^3 fp32 matrix products with torch's threads.
+    """
+    if device.type != "cpu":
+        from lightning.fabric.utilities.throughput import get_available_flops
+        dtype = torch.bfloat16 if "bf16" in str(precision) else (torch.float16 if "16" in str(precision) else torch.float32)
+        return get_available_flops(device, dtype)
+    a = torch.randn(1024, 1024)
+    a @ a
+    best = math.inf
+    for _ in range(5):
+        t = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - t)
+    return 2 * 1024 ** 3 / best
+
+
 class GPTModule(pl.LightningModule):
     """Trains :class:`study.model.GPT` on batches of (B, block_size + 1) token ids.
 
@@ -59,6 +81,11 @@ class GPTModule(pl.LightningModule):
         self._tokens_since += batch.shape[0] * (batch.shape[1] - 1) * self.trainer.world_size
         return loss
 
+    def on_fit_start(self) -> None:
+        self.peak_flops = peak_flops(self.device, self.trainer.precision)
+        if self.peak_flops and self.logger is not None:
+            self.logger.log_metrics({"peak_flops": self.peak_flops}, step=0)
+
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
         loss = self._train_losses[-1]
         step = self.trainer.global_step
@@ -78,8 +105,12 @@ class GPTModule(pl.LightningModule):
             self._t_last, self._tokens_since = now, 0
         elif step % self.cfg.train.log_every == 0 and (now - self._t_last) > 0:
             tokens_per_s = self._tokens_since / (now - self._t_last)
-            self.log_dict({"tokens_per_s": tokens_per_s, "tokens": float(step * self.cfg.train.batch_tokens),
-                           "lr": self.lr_schedulers().get_last_lr()[0]}, on_step=True)
+            logs = {"tokens_per_s": tokens_per_s, "tokens": float(step * self.cfg.train.batch_tokens),
+                    "lr": self.lr_schedulers().get_last_lr()[0]}
+            if getattr(self, "peak_flops", None):
+                # model FLOPs utilisation: achieved training FLOP/s over the device's peak (all ranks)
+                logs["mfu"] = tokens_per_s * self.counts["flops_per_token"] / (self.peak_flops * self.trainer.world_size)
+            self.log_dict(logs, on_step=True)
             self._t_last, self._tokens_since = now, 0
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:

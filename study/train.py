@@ -125,7 +125,8 @@ def train(cfg, root: Path) -> dict:
                             "flops_per_token": module.counts["flops_per_token"]}, step=0)
         dm = TokenDataModule(data_dir, cfg.model.block_size, micro, cfg.seed, n_val, val_micro)
         # saved (atomically, by Lightning) at the end of every evaluation: the curve row is in it
-        checkpoint = ModelCheckpoint(dirpath=ckpt_dir, filename="last", save_top_k=0, save_last=True)
+        checkpoint = ModelCheckpoint(dirpath=ckpt_dir, filename="last", monitor=None, save_top_k=1,
+                                     enable_version_counter=False)
         trainer = pl.Trainer(
             accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices, num_nodes=cfg.trainer.num_nodes,
             strategy=make_strategy(cfg.trainer), precision=cfg.trainer.precision,

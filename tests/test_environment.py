@@ -13,7 +13,7 @@ def test_environment_yml_matches_pyproject():
     env = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip = next(d["pip"] for d in env["dependencies"] if isinstance(d, dict))
     makefile = (ROOT / "Makefile").read_text()
-    litdata = next(line.split('"')[1] for line in makefile.splitlines() if "--no-deps" in line and "litdata" in line)
+    litdata = next(line.split('"')[1] for line in makefile.splitlines() if line.strip().startswith("$(PIP)") and "--no-deps" in line)
     assert set(pip) == wanted | {litdata, "-e ."}
 
 
