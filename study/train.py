@@ -108,11 +108,12 @@ def train(cfg, root: Path) -> dict:
         (run_dir / stale).unlink(missing_ok=True)
     ckpt_dir.mkdir(parents=True, exist_ok=True)
 
-    logger = MLFlowLogger(experiment_name=cfg.study.name, run_name=name, tracking_uri=tracking_uri(root, cfg.study),
-                          artifact_location=artifact_location(root, cfg.study), run_id=state.get("mlflow_run_id"),
-                          tags={"variant": cfg.variant.name, "seed": str(cfg.seed), "git_commit": git_commit(root),
-                                "config_hash": digest, "model": cfg.model.name})
-    with store_lock(root, cfg.study):  # two runs creating the store or experiment at once would race
+    with store_lock(root, cfg.study):  # two runs creating the store, experiment or run at once would race
+        logger = MLFlowLogger(experiment_name=cfg.study.name, run_name=name,
+                              tracking_uri=tracking_uri(root, cfg.study),
+                              artifact_location=artifact_location(root, cfg.study), run_id=state.get("mlflow_run_id"),
+                              tags={"variant": cfg.variant.name, "seed": str(cfg.seed), "git_commit": git_commit(root),
+                                    "config_hash": digest, "model": cfg.model.name})
         run_id = logger.run_id
     if not state:
         logger.log_hyperparams(flatten(to_dict(cfg)))

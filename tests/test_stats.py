@@ -45,3 +45,19 @@ def test_mean_ci_and_bh():
     # BH by hand: sorted p 0.01, 0.03, 0.04 with m = 3 -> 0.03, 0.04, 0.04
     assert adj["a"] == pytest.approx(0.03) and adj["c"] == pytest.approx(0.04) and adj["b"] == pytest.approx(0.04)
     assert math.isnan(adj["d"])
+
+
+def test_parameter_multiplier_on_an_exact_power_law():
+    from study.stats import parameter_multiplier
+
+    # L(N) = 10 N^-0.1 exactly, same for every seed but for a seed offset that cancels in the means
+    law = lambda n: 10 * n ** -0.1  # noqa: E731
+    family = {n: {s: law(n) + off for s, off in ((1, -0.01), (2, 0.0), (3, 0.01))} for n in (1e6, 2e6, 4e6)}
+    # a variant with 1e6 parameters reaching the loss of a 3e6 baseline is worth 3x its size
+    variant = {1: law(3e6) - 0.01, 2: law(3e6), 3: law(3e6) + 0.01}
+    r = parameter_multiplier(family, variant, 1_000_000)
+    assert r["slope"] == pytest.approx(-0.1, abs=2e-3)
+    assert r["multiplier"] == pytest.approx(3.0, rel=0.02)
+    assert r["ci95"][0] <= r["multiplier"] <= r["ci95"][1]
+    worse = parameter_multiplier(family, {s: law(0.5e6) for s in (1, 2, 3)}, 1_000_000)
+    assert worse["multiplier"] == pytest.approx(0.5, rel=0.02)
