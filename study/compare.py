@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from study.config import ConfigError, load_config, project_root, run_name
+from study.config import run_name, run_stage
 from study.data import DataError
 from study.stats import adjust, fit_power_law, mean_ci, paired, parameter_multiplier
 
@@ -110,6 +110,17 @@ def frontier(base_name: str, ok: dict[str, dict[int, float]], variants: dict) ->
         if not in_family(v, base_name) and ok[v]:
             out["multipliers"][v] = parameter_multiplier(family, ok[v], variants[v]["non_embedding_params"])
     return out
+
+
+def finite_or_null(obj):
+    """NaN/inf -> None, recursively: summary.json stays strict JSON for `dvc metrics show`."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_null(v) for v in obj]
+    return obj
 
 
 def _fmt(x, spec=".4f") -> str:
@@ -234,26 +245,23 @@ def figures(summary: dict, runs: dict[str, dict[int, dict]], out: Path) -> list[
     return paths
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        root = project_root()
-        cfg = load_config(argv, root)
-        runs = load_runs(cfg, root)
-    except (ConfigError, DataError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+def _report(cfg, root: Path) -> int:
+    runs = load_runs(cfg, root)
     out = root / cfg.study.reports_dir
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(cfg, runs)
     figures(summary, runs, out)
     (out / "comparison.md").write_text(markdown(summary, cfg))
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "summary.json").write_text(json.dumps(finite_or_null(summary), indent=1))
     for v, c in summary["vs_baseline"].items():
         print(f"{v:>20s}: {c['pct_log_loss']:+.2f}% log-loss, {c['pct_perplexity']:+.2f}% perplexity "
               f"vs {summary['baseline']} (p={c['p_value']:.3g}, n={c['n_pairs']})")
     print(f"wrote {out / 'comparison.md'}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage(_report, argv)
 
 
 if __name__ == "__main__":

@@ -36,8 +36,27 @@ ACTIVATIONS = ("gelu", "relu2", "silu")
 TOKENIZERS = ("gpt2", "bpe")
 
 
-class ConfigError(ValueError):
+class StudyError(Exception):
+    """A mistake in the study's input; the message names the key or file and the fix."""
+
+
+class ConfigError(StudyError, ValueError):
     """A configuration mistake; the message names the key or file and the fix."""
+
+
+def run_stage(body, argv: list[str] | None = None) -> int:
+    """Run a stage CLI: compose the config from dot-list ``argv`` (default sys.argv[1:]), call
+    ``body(cfg, root)`` and return its exit code; a :class:`StudyError` prints one line
+    ``error: ...`` on stderr and returns 2."""
+    import sys
+
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        root = project_root()
+        return body(load_config(argv, root), root)
+    except StudyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 @dataclass

@@ -26,13 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from study.config import ConfigError, DataConfig
+from study.config import ConfigError, DataConfig, StudyError
 
 EOT = "<|endoftext|>"
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
-class DataError(RuntimeError):
+class DataError(StudyError, RuntimeError):
     """Missing, corrupt or mismatched data; the message names the file and the fix."""
 
 
@@ -276,8 +276,6 @@ def chunk_token_count(split_dir: Path) -> int:
     if not index_path.is_file():
         raise DataError(f"{index_path} not found: re-run `python -m study.prepare`")
     index = json.loads(index_path.read_text())
-    fmt = index["config"]["data_format"][0]
-    itemsize = 2 if "uint16" in fmt or fmt.endswith(":5") else 4
     total = 0
     for chunk in index["chunks"]:
         path = split_dir / chunk["filename"]

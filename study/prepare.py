@@ -20,8 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from study.config import ConfigError, load_config, project_root
-from study.data import (DataError, check_prepared, make_tokenizer, read_documents, sha256_file,
+from study.config import ConfigError, run_stage
+from study.data import (check_prepared, make_tokenizer, read_documents, sha256_file,
                         split_documents)
 
 
@@ -86,18 +86,16 @@ def prepare(cfg, root: Path) -> dict:
     return meta
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        root = project_root()
-        meta = prepare(load_config(argv, root), root)
-    except (ConfigError, DataError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+def _report(cfg, root: Path) -> int:
+    meta = prepare(cfg, root)
     print(f"prepared {meta['tokens']['train']:,} train and {meta['tokens']['val']:,} val tokens "
           f"({meta['documents']['train']} + {meta['documents']['val']} documents, tokenizer {meta['tokenizer']}, "
           f"vocab {meta['vocab_size']}) in {meta['seconds']} s")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage(_report, argv)
 
 
 if __name__ == "__main__":

@@ -24,9 +24,8 @@ import sys
 import time
 from pathlib import Path
 
-from study.config import (ConfigError, config_hash, flatten, load_config, max_steps, micro_batches,
-                          project_root, run_name, to_dict)
-from study.data import DataError, TokenDataModule, check_prepared
+from study.config import config_hash, flatten, max_steps, micro_batches, run_name, run_stage, to_dict
+from study.data import TokenDataModule, check_prepared
 
 
 def world_size(trainer_cfg) -> int:
@@ -185,15 +184,8 @@ def train(cfg, root: Path) -> dict:
     return metrics
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        root = project_root()
-        cfg = load_config(argv, root)
-        metrics = train(cfg, root)
-    except (ConfigError, DataError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+def _report(cfg, root: Path) -> int:
+    metrics = train(cfg, root)
     name = run_name(metrics["variant"], metrics["seed"])
     if metrics["status"] != "ok":
         print(f"{name}: DIVERGED: {metrics['reason']}", file=sys.stderr)
@@ -201,6 +193,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{name}: val_loss {metrics['val_loss']:.4f} nats after {metrics['tokens']:,} tokens "
           f"in {metrics['wall_time_s']:.0f} s ({metrics['tokens_per_s']:,.0f} tokens/s)")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_stage(_report, argv)
 
 
 if __name__ == "__main__":

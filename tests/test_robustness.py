@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import env_for, run_cli
+from conftest import env_for
 
 # -- bad input: one table ---------------------------------------------------------------------------
 # (id, command, overrides, expected words in the one-line error)
