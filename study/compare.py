@@ -54,13 +54,21 @@ def load_runs(cfg, root: Path) -> dict[str, dict[int, dict]]:
             if not (d / "metrics.json").is_file():
                 missing.append(f"`python -m study.train variant={variant} seed={seed}`")
                 continue
-            m = json.loads((d / "metrics.json").read_text())
-            with open(d / "curve.csv") as f:
-                m["curve"] = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
+            try:
+                m = json.loads((d / "metrics.json").read_text())
+                with open(d / "curve.csv") as f:
+                    m["curve"] = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
+            except (OSError, ValueError) as e:
+                raise DataError(f"{d}: unreadable metrics.json or curve.csv ({e}); re-run "
+                                f"`python -m study.train variant={variant} seed={seed}`") from e
             runs.setdefault(variant, {})[seed] = m
     if missing:
         raise DataError(f"{len(missing)} run(s) of the study have no metrics.json; run `dvc repro` or "
                         f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    budgets = {(m["tokens"], m["tokenizer"]) for r in runs.values() for m in r.values() if m["status"] == "ok"}
+    if len(budgets) > 1:
+        raise DataError(f"the runs of the study differ in (tokens, tokenizer): {sorted(budgets)}; a fair "
+                        f"comparison needs one budget: re-run the stale runs (`dvc repro`)")
     return runs
 
 

@@ -57,6 +57,12 @@ def run_stage(body, argv: list[str] | None = None) -> int:
     except StudyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # Lightning's own refusals (accelerator, precision, strategy) in one line
+        if type(e).__name__ != "MisconfigurationException":
+            raise
+        print(f"error: trainer settings: {str(e).splitlines()[0]}: fix conf/trainer or trainer.* overrides",
+              file=sys.stderr)
+        return 2
 
 
 @dataclass
@@ -218,6 +224,7 @@ def _split_overrides(overrides: list[str]) -> tuple[dict[str, str], list[str]]:
         if "=" not in item:
             raise ConfigError(f"override {item!r} has no '=': write key=value, e.g. variant=nonlinear_q")
         key, value = item.split("=", 1)
+        key = key.removeprefix("defaults.")
         if key in GROUPS:
             choices[key] = value
         else:
@@ -272,6 +279,9 @@ def load_config(overrides: list[str] | None = None, root: Path | None = None,
         raise ConfigError(f"{_msg(e)}: fix the spelling (valid keys are the dataclass "
                           f"fields in study/config.py)") from e
     validate(cfg)
+    unknown = [v for v in cfg.study.variants if not (root / "conf" / "variant" / f"{v}.yaml").is_file()]
+    if unknown:
+        raise ConfigError(f"study.variants lists unknown {unknown}: choose from {available(root, 'variant')}")
     return cfg
 
 
@@ -342,6 +352,29 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("study.seeds is empty: list at least one seed, e.g. study.seeds=[1,2,3]")
     if not list(s.variants):
         raise ConfigError("study.variants is empty: list at least one variant")
+    if s.baseline not in s.variants:
+        raise ConfigError(f"study.baseline={s.baseline!r} is not in study.variants={list(s.variants)}: add it")
+    if not 0.0 <= m.dropout < 1.0:
+        raise ConfigError(f"model.dropout={m.dropout} must be in [0, 1)")
+    for key in ("beta1", "beta2"):
+        if not 0.0 <= getattr(t, key) < 1.0:
+            raise ConfigError(f"train.{key}={getattr(t, key)} must be in [0, 1)")
+    for key in ("weight_decay", "grad_clip"):
+        if getattr(t, key) < 0:
+            raise ConfigError(f"train.{key}={getattr(t, key)} must be >= 0")
+    if t.divergence_nats <= 0:
+        raise ConfigError(f"train.divergence_nats={t.divergence_nats} must be > 0")
+    lr, min_lr = (v.lr if v.lr is not None else t.lr), (v.min_lr if v.min_lr is not None else t.min_lr)
+    if min_lr > lr:
+        raise ConfigError(f"min_lr={min_lr} is above the peak lr={lr}: lower train.min_lr (or variant.min_lr)")
+    if v.scale_factor is not None and v.scale_factor <= 0:
+        raise ConfigError(f"variant.scale_factor={v.scale_factor} must be > 0 (or null)")
+    if d.max_docs_per_corpus is not None and d.max_docs_per_corpus < 1:
+        raise ConfigError(f"data.max_docs_per_corpus={d.max_docs_per_corpus} must be >= 1 (or null for all)")
+    c = cfg.trainer
+    if c.num_nodes < 1 or (isinstance(c.devices, int) and c.devices == 0):
+        raise ConfigError(f"trainer.devices={c.devices} / trainer.num_nodes={c.num_nodes}: use devices >= 1 "
+                          f"(or -1 for all GPUs) and num_nodes >= 1")
 
 
 def micro_batches(cfg: RunConfig, world_size: int = 1) -> tuple[int, int]:

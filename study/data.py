@@ -275,9 +275,13 @@ def chunk_token_count(split_dir: Path) -> int:
     index_path = split_dir / "index.json"
     if not index_path.is_file():
         raise DataError(f"{index_path} not found: re-run `python -m study.prepare`")
-    index = json.loads(index_path.read_text())
+    try:
+        index = json.loads(index_path.read_text())
+        chunks = index["chunks"]
+    except (ValueError, KeyError) as e:
+        raise DataError(f"{index_path} is corrupt ({e}): re-run `python -m study.prepare`") from e
     total = 0
-    for chunk in index["chunks"]:
+    for chunk in chunks:
         path = split_dir / chunk["filename"]
         if not path.is_file():
             raise DataError(f"{path} is missing: re-run `python -m study.prepare`")
@@ -300,6 +304,9 @@ def check_prepared(data_dir: Path, cfg) -> dict:
         DataError: with the file and the fix.
     """
     meta = read_meta(data_dir)
+    missing = {"tokenizer", "vocab_size", "tokens"} - set(meta)
+    if missing:
+        raise DataError(f"{data_dir}/meta.json lacks {sorted(missing)}: re-run `python -m study.prepare`")
     want = cfg.data.tokenizer
     if meta.get("tokenizer") != want:
         raise DataError(f"{data_dir}/meta.json was prepared with tokenizer {meta.get('tokenizer')!r} but "

@@ -58,10 +58,7 @@ def paired(variant: dict[int, float], baseline: dict[int, float], level: float =
         res = stats.ttest_rel(v, b)
         ci = res.confidence_interval(level)
         lo, hi, p = float(ci.low), float(ci.high), float(res.pvalue)
-    elif n >= 2:  # identical differences: zero variance, the interval is the point
-        lo = hi = diff
-        p = 0.0 if diff != 0 else 1.0
-    else:
+    else:  # one pair, or identical differences (zero variance): the t-test is undefined
         lo = hi = p = float("nan")
     return {**out, "mean_diff": diff, "ci95": [lo, hi], "p_value": p,
             "pct_log_loss": 100.0 * diff / base,
@@ -110,9 +107,10 @@ def parameter_multiplier(family: dict[int, dict[int, float]], variant: dict[int,
 
     Returns:
         {"multiplier": N_equivalent / N_variant from the seed means, "ci95": [lo, hi] (percentile
-        bootstrap over seeds, resampled jointly since seed s is shared by every run;
-        scipy.stats.bootstrap), "equivalent_params", "slope", "intercept", "seeds"}.  Values above 1
-        mean the variant reaches the loss of a larger baseline.
+        bootstrap over seeds, resampled jointly since seed s is shared by every run; NaN when the
+        frontier is undefined in more than 10% of resamples), "bootstrap_defined" (that fraction),
+        "equivalent_params", "slope", "intercept", "seeds"}.  Values above 1 mean the variant
+        reaches the loss of a larger baseline.
     """
     seeds = sorted(set(variant).intersection(*[set(s) for s in family.values()]))
     sizes = sorted(family)
@@ -121,14 +119,20 @@ def parameter_multiplier(family: dict[int, dict[int, float]], variant: dict[int,
     out = {"multiplier": point, "ci95": [float("nan"), float("nan")], "equivalent_params": point * variant_params,
            "slope": slope, "intercept": intercept, "seeds": seeds}
     if len(seeds) >= 2:
-        data = [np.array([family[n][s] for s in seeds]) for n in sizes] + [np.array([variant[s] for s in seeds])]
-
-        def statistic(*samples):
-            *fam, var = samples
-            sl, ic = fit_power_law(sizes, [np.mean(f) for f in fam])
-            return equivalent_params(float(np.mean(var)), sl, ic) / variant_params
-
-        res = stats.bootstrap(data, statistic, paired=True, vectorized=False, n_resamples=n_resamples,
-                              method="percentile", confidence_level=0.95, rng=np.random.default_rng(0))
-        out["ci95"] = [float(res.confidence_interval.low), float(res.confidence_interval.high)]
+        # percentile bootstrap, seeds resampled jointly (seed s is shared by every run); scipy.stats.bootstrap
+        # cannot skip resamples where the frontier is undefined (flat or rising), so it is written out here
+        rng = np.random.default_rng(0)
+        fam = np.array([[family[n][s] for s in seeds] for n in sizes])  # (n_sizes, n_seeds)
+        var = np.array([variant[s] for s in seeds])
+        draws = []
+        for _ in range(n_resamples):
+            idx = rng.integers(0, len(seeds), len(seeds))
+            f_means = fam[:, idx].mean(1)
+            sl, ic = fit_power_law(sizes, f_means)
+            draws.append(equivalent_params(float(var[idx].mean()), sl, ic) / variant_params)
+        draws = np.array(draws)
+        ok = np.isfinite(draws)
+        out["bootstrap_defined"] = float(ok.mean())
+        if ok.mean() >= 0.9:
+            out["ci95"] = [float(np.percentile(draws[ok], 2.5)), float(np.percentile(draws[ok], 97.5))]
     return out

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from study.config import config_hash, flatten, max_steps, micro_batches, run_name, run_stage, to_dict
-from study.data import TokenDataModule, check_prepared
+from study.data import DataError, TokenDataModule, check_prepared
 
 
 def world_size(trainer_cfg) -> int:
@@ -47,6 +47,17 @@ def make_strategy(trainer_cfg):
         from study.model import Block
         return FSDPStrategy(auto_wrap_policy={Block}, state_dict_type="full")
     return trainer_cfg.strategy
+
+
+def run_digest(cfg, data_dir: Path) -> str:
+    """What a checkpoint must match to be resumed: the config hash, the training code
+    (study/model.py, lm.py, data.py) and the prepared data's meta.json."""
+    import hashlib
+
+    h = hashlib.sha256(config_hash(cfg).encode())
+    for path in [Path(__file__).with_name(n) for n in ("model.py", "lm.py", "data.py")] + [data_dir / "meta.json"]:
+        h.update(path.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def write_curve(path: Path, rows: list[dict]) -> None:
@@ -95,8 +106,8 @@ def train(cfg, root: Path) -> dict:
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
 
-    # resume only a checkpoint of this very config that has not finished
-    digest = config_hash(cfg)
+    # resume only a checkpoint of this very config, code and data that has not finished
+    digest = run_digest(cfg, data_dir)
     state_path = ckpt_dir / "run.json"
     state = json.loads(state_path.read_text()) if state_path.is_file() else {}
     resume = ckpt_dir / "last.ckpt"
@@ -144,13 +155,18 @@ def train(cfg, root: Path) -> dict:
         if not module.diverged and (not module.curve or module.curve[-1]["step"] != trainer.global_step):
             trainer.validate(module, dm, verbose=False)
         seconds = time.time() - t0
+        if not module.diverged and trainer.global_step != steps:
+            raise DataError(f"the run stopped after {trainer.global_step} of {steps} steps: the training split of "
+                            f"{data_dir} is too small for one batch of train.batch_tokens={cfg.train.batch_tokens}; "
+                            f"prepare more data or lower batch_tokens")
+        if not module.diverged and not (module.curve and math.isfinite(module.curve[-1]["val_loss"])):
+            module.diverged = "the final validation loss is not finite"
     except BaseException:
         logger.finalize("failed")
         raise
     trained_tokens = (trainer.global_step - start_step) * cfg.train.batch_tokens
     state.update(completed=True, seconds=state.get("seconds", 0.0) + seconds)
-    if trainer.is_global_zero:
-        trainer.save_checkpoint(ckpt_dir / "last.ckpt")
+    trainer.save_checkpoint(ckpt_dir / "last.ckpt")  # on every rank: it ends with a barrier
     final = module.curve[-1] if module.curve else {}
     val_loss = final.get("val_loss", float("nan"))
     metrics = {

@@ -25,6 +25,8 @@ study:
   variants: {variants}
   seeds: {seeds}
   baseline: baseline
+model: {{}}
+trainer: {{}}
 data:
   bpe_vocab_size: 512
   max_docs_per_corpus: 10

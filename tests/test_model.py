@@ -143,7 +143,10 @@ def test_initialisation_follows_the_paper():
         assert torch.all(block.attn.proj["q"].rms.weight == 1) and torch.all(block.attn.proj["q"].ln.weight == 1)
     assert abs(model.transformer.wte.weight.std().item() - 0.02) < 0.001
     assert model.lm_head.weight is model.transformer.wte.weight  # tied
-    assert param_counts(model)["total"] == sum(p.numel() for p in model.parameters())
+    C, V, T, L = 256, 4096, 256, 4
+    nonlinear_per_layer = 12 * C * C - C * C + C * C + 2 * C + 2 * C  # W_Q swapped for W1, W2 (+2 gains)
+    assert param_counts(model) == {"total": L * nonlinear_per_layer + C + V * C + T * C,
+                                   "non_embedding": L * nonlinear_per_layer + C}
 
 
 def test_identity_query_is_a_change_of_basis_without_normalisation():
@@ -157,7 +160,9 @@ def test_identity_query_is_a_change_of_basis_without_normalisation():
     scale), A_v' = A_q^{-1} A_v, A_o' = A_o A_q, A_fc' = A_q^{-1} A_fc,
     A_proj' = A_proj A_q, E' = E A_q, P' = P A_q makes every quantity of the
     identity-query model equal to the baseline's, and its residual stream equal
-    to the baseline's times A_q (the readout absorbs A_q^{-1}).  One residual
+    to the baseline's times A_q; an untied readout U' = A_q^{-1} U gives the same
+    logits (with tied embeddings the readout would need E A_q^{-T} instead, so
+    the construction unties it).  One residual
     basis serves all layers, so this is exact for one layer (or layers sharing
     one W_Q); a LayerNorm between the basis change and the projections is not
     equivariant under a general A_q, which is why with normalisation the

@@ -32,6 +32,12 @@ BAD_INPUT = [
     ("block too long", "study.train", ["model.max_block_size=32"], ["model.block_size=64", "max_block_size=32"]),
     ("vocab too large", "study.train", ["model.vocab_size=256"], ["bpe_vocab_size=512", "vocab_size=256"]),
     ("no '=' in override", "study.train", ["variant"], ["variant", "key=value"]),
+    ("baseline not studied", "study.compare", ["study.baseline=nope"], ["study.baseline='nope'", "study.variants"]),
+    ("unknown study variant", "study.compare", ["study.variants=[baseline,nope]"], ["unknown ['nope']"]),
+    ("min_lr above lr", "study.train", ["train.min_lr=1.0"], ["min_lr=1.0", "lr=0.003"]),
+    ("beta2 = 1", "study.train", ["train.beta2=1.0"], ["train.beta2=1.0", "[0, 1)"]),
+    ("zero devices", "study.train", ["trainer.devices=0"], ["trainer.devices=0"]),
+    ("wrong type", "study.train", ["train.tokens=many"], ["train.tokens", "many"]),
 ]
 
 
