@@ -15,7 +15,7 @@ import torch
 from torchmetrics.aggregation import MeanMetric
 
 from study.config import RunConfig, cosine_lr, peak_lr
-from study.model import GPT, describe
+from study.model import GPT, describe, diagnostics
 
 
 def peak_flops(device: torch.device, precision: str) -> float | None:
@@ -115,11 +115,16 @@ class GPTModule(pl.LightningModule):
 
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         self.val_loss.update(self._loss(batch), weight=batch.shape[0])
+        if batch_idx == 0 and not self.trainer.sanity_checking:
+            # projection diagnostics on the first fixed validation batch (||f(x)||/||x||, attention entropy)
+            self._diag = diagnostics(self.model, batch[:, :-1].long())
 
     def on_validation_epoch_end(self) -> None:
         val_loss = self.val_loss.compute().item()
         self.val_loss.reset()
         self.log_dict({"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50.0))}, sync_dist=False)
+        if getattr(self, "_diag", None) and self.logger is not None and self.trainer.is_global_zero:
+            self.logger.log_metrics({f"diag/{k}": v for k, v in self._diag.items()}, step=self.trainer.global_step)
         if self.trainer.sanity_checking:
             return
         step = self.trainer.global_step

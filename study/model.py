@@ -237,6 +237,41 @@ class GPT(nn.Module):
         return logits, loss
 
 
+# -- diagnostics of the projections ---------------------------------------------------------------
+@torch.no_grad()
+def diagnostics(model: GPT, idx: torch.Tensor) -> dict[str, float]:
+    """Per-layer diagnostics on token ids idx (B, T), for logging at each evaluation.
+
+    Returns ``{"L{i}/attn_entropy": mean entropy (nats) of the causal attention
+    distributions over heads and positions}`` and, for every nonlinear
+    projection p in q/k/v, ``{"L{i}/f_ratio_{p}": mean over tokens of
+    ||f(x)|| / ||x||}`` with x the block's normalised input (B, T, C): how far the
+    projection moved from the identity.
+    """
+    out = {}
+    B, T = idx.size()
+    pos = torch.arange(T, device=idx.device)
+    x = model.transformer.wte(idx) + model.transformer.wpe(pos)  # (B, T, C)
+    mask = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
+    for i, block in enumerate(model.transformer.h):
+        attn = block.attn
+        h = block.ln_1(x)
+        for name, proj in attn.proj.items():
+            if isinstance(proj, NonlinearProjection):
+                ratio = proj.branch(h).norm(dim=-1) / h.norm(dim=-1).clamp_min(1e-12)  # (B, T)
+                out[f"L{i}/f_ratio_{name}"] = ratio.mean().item()
+        q, k, _ = attn.qkv(h)
+        # (B, T, C) -> (B, n_head, T, head_dim)
+        q = q.view(B, T, attn.n_head, attn.head_dim).transpose(1, 2)
+        k = k.view(B, T, attn.n_head, attn.head_dim).transpose(1, 2)
+        scores = (q @ k.transpose(-2, -1)) * attn.scale  # (B, n_head, T, T)
+        p = scores.masked_fill(~mask, float("-inf")).softmax(-1)
+        entropy = -(p * p.clamp_min(1e-30).log()).sum(-1)  # (B, n_head, T)
+        out[f"L{i}/attn_entropy"] = entropy.mean().item()
+        x = block(x)
+    return out
+
+
 # -- parameter and FLOP accounting, next to the model ---------------------------------------------
 def param_counts(model: GPT) -> dict[str, int]:
     """Parameter counts of a model.

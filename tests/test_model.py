@@ -201,3 +201,22 @@ def test_identity_query_is_a_change_of_basis_without_normalisation():
             describe(m, variant_cfg("baseline"))["non_embedding_params"] - C * C
     finally:
         torch.set_default_dtype(torch.float32)
+
+
+def test_diagnostics_by_hand():
+    from study.model import diagnostics
+
+    torch.manual_seed(5)
+    m = model_cfg("nano", n_layer=2)
+    model = GPT(m, variant_cfg("nonlinear_q")).eval()
+    idx = torch.randint(0, m.vocab_size, (2, 16))
+    d = diagnostics(model, idx)
+    assert set(d) == {"L0/f_ratio_q", "L1/f_ratio_q", "L0/attn_entropy", "L1/attn_entropy"}
+    x = model.transformer.wte(idx) + model.transformer.wpe(torch.arange(16))
+    h = model.transformer.h[0].ln_1(x)
+    f = model.transformer.h[0].attn.proj["q"].branch(h)
+    assert d["L0/f_ratio_q"] == pytest.approx((f.norm(dim=-1) / h.norm(dim=-1)).mean().item(), rel=1e-5)
+    # entropy of a causal softmax lies between 0 and the uniform bound mean(log(t)), t = 1..T
+    upper = sum(math.log(t) for t in range(1, 17)) / 16
+    assert 0 < d["L0/attn_entropy"] <= upper + 1e-6
+    assert "L0/f_ratio_q" not in diagnostics(GPT(m, variant_cfg("baseline")), idx)

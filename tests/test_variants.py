@@ -1,0 +1,59 @@
+"""Every registered variant trains through study.train; the compare stage's frontier on real files."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+VARIANTS = sorted(p.stem for p in (ROOT / "conf/variant").glob("*.yaml"))
+
+
+def test_registry_has_the_paper_and_the_ablations():
+    assert {"baseline", "identity_q", "nonlinear_q", "baseline_mlp4.75", "residual_linear_q", "nonlinear_q_nores",
+            "nonlinear_q_r4", "nonlinear_q_r1", "nonlinear_q_relu2", "nonlinear_q_silu", "nonlinear_k",
+            "nonlinear_v", "identity_q_mlp4.5", "baseline_mlp3.5", "baseline_mlp4.5", "baseline_mlp5"} <= set(VARIANTS)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_variant_trains(run_in, variant, tmp_path):
+    m = run_in(f"variant={variant}", "seed=1", "train.tokens=6144", "train.eval_every=3")
+    assert m["status"] == "ok" and m["steps"] == 3 and m["tokens"] == 6144
+    assert 3.0 < m["val_loss"] < 7.0
+    if "nonlinear" in variant:
+        from mlflow import MlflowClient
+
+        run = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}").get_run(m["mlflow_run_id"])
+        proj = {"nonlinear_k": "k", "nonlinear_v": "v"}.get(variant, "q")
+        assert 0 < run.data.metrics[f"diag/L0/f_ratio_{proj}"] and 0 < run.data.metrics["diag/L1/attn_entropy"]
+
+
+def test_compare_reports_the_frontier(nano_project, tmp_path, monkeypatch):
+    """Three baseline sizes on an exact power law and a variant: compare writes the multiplier table."""
+    from study.compare import main
+
+    law = {"baseline_mlp3.5": 1.0e5, "baseline": 1.2e5, "baseline_mlp5": 1.6e5}
+    runs = tmp_path / "runs"
+    for seed, off in ((1, -0.01), (2, 0.0), (3, 0.01)):
+        for v, n in {**law, "nonlinear_q": 1.0e5}.items():
+            loss = 10 * (2.0e5 if v == "nonlinear_q" else n) ** -0.1 + off  # worth 2x its size
+            d = runs / f"{v}-s{seed}"
+            d.mkdir(parents=True)
+            (d / "metrics.json").write_text(json.dumps({
+                "variant": v, "seed": seed, "status": "ok", "reason": None, "val_loss": loss, "tokens": 1000,
+                "tokenizer": "bpe", "non_embedding_params": int(n), "total_params": int(n) + 10,
+                "flops_per_token": 6 * int(n)}))
+            (d / "curve.csv").write_text(f"step,tokens,train_loss,val_loss,lr\n1,1000,{loss},{loss},0.001\n")
+    monkeypatch.chdir(nano_project)
+    rc = main([f"study.runs_dir={runs}", f"study.reports_dir={tmp_path / 'reports'}", "study.seeds=[1,2,3]",
+               "study.variants=[baseline_mlp3.5,baseline,baseline_mlp5,nonlinear_q]"])
+    assert rc == 0
+    summary = json.loads((tmp_path / "reports/summary.json").read_text())
+    f = summary["frontier"]
+    assert f["family"] == ["baseline", "baseline_mlp3.5", "baseline_mlp5"]
+    assert f["slope"] == pytest.approx(-0.1, abs=0.01)
+    assert f["multipliers"]["nonlinear_q"]["multiplier"] == pytest.approx(2.0, rel=0.05)
+    md = (tmp_path / "reports/comparison.md").read_text()
+    assert "## Parameter frontier" in md and "| nonlinear_q | 2.0" in md
+    assert (tmp_path / "reports/frontier.png").read_bytes()[:4] == b"\x89PNG"
