@@ -71,7 +71,8 @@ class GPTModule(pl.LightningModule):
     # -- steps -----------------------------------------------------------------------------------
     def _loss(self, batch: torch.Tensor) -> torch.Tensor:
         batch = batch.long()  # (B, block_size + 1)
-        _, loss = (self._compiled or self.model)(batch[:, :-1], batch[:, 1:])
+        model = self._compiled if self._compiled is not None else self.model
+        _, loss = model(batch[:, :-1], batch[:, 1:])
         return loss
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:

@@ -57,3 +57,18 @@ def test_compare_reports_the_frontier(nano_project, tmp_path, monkeypatch):
     md = (tmp_path / "reports/comparison.md").read_text()
     assert "## Parameter frontier" in md and "| nonlinear_q | 2.0" in md
     assert (tmp_path / "reports/frontier.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_compiled_model_trains_and_its_checkpoint_loads_uncompiled(run_in, tmp_path, nano_project):
+    """trainer.compile compiles the inner model; checkpoints hold plain weights either way."""
+    import torch
+
+    from study.config import load_config
+    from study.lm import GPTModule
+
+    m = run_in("variant=nonlinear_q", "seed=1", "train.tokens=4096", "train.eval_every=2", "trainer.compile=true")
+    assert m["status"] == "ok" and m["steps"] == 2
+    ckpt = torch.load(tmp_path / "runs/nonlinear_q-s1/checkpoints/last.ckpt", map_location="cpu", weights_only=False)
+    assert not any("_orig_mod" in k for k in ckpt["state_dict"])
+    module = GPTModule(load_config(["variant=nonlinear_q", "trainer.compile=false"], nano_project))
+    module.load_state_dict(ckpt["state_dict"])  # strict: same keys, compiled or not
