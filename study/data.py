@@ -327,10 +327,7 @@ def check_prepared(data_dir: Path, cfg) -> dict:
 
 
 # -- the DataModule ---------------------------------------------------------------------------------
-try:
-    import lightning.pytorch as pl
-except ImportError:  # pragma: no cover - lightning is a hard dependency
-    pl = None
+import lightning.pytorch as pl  # noqa: E402  (the DataModule below; a hard dependency)
 
 
 class TokenDataModule(pl.LightningDataModule):

@@ -15,7 +15,7 @@ import torch
 from torchmetrics.aggregation import MeanMetric
 
 from study.config import RunConfig, cosine_lr, peak_lr
-from study.model import GPT, describe, diagnostics
+from study.model import GPT, diagnostics, flops_per_token, param_counts
 
 
 def peak_flops(device: torch.device, precision: str) -> float | None:
@@ -53,7 +53,9 @@ class GPTModule(pl.LightningModule):
         super().__init__()
         self.cfg = cfg
         self.model = GPT(cfg.model, cfg.variant)
-        self.counts = describe(cfg.model, cfg.variant)
+        counts = param_counts(self.model)  # counted on the model just built, not a second copy
+        self.counts = {"total_params": counts["total"], "non_embedding_params": counts["non_embedding"],
+                       "flops_per_token": flops_per_token(self.model)}
         self.lr, self.min_lr = peak_lr(cfg)
         self.val_loss = MeanMetric()
         self.curve: list[dict] = []
