@@ -21,7 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from study.config import run_name, run_stage
+from study.config import run_dir, run_name, run_stage
+from study import profiles
 from study.data import DataError
 from study.stats import adjust, fit_power_law, mean_ci, paired, parameter_multiplier
 
@@ -40,19 +41,25 @@ def color(variant: str) -> str:
     return matplotlib.colors.to_hex(matplotlib.colormaps["tab20"](sum(map(ord, variant)) % 20))
 
 
-def load_runs(cfg, root: Path) -> dict[str, dict[int, dict]]:
-    """{variant: {seed: metrics.json + "curve": rows}} for every run of the study.
+def load_runs(cfg, root: Path, variants=None, seeds=None, group: str = "") -> dict[str, dict[int, dict]]:
+    """{variant: {seed: metrics.json + "curve": rows}} for the runs of one group.
+
+    Args:
+        variants, seeds: default study.variants and study.seeds.
+        group: sub-folder of runs_dir ("" = the study's own runs; "tuned", "scale_ladder/MODEL" ...).
 
     Raises:
-        DataError: a run of the study has no metrics.json (with the command that makes it).
+        DataError: a run has no metrics.json (with the command that makes it), or the runs
+            that finished differ in token budget or tokenizer.
     """
     runs: dict[str, dict[int, dict]] = {}
     missing = []
-    for variant in cfg.study.variants:
-        for seed in cfg.study.seeds:
-            d = root / cfg.study.runs_dir / run_name(variant, seed)
+    for variant in (cfg.study.variants if variants is None else variants):
+        for seed in (cfg.study.seeds if seeds is None else seeds):
+            d = run_dir(root, cfg, variant, seed, group)
             if not (d / "metrics.json").is_file():
-                missing.append(f"`python -m study.train variant={variant} seed={seed}`")
+                missing.append(f"`python -m study.train variant={variant} seed={seed}"
+                               f"{' study.group=' + group if group else ''}`")
                 continue
             try:
                 m = json.loads((d / "metrics.json").read_text())
@@ -63,16 +70,16 @@ def load_runs(cfg, root: Path) -> dict[str, dict[int, dict]]:
                                 f"`python -m study.train variant={variant} seed={seed}`") from e
             runs.setdefault(variant, {})[seed] = m
     if missing:
-        raise DataError(f"{len(missing)} run(s) of the study have no metrics.json; run `dvc repro` or "
-                        f"{', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+        raise DataError(f"{len(missing)} run(s) {'of ' + group + ' ' if group else 'of the study '}have no "
+                        f"metrics.json; run `dvc repro` or {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
     budgets = {(m["tokens"], m["tokenizer"]) for r in runs.values() for m in r.values() if m["status"] == "ok"}
     if len(budgets) > 1:
-        raise DataError(f"the runs of the study differ in (tokens, tokenizer): {sorted(budgets)}; a fair "
-                        f"comparison needs one budget: re-run the stale runs (`dvc repro`)")
+        raise DataError(f"the runs {'of ' + group + ' ' if group else 'of the study '}differ in (tokens, tokenizer): "
+                        f"{sorted(budgets)}; a fair comparison needs one budget: re-run the stale runs (`dvc repro`)")
     return runs
 
 
-def summarize(cfg, runs: dict[str, dict[int, dict]]) -> dict:
+def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path) -> dict:
     """The content of summary.json (see the module docstring)."""
     base_name = cfg.study.baseline
     ok = {v: {s: m["val_loss"] for s, m in r.items() if m["status"] == "ok" and m["val_loss"] is not None}
@@ -97,7 +104,8 @@ def summarize(cfg, runs: dict[str, dict[int, dict]]) -> dict:
         for v, p in adjust({v: c["p_value"] for v, c in vs.items()}).items():
             vs[v]["p_value_bh"] = p
     return {"study": cfg.study.name, "baseline": base_name, "seeds": list(cfg.study.seeds),
-            "variants": variants, "vs_baseline": vs, "frontier": frontier(base_name, ok, variants)}
+            "variants": variants, "vs_baseline": vs, "frontier": frontier(base_name, ok, variants),
+            "lr_sweep": profiles.lr_sweep_report(cfg, root, runs), "scale_ladder": profiles.ladder_report(cfg, root)}
 
 
 def in_family(variant: str, base_name: str) -> bool:
@@ -179,8 +187,10 @@ def markdown(summary: dict, cfg) -> str:
     diverged = [(v, s, r) for v, x in summary["variants"].items() for s, r in x["diverged"].items()]
     lines += ["", "## Diverged runs", ""]
     lines += [f"- {run_name(v, s)}: {r}" for v, s, r in diverged] or ["None."]
+    lines += profiles.markdown(summary)
     lines += ["", "Figures: `val_loss_curves.png` (validation loss against training tokens, mean over seeds, "
-              "band = range over seeds), `final_val_loss.png` (final loss per variant with its 95% interval).", ""]
+              "band = range over seeds), `final_val_loss.png` (final loss per variant with its 95% interval), `frontier.png`, `lr_sweep.png`, `scale_ladder.png` "
+              "(the profiles).", ""]
     return "\n".join(lines)
 
 
@@ -257,8 +267,9 @@ def _report(cfg, root: Path) -> int:
     runs = load_runs(cfg, root)
     out = root / cfg.study.reports_dir
     out.mkdir(parents=True, exist_ok=True)
-    summary = summarize(cfg, runs)
+    summary = summarize(cfg, runs, root)
     figures(summary, runs, out)
+    profiles.figures(summary, out, color)
     (out / "comparison.md").write_text(markdown(summary, cfg))
     (out / "summary.json").write_text(json.dumps(finite_or_null(summary), indent=1))
     for v, c in summary["vs_baseline"].items():

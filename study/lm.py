@@ -3,7 +3,12 @@
 Loss is the mean next-token cross-entropy in nats; ``val_loss`` is its mean over
 the fixed validation windows and ``val_perplexity = exp(val_loss)``.  AdamW
 (beta1, beta2) with weight decay on 2-D weights only, linear warmup then cosine
-decay to min_lr (per optimizer step), gradient clipping by the Trainer.
+decay to min_lr (per optimizer step), gradient clipping by the Trainer (by the root FSDP module's
+``clip_grad_norm_`` under FSDP).
+
+Multi-device: the train loss of an optimizer step is the mean over its micro-batches on all ranks
+(one host sync and one all-reduce per optimizer step, never per micro-batch); every rank evaluates
+all validation windows, so ``val_loss`` is the same on every rank and world size.
 """
 from __future__ import annotations
 
@@ -45,8 +50,10 @@ class GPTModule(pl.LightningModule):
 
     Keeps the learning curve (one row per evaluation: step, tokens, train_loss,
     val_loss, lr) in the checkpoint, so a resumed run writes the whole curve.
-    Stops the run (``self.diverged`` set to the reason) when the train loss is
-    NaN/inf or rises ``train.divergence_nats`` above its running minimum.
+    Stops the run (``self.diverged`` set to the reason) when the train loss of an
+    optimizer step is NaN/inf or its moving average (0.9 per step) rises
+    ``train.divergence_nats`` above its running minimum; every rank sees the same
+    all-reduced loss, so all ranks stop at the same step.
     """
 
     def __init__(self, cfg: RunConfig):
@@ -60,7 +67,10 @@ class GPTModule(pl.LightningModule):
         self.val_loss = MeanMetric()
         self.curve: list[dict] = []
         self.diverged: str | None = None
-        self._train_losses: list[float] = []
+        self._train_losses: list[float] = []  # per optimizer step since the last evaluation (nats)
+        self._step_loss: torch.Tensor | None = None  # sum of this optimizer step's micro-batch losses, on device
+        self._step_micro = 0
+        self._last_step: int | None = None
         self._ema: float | None = None
         self._ema_min = math.inf
         self._t_last: float | None = None
@@ -79,19 +89,38 @@ class GPTModule(pl.LightningModule):
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
         loss = self._loss(batch)
-        self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=False)
-        self._train_losses.append(loss.detach().item())
+        # kept on the device: read once per optimizer step (on_train_batch_end), not per micro-batch
+        self._step_loss = loss.detach() if self._step_loss is None else self._step_loss + loss.detach()
+        self._step_micro += 1
         self._tokens_since += batch.shape[0] * (batch.shape[1] - 1) * self.trainer.world_size
         return loss
+
+    def _step_train_loss(self) -> float:
+        """Mean train loss (nats) of the optimizer step just taken: its micro-batch losses (each the mean
+        over its B x block_size tokens, all of equal size) averaged over accumulation and ranks.  One
+        all-reduce of 2 numbers and one host sync per optimizer step."""
+        loss_sum = self._step_loss.float()
+        stats = torch.stack([loss_sum, torch.full_like(loss_sum, self._step_micro)])  # (2,): sum, micro-batches
+        total, count = self.trainer.strategy.reduce(stats, reduce_op="sum").tolist()
+        self._step_loss, self._step_micro = None, 0
+        return total / count
 
     def on_fit_start(self) -> None:
         self.peak_flops = peak_flops(self.device, self.trainer.precision)
         if self.peak_flops and self.logger is not None:
             self.logger.log_metrics({"peak_flops": self.peak_flops}, step=0)
 
+    def on_train_start(self) -> None:
+        self._last_step, self._step_loss, self._step_micro = self.trainer.global_step, None, 0
+
     def on_train_batch_end(self, outputs, batch, batch_idx: int) -> None:
-        loss = self._train_losses[-1]
         step = self.trainer.global_step
+        if step == self._last_step:  # a micro-batch inside gradient accumulation: no optimizer step yet
+            return
+        self._last_step = step
+        loss = self._step_train_loss()
+        self._train_losses.append(loss)
+        self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=False)
         if not math.isfinite(loss):
             self.diverged = f"non-finite train loss ({loss}) at step {step}"
         else:
@@ -119,15 +148,36 @@ class GPTModule(pl.LightningModule):
     def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
         self.val_loss.update(self._loss(batch), weight=batch.shape[0])
         if batch_idx == 0 and not self.trainer.sanity_checking:
-            # projection diagnostics on the first fixed validation batch (||f(x)||/||x||, attention entropy)
-            self._diag = diagnostics(self.model, batch[:, :-1].long())
+            # projection diagnostics (||f(x)||/||x||, attention entropy) on the first fixed validation
+            # batch (B, block_size), computed at the epoch's end where FSDP can gather the full weights
+            self._diag_batch = batch[:, :-1].long()
+
+    def _diagnostics(self) -> dict[str, float] | None:
+        """:func:`study.model.diagnostics` on the stored batch; None where it is not logged.
+
+        Under FSDP the Blocks' weights are shards outside their own forward, so the full weights are
+        gathered (``summon_full_params``, a collective: every rank takes part); otherwise rank 0 only.
+        """
+        idx, self._diag_batch = getattr(self, "_diag_batch", None), None
+        if idx is None:
+            return None
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        if isinstance(self.trainer.strategy, FSDPStrategy):
+            from torch.distributed.fsdp import FullyShardedDataParallel
+
+            with FullyShardedDataParallel.summon_full_params(self.trainer.strategy.model, writeback=False):
+                diag = diagnostics(self.model, idx)
+            return diag if self.trainer.is_global_zero else None
+        return diagnostics(self.model, idx) if self.trainer.is_global_zero else None
 
     def on_validation_epoch_end(self) -> None:
         val_loss = self.val_loss.compute().item()
         self.val_loss.reset()
         self.log_dict({"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50.0))}, sync_dist=False)
-        if getattr(self, "_diag", None) and self.logger is not None and self.trainer.is_global_zero:
-            self.logger.log_metrics({f"diag/{k}": v for k, v in self._diag.items()}, step=self.trainer.global_step)
+        diag = self._diagnostics()
+        if diag and self.logger is not None:
+            self.logger.log_metrics({f"diag/{k}": v for k, v in diag.items()}, step=self.trainer.global_step)
         if self.trainer.sanity_checking:
             return
         step = self.trainer.global_step
@@ -156,6 +206,27 @@ class GPTModule(pl.LightningModule):
                                 lr=self.lr, betas=(t.beta1, t.beta2))
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: self.lr_at(step) / self.lr)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Clip the global gradient norm to ``train.grad_clip`` (the Trainer's gradient_clip_val).
+
+        Under FSDP each rank holds a shard of the gradients, so ``torch.nn.utils.clip_grad_norm_``
+        would clip by a per-shard norm, and Lightning's FSDP precision plugin refuses
+        ``gradient_clip_algorithm="norm"``; the root FSDP module's ``clip_grad_norm_`` computes the norm
+        over all shards (an all-reduce; called on every rank).  Every other strategy: Lightning's own.
+        """
+        if not gradient_clip_val:
+            return
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        if isinstance(self.trainer.strategy, FSDPStrategy):
+            if gradient_clip_algorithm not in (None, "norm"):  # Lightning's GradClipAlgorithmType is a str enum
+                raise ValueError(f"gradient_clip_algorithm={gradient_clip_algorithm!r} under FSDP: only 'norm' "
+                                 f"(train.grad_clip) is supported")
+            self.trainer.strategy.model.clip_grad_norm_(gradient_clip_val)
+            return
+        self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
+                            gradient_clip_algorithm=gradient_clip_algorithm)
 
     # -- checkpoint ------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:

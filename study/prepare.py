@@ -10,6 +10,15 @@ Writes ``data.dir`` (default data/tokens/):
 The output is written to a temporary folder and moved into place only when
 complete and verified (the chunks hold the token counts of meta.json), so a
 killed or failed prepare never leaves data that look finished.
+
+With ``data.source=hf`` (a Hugging Face dataset such as OpenWebText) the
+documents are the rows of ``data.hf_split`` in row order; row i is held out for
+validation when i % val_every == val_every // 2 (the rule of the other sources,
+on row indices, so no shuffle and no hashing is needed and the split is the same
+on every machine).  The rows are tokenised by ``data.num_proc`` processes
+(``Dataset.map``) into an arrow file under the temporary folder, and the chunks
+are streamed from it: the dataset is never held in memory.  The chunks and
+meta.json have the layout of the other sources, so training is unchanged.
 """
 from __future__ import annotations
 
@@ -20,9 +29,13 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 from study.config import ConfigError, run_stage
-from study.data import (check_prepared, make_tokenizer, read_documents, sha256_file,
-                        split_documents)
+
+# study.data (which imports Lightning) is imported inside the functions: litdata's optimize spawns
+# a worker process that imports this module for _emit / _emit_hf_rows, and should not pay for it.
+HF_ROWS_PER_INPUT = 4096  # rows of the tokenised dataset per litdata input (source hf)
 
 
 def _emit(tokens):
@@ -30,11 +43,68 @@ def _emit(tokens):
     yield tokens
 
 
-def _optimize(arrays, out_dir: Path, chunk_bytes: str) -> None:
+def _optimize(arrays, out_dir: Path, chunk_bytes: str, fn=_emit) -> None:
     from litdata import TokensLoader, optimize
 
-    optimize(fn=_emit, inputs=arrays, output_dir=str(out_dir), chunk_bytes=chunk_bytes,
+    optimize(fn=fn, inputs=arrays, output_dir=str(out_dir), chunk_bytes=chunk_bytes,
              item_loader=TokensLoader(), num_workers=1, mode="overwrite")
+
+
+_TOKEN_COLUMNS: dict = {}
+
+
+def _emit_hf_rows(spec):
+    """litdata worker function (importable: litdata spawns its worker): ``spec`` = (arrow files of the
+    tokenised dataset, sorted row indices of one block); yield each row's token array, one item per
+    document, in row order.  The files are memory-mapped once per process."""
+    import pyarrow as pa
+
+    files, rows = spec
+    column = _TOKEN_COLUMNS.get(files)
+    if column is None:
+        column = _TOKEN_COLUMNS[files] = pa.concat_tables(
+            [pa.ipc.open_stream(pa.memory_map(f)).read_all() for f in files]).column("ids")
+    start = int(rows[0])
+    block = column.slice(start, int(rows[-1]) + 1 - start).combine_chunks()
+    offsets, values = block.offsets.to_numpy(), block.values.to_numpy()
+    for r in rows:
+        j = int(r) - start
+        yield values[offsets[j]:offsets[j + 1]]
+
+
+def _prepare_hf(cfg, ds, tmp: Path) -> tuple[object, dict, dict]:
+    """Tokenise the rows of ``ds`` in parallel and write the train/val chunks under ``tmp``; return
+    (tokenizer, tokens per split, documents per split)."""
+    from study.data import DataError, hf_train_texts, is_val_index, make_tokenizer, tokenize_hf
+
+    d = cfg.data
+    n = len(ds)
+    val = is_val_index(np.arange(n), d.val_every)
+    if not val.any():
+        raise DataError(f"no validation document: data.hf_dataset has {n} rows, too few for data.val_every="
+                        f"{d.val_every}; lower val_every or raise data.max_docs_per_corpus")
+    tok_path = tmp / "tokenizer.json"
+    tok = make_tokenizer(d, hf_train_texts(ds, d) if d.tokenizer == "bpe" else None, tok_path)
+    check_vocab(cfg, tok)
+    tokenized = tokenize_hf(ds, d, tok, tmp / "hf-tokens" / "tokens.arrow", tok_path)
+    files = tuple(f["filename"] for f in tokenized.cache_files)
+    if not files:
+        raise DataError("the tokenised dataset has no arrow file on disk: set data.hf_cache_dir to a writable folder")
+    lengths = tokenized.data.column("len").to_numpy().astype(np.int64)
+    counts = {"train": int(lengths[~val].sum()), "val": int(lengths[val].sum())}
+    for split, rows in (("train", np.flatnonzero(~val)), ("val", np.flatnonzero(val))):
+        blocks = np.split(rows, np.flatnonzero(np.diff(rows // HF_ROWS_PER_INPUT)) + 1)
+        _optimize([(files, b) for b in blocks], tmp / split, d.chunk_bytes, fn=_emit_hf_rows)
+    _TOKEN_COLUMNS.clear()
+    del tokenized
+    shutil.rmtree(tmp / "hf-tokens", ignore_errors=True)
+    return tok, counts, {"train": int((~val).sum()), "val": int(val.sum())}
+
+
+def check_vocab(cfg, tok) -> None:
+    if tok.vocab_size > cfg.model.vocab_size:
+        raise ConfigError(f"the {tok.name} tokenizer has {tok.vocab_size} tokens, more than "
+                          f"model.vocab_size={cfg.model.vocab_size}: raise vocab_size or lower bpe_vocab_size")
 
 
 def prepare(cfg, root: Path) -> dict:
@@ -43,25 +113,39 @@ def prepare(cfg, root: Path) -> dict:
     Raises:
         DataError / ConfigError: bad source files or settings (nothing is left at the output path).
     """
+    from study.data import (check_prepared, hf_doc_id, hf_num_proc, is_val_index, load_hf_dataset, make_tokenizer,
+                            read_documents, sha256_file, split_documents)
+
     t0 = time.time()
     out = root / cfg.data.dir
-    docs = read_documents(cfg.data)
-    train_docs, val_docs = split_documents(docs, cfg.data.val_every)
+    hf = cfg.data.source == "hf"
+    if hf:  # read and checked before anything is written
+        ds, src = load_hf_dataset(cfg.data)
+    else:
+        docs = read_documents(cfg.data)
+        train_docs, val_docs = split_documents(docs, cfg.data.val_every)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     try:
-        tok = make_tokenizer(cfg.data, [d.text for d in train_docs] if cfg.data.tokenizer == "bpe" else None,
-                             tmp / "tokenizer.json")
-        if tok.vocab_size > cfg.model.vocab_size:
-            raise ConfigError(f"the {tok.name} tokenizer has {tok.vocab_size} tokens, more than "
-                              f"model.vocab_size={cfg.model.vocab_size}: raise vocab_size or lower bpe_vocab_size")
-        counts = {}
-        for split, split_docs in (("train", train_docs), ("val", val_docs)):
-            arrays = tok.encode_documents([d.text for d in split_docs])
-            counts[split] = int(sum(len(a) for a in arrays))
-            _optimize(arrays, tmp / split, cfg.data.chunk_bytes)
-        sources = sorted({str(d.source) for d in docs})
+        if hf:
+            tok, counts, documents = _prepare_hf(cfg, ds, tmp)
+            n = len(ds)
+            val_ids = [hf_doc_id(cfg.data.hf_split, i, n) for i in np.flatnonzero(is_val_index(np.arange(n),
+                                                                                               cfg.data.val_every))]
+            sources = [str(f) for f in src.files]
+        else:
+            tok = make_tokenizer(cfg.data, [d.text for d in train_docs] if cfg.data.tokenizer == "bpe" else None,
+                                 tmp / "tokenizer.json")
+            check_vocab(cfg, tok)
+            counts = {}
+            for split, split_docs in (("train", train_docs), ("val", val_docs)):
+                arrays = tok.encode_documents([d.text for d in split_docs])
+                counts[split] = int(sum(len(a) for a in arrays))
+                _optimize(arrays, tmp / split, cfg.data.chunk_bytes)
+            documents = {"train": len(train_docs), "val": len(val_docs)}
+            val_ids = [d.id for d in val_docs]
+            sources = sorted({str(d.source) for d in docs})
         meta = {
             "tokenizer": tok.name,
             "vocab_size": tok.vocab_size,
@@ -70,12 +154,16 @@ def prepare(cfg, root: Path) -> dict:
             "source": cfg.data.source,
             "corpora": list(cfg.data.corpora) if cfg.data.source == "embedded" else None,
             "tokens": counts,
-            "documents": {"train": len(train_docs), "val": len(val_docs)},
-            "val_documents": [d.id for d in val_docs],
+            "documents": documents,
+            "val_documents": val_ids,
             "val_every": cfg.data.val_every,
             "sources_sha256": {"/".join(Path(s).parts[-3:]): sha256_file(Path(s)) for s in sources},
             "seconds": round(time.time() - t0, 1),
         }
+        if hf:
+            meta["hf"] = {"dataset": src.name, "kind": src.kind, "split": cfg.data.hf_split,
+                          "text_field": cfg.data.hf_text_field, "rows": len(ds), "num_proc": hf_num_proc(cfg.data),
+                          "fingerprint": getattr(ds, "_fingerprint", None)}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         check_prepared(tmp, cfg)  # chunks hold what meta.json says
         if out.exists():

@@ -6,7 +6,9 @@ Trains one (variant, seed) run on the prepared token data and writes
                    counts, tokens seen, wall time (s), throughput (tokens/s), status
   curve.csv        step, tokens, train_loss, val_loss, lr (one row per evaluation)
   checkpoints/     last.ckpt (resumable) and run.json (config hash, MLflow run id)
-and one MLflow run (experiment = study.name, run name = VARIANT-sSEED) in the
+(``runs/GROUP/VARIANT-sSEED/`` with ``study.group=GROUP``, as the lr-sweep and
+scale-ladder profiles do, see study/profiles.py)
+and one MLflow run (experiment = study.name, run name = [GROUP/]VARIANT-sSEED) in the
 project's SQLite store.
 
 Running the same command again after a kill resumes from checkpoints/last.ckpt
@@ -24,7 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-from study.config import config_hash, flatten, max_steps, micro_batches, run_name, run_stage, to_dict
+from study.config import (config_hash, flatten, max_steps, micro_batches, peak_lr, run_dir, run_label, run_name,
+                          run_stage, to_dict)
 from study.data import DataError, TokenDataModule, check_prepared
 
 
@@ -39,12 +42,33 @@ def world_size(trainer_cfg) -> int:
     return int(devices) * int(trainer_cfg.num_nodes)
 
 
+def launch_rank(trainer_cfg) -> int:
+    """Global rank of this process, known before the Trainer exists, from the launcher's environment:
+    RANK (torchrun), else NODE_RANK x devices per node + LOCAL_RANK (Lightning's own launcher re-runs
+    this command once per extra device with LOCAL_RANK set), else SLURM_PROCID (srun), else 0."""
+    env = os.environ
+    if "RANK" in env:
+        return int(env["RANK"])
+    if "LOCAL_RANK" in env or "NODE_RANK" in env:
+        per_node = world_size(trainer_cfg) // int(trainer_cfg.num_nodes)
+        return int(env.get("NODE_RANK", 0)) * per_node + int(env.get("LOCAL_RANK", 0))
+    return int(env.get("SLURM_PROCID", 0))
+
+
 def make_strategy(trainer_cfg):
-    """Lightning strategy from its name; ``fsdp`` auto-wraps each transformer Block, full state dict."""
+    """Lightning strategy from its name; ``fsdp`` auto-wraps each transformer Block, full state dict.
+
+    Raises:
+        ConfigError: fsdp on CPU (neither Lightning's FSDPStrategy nor torch's FSDP runs without GPUs).
+    """
     if trainer_cfg.strategy == "fsdp":
         from lightning.pytorch.strategies import FSDPStrategy
 
+        from study.config import ConfigError
         from study.model import Block
+        if trainer_cfg.accelerator == "cpu":
+            raise ConfigError("trainer.strategy=fsdp needs GPUs (Lightning's and torch's FSDP refuse CPUs): "
+                              "use trainer.accelerator=gpu, or trainer.strategy=ddp on CPUs")
         return FSDPStrategy(auto_wrap_policy={Block}, state_dict_type="full")
     return trainer_cfg.strategy
 
@@ -91,14 +115,20 @@ def train(cfg, root: Path) -> dict:
     from study.lm import GPTModule
     from study.tracking import artifact_location, git_commit, store_lock, tracking_uri
 
-    name = run_name(cfg.variant.name, cfg.seed)
-    run_dir = root / cfg.study.runs_dir / name
-    ckpt_dir = run_dir / "checkpoints"
+    from study.profiles import resolve
+
+    resolve(cfg, root)  # profile settings: compute-matched tokens, the lr sweep's best lr
+    name = run_label(cfg)
+    out_dir = run_dir(root, cfg, cfg.variant.name, cfg.seed)
+    ckpt_dir = out_dir / "checkpoints"
     data_dir = root / cfg.data.dir
     meta = check_prepared(data_dir, cfg)
     steps = max_steps(cfg)
     ws = world_size(cfg.trainer)
     micro, accum = micro_batches(cfg, ws)
+    # every rank runs this function; files are written by global rank 0 only (checkpoints: see ModelCheckpoint)
+    from lightning.fabric.utilities.rank_zero import rank_zero_only
+    rank_zero_only.rank = rank = launch_rank(cfg.trainer)  # MLflow: one run, created by rank 0 only
     n_val = cfg.train.val_tokens // cfg.model.block_size
     val_micro = min(cfg.train.val_micro_batch_size, n_val)
     while n_val % val_micro:
@@ -113,28 +143,33 @@ def train(cfg, root: Path) -> dict:
     resume = ckpt_dir / "last.ckpt"
     if not (resume.is_file() and state.get("config_hash") == digest and not state.get("completed")):
         resume, state = None, {}
-        shutil.rmtree(ckpt_dir, ignore_errors=True)
-    for stale in ("metrics.json", "curve.csv"):
-        (run_dir / stale).unlink(missing_ok=True)
-    ckpt_dir.mkdir(parents=True, exist_ok=True)
+        if rank == 0:
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+    if rank == 0:
+        for stale in ("metrics.json", "curve.csv"):
+            (out_dir / stale).unlink(missing_ok=True)
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
 
     with store_lock(root, cfg.study):  # two runs creating the store, experiment or run at once would race
         logger = MLFlowLogger(experiment_name=cfg.study.name, run_name=name,
                               tracking_uri=tracking_uri(root, cfg.study),
                               artifact_location=artifact_location(root, cfg.study), run_id=state.get("mlflow_run_id"),
                               tags={"variant": cfg.variant.name, "seed": str(cfg.seed), "git_commit": git_commit(root),
-                                    "config_hash": digest, "model": cfg.model.name})
+                                    "config_hash": digest, "model": cfg.model.name,
+                                    "group": cfg.study.group or "main"})
         run_id = logger.run_id
     if not state:
         logger.log_hyperparams(flatten(to_dict(cfg)))
         state = {"config_hash": digest, "mlflow_run_id": run_id, "completed": False, "seconds": 0.0}
-        write_json(state_path, state)
+        if rank == 0:
+            write_json(state_path, state)
     try:
         pl.seed_everything(cfg.seed, workers=True, verbose=False)  # the seed fixes init and data order
         module = GPTModule(cfg)
         logger.log_metrics({"non_embedding_params": module.counts["non_embedding_params"],
                             "flops_per_token": module.counts["flops_per_token"]}, step=0)
-        dm = TokenDataModule(data_dir, cfg.model.block_size, micro, cfg.seed, n_val, val_micro)
+        dm = TokenDataModule(data_dir, cfg.model.block_size, micro, cfg.seed, n_val, val_micro,
+                             global_batch=micro * accum * ws)  # the same windows per step on any world size
         # saved (atomically, by Lightning) at the end of every evaluation: the curve row is in it
         checkpoint = ModelCheckpoint(dirpath=ckpt_dir, filename="last", monitor=None, save_top_k=1,
                                      enable_version_counter=False)
@@ -144,9 +179,10 @@ def train(cfg, root: Path) -> dict:
             max_steps=steps, max_epochs=-1, accumulate_grad_batches=accum, gradient_clip_val=cfg.train.grad_clip,
             val_check_interval=cfg.train.eval_every * accum, check_val_every_n_epoch=None,
             limit_val_batches=n_val // val_micro, num_sanity_val_steps=0, log_every_n_steps=cfg.train.log_every,
+            use_distributed_sampler=False,  # litdata splits the train windows; every rank evaluates all val windows
             logger=logger, callbacks=[checkpoint], enable_progress_bar=cfg.trainer.progress_bar,
             enable_model_summary=False, deterministic=cfg.trainer.accelerator == "cpu",
-            default_root_dir=str(run_dir))
+            default_root_dir=str(out_dir))
         t0 = time.time()
         start_step = 0
         if resume is not None:
@@ -178,6 +214,10 @@ def train(cfg, root: Path) -> dict:
         "val_perplexity": math.exp(val_loss) if math.isfinite(val_loss) and val_loss < 50 else None,
         "steps": trainer.global_step,
         "tokens": trainer.global_step * cfg.train.batch_tokens,
+        "lr": peak_lr(cfg)[0],
+        "min_lr": peak_lr(cfg)[1],
+        "model": cfg.model.name,
+        "group": cfg.study.group,
         "non_embedding_params": module.counts["non_embedding_params"],
         "total_params": module.counts["total_params"],
         "flops_per_token": module.counts["flops_per_token"],
@@ -194,15 +234,17 @@ def train(cfg, root: Path) -> dict:
         if module.diverged:
             client.set_tag(logger.run_id, "diverged", module.diverged)
             client.set_terminated(logger.run_id, "FAILED")
-        write_curve(run_dir / "curve.csv", module.curve)
-        write_json(run_dir / "metrics.json", metrics)
+        write_curve(out_dir / "curve.csv", module.curve)
+        write_json(out_dir / "metrics.json", metrics)
         write_json(state_path, state)
     return metrics
 
 
 def _report(cfg, root: Path) -> int:
     metrics = train(cfg, root)
-    name = run_name(metrics["variant"], metrics["seed"])
+    if launch_rank(cfg.trainer) != 0:
+        return 0  # one report, from global rank 0
+    name = "/".join(filter(None, [metrics["group"], run_name(metrics["variant"], metrics["seed"])]))
     if metrics["status"] != "ok":
         print(f"{name}: DIVERGED: {metrics['reason']}", file=sys.stderr)
         return 0  # a diverged run is a result, reported by compare

@@ -136,7 +136,7 @@ def test_divergence_stops_the_run_and_compare_reports_it(run_in, tmp_path, nano_
     ok = run_in("variant=baseline", "seed=2")
     cfg = load_config(["study.seeds=[1,2]", "study.variants=[baseline]"], nano_project)
     runs = {"baseline": {1: {**m, "curve": []}, 2: {**ok, "curve": []}}}
-    s = summarize(cfg, runs)["variants"]["baseline"]
+    s = summarize(cfg, runs, nano_project)["variants"]["baseline"]
     assert s["n_seeds"] == 1 and s["val_loss_mean"] == ok["val_loss"] and s["diverged"] == {"1": m["reason"]}
 
 

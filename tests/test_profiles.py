@@ -1,0 +1,200 @@
+"""The lr-sweep and scale-ladder profiles: run resolution, reports on synthetic runs, and a real DVC run."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from tests.conftest import NANO_STUDY
+
+
+def _write_run(d: Path, variant: str, seed: int, loss: float, *, tokens=1000, lr=3e-3, params=1000, fpt=6000,
+               status="ok", group=""):
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "metrics.json").write_text(json.dumps({
+        "variant": variant, "seed": seed, "status": status, "reason": None if status == "ok" else "test",
+        "val_loss": loss if status == "ok" else None, "tokens": tokens, "tokenizer": "bpe", "lr": lr,
+        "non_embedding_params": params, "total_params": params + 10, "flops_per_token": fpt, "group": group}))
+    (d / "curve.csv").write_text(f"step,tokens,train_loss,val_loss,lr\n1,{tokens},{loss},{loss},{lr}\n")
+
+
+def sweep_loss(variant: str, lr: float) -> float:
+    """A bowl in log lr: baseline best at 2e-3, nonlinear_q best at 4e-3 (the grid's edge)."""
+    best = {"baseline": 2e-3, "nonlinear_q": 4e-3}[variant]
+    return 4.0 + 0.1 * math.log(lr / best) ** 2 - (0.05 if variant == "nonlinear_q" else 0.0)
+
+
+def test_lr_sweep_report(nano_project, tmp_path, monkeypatch):
+    """Best lr per variant from the sweep, and both verdicts equal scipy's paired t on the same numbers."""
+    from study.compare import main
+
+    runs, lrs, seeds = tmp_path / "runs", [1e-3, 2e-3, 4e-3], [1, 2, 3]
+    noise = {1: -0.01, 2: 0.004, 3: 0.012}
+    for v in ("baseline", "nonlinear_q"):
+        for lr in lrs:
+            _write_run(runs / f"lr_sweep/lr{lr}/{v}-s1", v, 1, sweep_loss(v, lr), tokens=500, lr=lr)
+        for s in seeds:
+            _write_run(runs / f"{v}-s{s}", v, s, sweep_loss(v, 3e-3) + noise[s] * (1 + (v == "baseline")))
+            _write_run(runs / f"tuned/{v}-s{s}", v, s, sweep_loss(v, {"baseline": 2e-3, "nonlinear_q": 4e-3}[v])
+                       + noise[s] * (2 if v == "nonlinear_q" else 1), lr={"baseline": 2e-3, "nonlinear_q": 4e-3}[v])
+    monkeypatch.chdir(nano_project)
+    args = [f"study.runs_dir={runs}", f"study.reports_dir={tmp_path / 'reports'}", "study.seeds=[1,2,3]",
+            "study.variants=[baseline,nonlinear_q]", "lr_sweep.variants=[baseline,nonlinear_q]",
+            f"lr_sweep.lrs={lrs}", "lr_sweep.tokens=500", "train.batch_tokens=500"]
+    assert main(args) == 0
+    sw = json.loads((tmp_path / "reports/summary.json").read_text())["lr_sweep"]
+    assert sw["variants"]["baseline"]["best_lr"] == 2e-3 and not sw["variants"]["baseline"]["at_edge"]
+    assert sw["variants"]["nonlinear_q"]["best_lr"] == 4e-3 and sw["variants"]["nonlinear_q"]["at_edge"]
+    for kind, folder in (("shared", ""), ("tuned", "tuned/")):
+        loss = {v: [json.loads((runs / f"{folder}{v}-s{s}/metrics.json").read_text())["val_loss"] for s in seeds]
+                for v in ("baseline", "nonlinear_q")}
+        res = stats.ttest_rel(loss["nonlinear_q"], loss["baseline"])
+        c = sw[kind]["nonlinear_q"]
+        assert c["p_value"] == pytest.approx(res.pvalue, rel=1e-9)
+        base = np.mean(loss["baseline"])
+        assert c["pct_log_loss"] == pytest.approx(100 * (np.mean(loss["nonlinear_q"]) - base) / base, rel=1e-9)
+    md = (tmp_path / "reports/comparison.md").read_text()
+    assert "## Learning-rate sweep: shared lr against tuned lr" in md and "grid edge" in md
+    assert (tmp_path / "reports/lr_sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+    # a tuned run trained at an lr that is no longer the sweep's best is stale: compare refuses it
+    _write_run(runs / "lr_sweep/lr0.001/baseline-s1", "baseline", 1, 3.0, tokens=500, lr=1e-3)
+    assert main(args) == 2
+
+
+def test_scale_ladder_report(nano_project, tmp_path, monkeypatch):
+    """An exact power law in compute: nonlinear_q reaches the loss of 1.5x the baseline's compute at every size."""
+    from study.compare import main
+
+    runs, seeds = tmp_path / "runs", [1, 2, 3]
+    sizes = {"ladder-64": (197_000, 200_000), "ladder-96": (442_000, 440_000), "ladder-128": (786_000, 780_000)}
+    law = lambda c: 20.0 * c ** -0.05  # noqa: E731
+    for model, (params, tokens) in sizes.items():
+        fpt = 6 * params
+        for s, off in zip(seeds, (-0.01, 0.0, 0.01)):
+            _write_run(runs / f"scale_ladder/{model}/baseline-s{s}", "baseline", s, law(fpt * tokens) + off,
+                       tokens=tokens, params=params, fpt=fpt)
+            _write_run(runs / f"scale_ladder/{model}/nonlinear_q-s{s}", "nonlinear_q", s,
+                       law(1.5 * fpt * tokens) + off, tokens=tokens, params=params, fpt=fpt)
+        for v in ("baseline", "nonlinear_q"):
+            for s in seeds:  # the study's own runs (compare always reports them)
+                _write_run(runs / f"{v}-s{s}", v, s, 4.0 + 0.01 * s)
+    monkeypatch.chdir(nano_project)
+    assert main([f"study.runs_dir={runs}", f"study.reports_dir={tmp_path / 'reports'}", "study.seeds=[1,2,3]",
+                 "study.variants=[baseline,nonlinear_q]", f"scale_ladder.models={list(sizes)}"]) == 0
+    la = json.loads((tmp_path / "reports/summary.json").read_text())["scale_ladder"]
+    assert la["fits"]["baseline"]["slope"] == pytest.approx(-0.05, abs=2e-3)
+    for size in la["sizes"]:
+        m = size["compute_multiplier"]["nonlinear_q"]
+        assert m["multiplier"] == pytest.approx(1.5, rel=0.03)
+        assert m["ci95"][0] <= m["multiplier"] <= m["ci95"][1]
+        params, tokens = sizes[size["model"]]
+        b = [law(6 * params * tokens) + o for o in (-0.01, 0.0, 0.01)]
+        v = [law(1.5 * 6 * params * tokens) + o for o in (-0.01, 0.0, 0.01)]
+        assert size["vs_baseline"]["nonlinear_q"]["pct_log_loss"] == pytest.approx(
+            100 * (np.mean(v) - np.mean(b)) / np.mean(b), rel=1e-9)
+        assert size["variants"]["baseline"]["train_flops"] == 6 * params * tokens
+    t = la["trend"]["nonlinear_q"]
+    assert t["n_points"] == 9 and t["ci95"][0] <= t["slope_pct_per_decade"] <= t["ci95"][1]
+    md = (tmp_path / "reports/comparison.md").read_text()
+    assert "## Scale ladder: the effect against model size" in md and "| ladder-128 | 4 x 128 |" in md
+    assert (tmp_path / "reports/scale_ladder.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_resolve_tokens_per_param_and_tuned_lr(nano_project, tmp_path):
+    """tokens_per_param counts the baseline's non-embedding parameters; lr_from_sweep takes the sweep's best."""
+    from study.config import load_config, peak_lr
+    from study.data import DataError
+    from study.model import GPT
+    from study.profiles import resolve
+
+    cfg = load_config(["variant=nonlinear_q", "model=ladder-96", "train.tokens_per_param=1.0"], nano_project)
+    resolve(cfg, nano_project)
+    base = GPT(load_config(["variant=baseline", "model=ladder-96"], nano_project).model,
+               load_config(["variant=baseline"], nano_project).variant)
+    n = sum(p.numel() for name, p in base.named_parameters() if name not in ("transformer.wte.weight",
+                                                                             "transformer.wpe.weight"))
+    assert cfg.train.tokens == (n // 2048) * 2048 and cfg.train.tokens > 0
+
+    runs = tmp_path / "runs"
+    args = ["variant=nonlinear_q", f"study.runs_dir={runs}", "train.lr_from_sweep=true", "lr_sweep.lrs=[1e-3,2e-3,4e-3]",
+            "lr_sweep.tokens=2048"]
+    with pytest.raises(DataError, match="lacks finished runs"):
+        resolve(load_config(args, nano_project), nano_project)
+    for lr, loss in ((1e-3, 4.2), (2e-3, 4.1), (4e-3, 4.3)):
+        _write_run(runs / f"lr_sweep/lr{lr}/nonlinear_q-s1", "nonlinear_q", 1, loss, tokens=2048, lr=lr)
+    cfg = resolve(load_config(args, nano_project), nano_project)
+    lr, min_lr = peak_lr(cfg)
+    assert lr == 2e-3 and min_lr == pytest.approx(2e-3 * 3e-4 / 3e-3)
+
+
+@pytest.mark.parametrize("override, words", [
+    (["lr_sweep.variants=[nonlinear_q]"], ["must include study.baseline"]),
+    (["lr_sweep.variants=[baseline]", "lr_sweep.lrs=[1e-3,2e-3]"], ["at least 3 distinct"]),
+    (["lr_sweep.variants=[baseline,identity_q]"], ["not in study.variants"]),
+    (["scale_ladder.models=[ladder-64]"], ["at least 2 distinct"]),
+    (["scale_ladder.models=[ladder-64,ladder-999]"], ["unknown", "ladder-999"]),
+    (["scale_ladder.models=[ladder-64,ladder-96]", "scale_ladder.variants=[nonlinear_q]"], ["must include"]),
+])
+def test_profile_config_errors(nano_project, override, words):
+    from study.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as e:
+        load_config(override, nano_project)
+    assert all(w in str(e.value) for w in words), str(e.value)
+
+
+PROFILES_STUDY = NANO_STUDY + """
+lr_sweep:
+  variants: [baseline, nonlinear_q]
+  lrs: [1.5e-3, 3.0e-3, 6.0e-3]
+  seed: 1
+  tokens: 10240
+scale_ladder:
+  models: [nano, nano-64]
+  variants: [baseline, nonlinear_q]
+  tokens_per_param: 0.5
+  warmup_tokens: 2048
+"""
+
+
+@pytest.mark.slow
+def test_both_profiles_through_dvc(tmp_path):
+    """`dvc repro` with both profiles on: sweep, tuned runs, ladder, one report with both verdicts."""
+    import subprocess
+
+    from tests.conftest import copy_project, env_for
+
+    project = copy_project(tmp_path / "proj", seeds=(1, 2), tokens=10240)
+    for d in (64,):
+        (project / f"conf/model/nano-{d}.yaml").write_text(
+            f"n_layer: 2\nn_head: 2\nn_embd: {d}\nblock_size: 64\nvocab_size: 512\nmlp_ratio: 4.0\n")
+    (project / "conf/study.yaml").write_text(PROFILES_STUDY.format(
+        name="profiles", variants=["baseline", "nonlinear_q"], seeds=[1, 2], tokens=10240))
+    env = env_for(project)
+    res = subprocess.run(["dvc", "repro"], cwd=project, env=env, capture_output=True, text=True, timeout=3000)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    summary = json.loads((project / "reports/summary.json").read_text())
+    sw, la = summary["lr_sweep"], summary["scale_ladder"]
+    for v in ("baseline", "nonlinear_q"):
+        best = sw["variants"][v]
+        losses = {p["lr"]: p["val_loss"] for p in best["points"]}
+        assert best["best_lr"] == min(losses, key=losses.get)
+        for s in (1, 2):
+            m = json.loads((project / f"runs/tuned/{v}-s{s}/metrics.json").read_text())
+            assert m["lr"] == best["best_lr"] and m["tokens"] == 10240
+    assert [s["model"] for s in la["sizes"]] == ["nano", "nano-64"]
+    toks = [s["tokens"] for s in la["sizes"]]
+    assert toks[0] < toks[1]  # compute-matched budgets grow with the model
+    for s in la["sizes"]:
+        assert s["variants"]["nonlinear_q"]["tokens"] == s["variants"]["baseline"]["tokens"] == s["tokens"]
+        assert s["tokens"] == (int(0.5 * s["non_embedding_params"]) // 2048) * 2048
+    md = (project / "reports/comparison.md").read_text()
+    assert "shared lr against tuned lr" in md and "Scale ladder" in md
+    # nothing to do on a second repro
+    again = subprocess.run(["dvc", "status"], cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert "up to date" in again.stdout, again.stdout
