@@ -148,18 +148,8 @@ def test_profile_config_errors(nano_project, override, words):
     assert all(w in str(e.value) for w in words), str(e.value)
 
 
-PROFILES_STUDY = NANO_STUDY + """
-lr_sweep:
-  variants: [baseline, nonlinear_q]
-  lrs: [1.5e-3, 3.0e-3, 6.0e-3]
-  seed: 1
-  tokens: 10240
-scale_ladder:
-  models: [nano, nano-64]
-  variants: [baseline, nonlinear_q]
-  tokens_per_param: 0.5
-  warmup_tokens: 2048
-"""
+PROFILES_STUDY = NANO_STUDY.replace("lr_sweep:\n  variants: []", "lr_sweep:\n  variants: [baseline, nonlinear_q]").replace(
+    "scale_ladder:\n  models: []", "scale_ladder:\n  models: [nano, nano-64]")
 
 
 @pytest.mark.slow
