@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	$(PIP) install --no-compile --no-deps "litdata==0.2.76"
 	# byte-compile once (not the two 35 MB bible packages): with PYTHONDONTWRITEBYTECODE set, as on the
 	# project's machines, every process would otherwise recompile torch and Lightning (~18 s -> ~6 s per start)
-	-$(PY) -m compileall -q -j 0 -x 'pythonbible_(kjv|asv)' .venv/lib/python3.11/site-packages > /dev/null
+	$(PY) -m compileall -q -j 0 -x 'pythonbible_(kjv|asv)|py312' "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null || echo "(some files of the site-packages do not byte-compile: harmless)"
 	$(PY) -c "import torch, lightning, litdata, mlflow, torchmetrics, datasets; print('installed: torch', torch.__version__, 'lightning', lightning.__version__, 'litdata', litdata.__version__)"
 	touch $(STAMP)
 
@@ -30,16 +30,16 @@ study: $(STAMP)
 	.venv/bin/dvc repro
 
 # The two fairness profiles (README "A fair verdict"): the same pipeline, more runs.
-# dvc exp run needs a git commit and applies the -S values to conf/study.yaml in the workspace.
+# dvc exp run needs a git commit and writes the -S values into conf/study.yaml in the workspace
+# (`git checkout conf/study.yaml` turns the profile off again).
 PROFILE_VARIANTS ?= [baseline,nonlinear_q]
 LADDER ?= [ladder-64,ladder-96,ladder-128]
 lr-sweep: $(STAMP)
-	.venv/bin/dvc exp run -S 'conf/study.yaml:study.variants=$(PROFILE_VARIANTS)' \
-	  -S 'conf/study.yaml:lr_sweep.variants=$(PROFILE_VARIANTS)'
+	.venv/bin/dvc exp run -S 'conf/study.yaml:lr_sweep.variants=$(PROFILE_VARIANTS)'
 
 scale-ladder: $(STAMP)
-	.venv/bin/dvc exp run -S 'conf/study.yaml:study.variants=$(PROFILE_VARIANTS)' \
-	  -S 'conf/study.yaml:scale_ladder.variants=$(PROFILE_VARIANTS)' -S 'conf/study.yaml:scale_ladder.models=$(LADDER)'
+	.venv/bin/dvc exp run -S 'conf/study.yaml:scale_ladder.variants=$(PROFILE_VARIANTS)' \
+	  -S 'conf/study.yaml:scale_ladder.models=$(LADDER)'
 
 test: $(STAMP)
 	$(PY) -m pytest -q -rs

@@ -170,5 +170,16 @@ def _bf16_fast() -> bool:
     return t(a16) <= t(a32)
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """main() with the project's one-line errors (exit 2) for bad variants, keys or values."""
+    from study.config import StudyError
+
+    try:
+        return main(argv)
+    except StudyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

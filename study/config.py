@@ -325,8 +325,10 @@ def load_config(overrides: list[str] | None = None, root: Path | None = None,
     try:
         cfg = OmegaConf.merge(schema, {"defaults": defaults}, *layers, base_rest, cli)
     except OmegaConfBaseException as e:
-        raise ConfigError(f"{_msg(e)}: fix the spelling (valid keys are the dataclass "
-                          f"fields in study/config.py)") from e
+        from omegaconf.errors import ValidationError
+        fix = ("fix the value's type" if isinstance(e, ValidationError) else
+               "fix the spelling (valid keys are the dataclass fields in study/config.py)")
+        raise ConfigError(f"{_msg(e)}: {fix}") from e
     validate(cfg)
     for key, group, names in (("study.variants", "variant", cfg.study.variants),
                               ("lr_sweep.variants", "variant", cfg.lr_sweep.variants),

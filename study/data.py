@@ -508,6 +508,12 @@ def check_prepared(data_dir: Path, cfg) -> dict:
         raise DataError(f"{data_dir}/meta.json was prepared with tokenizer {meta.get('tokenizer')!r} but "
                         f"the config asks for data.tokenizer={want!r}: re-run `python -m study.prepare "
                         f"data.tokenizer={want}` or change data.tokenizer")
+    if "source" in meta and (meta["source"] != cfg.data.source or (
+            cfg.data.source == "embedded" and meta.get("corpora") not in (None, list(cfg.data.corpora)))):
+        raise DataError(f"{data_dir} holds data prepared from source {meta['source']!r} "
+                        f"(corpora {meta.get('corpora')}) but the config asks for data.source={cfg.data.source!r} "
+                        f"(corpora {list(cfg.data.corpora)}): re-run `python -m study.prepare` with this config, or "
+                        f"give each corpus its own data.dir")
     if want == "bpe" and meta.get("bpe_vocab_size") != cfg.data.bpe_vocab_size:
         raise DataError(f"{data_dir}/meta.json has a BPE of {meta.get('bpe_vocab_size')} tokens but the "
                         f"config asks for data.bpe_vocab_size={cfg.data.bpe_vocab_size}: re-run prepare")

@@ -279,6 +279,10 @@ def markdown(summary: dict) -> list[str]:
             lines.append(f"| {v} | {_pct(c)} | {_f(c['p_value'], '.3g')} | {r['best_lr']:g} (baseline "
                          f"{sw['variants'][base]['best_lr']:g}) | {_pct(t)} | {_f(t['p_value'], '.3g')} | "
                          f"{_pct(r['tuning_gain'])} |")
+        lines += ["", "What tuning alone changed, per variant (its tuned-lr runs against its shared-lr runs, paired by "
+                  "seed; identical runs where the best lr is the shared one):", ""]
+        lines += [f"- {v}: lr {sw['shared_lr']:g} -> {r['best_lr']:g}: {_pct(r['tuning_gain'])}"
+                  for v, r in sw["variants"].items()]
     if la:
         lines += ["", "## Scale ladder: the effect against model size", "",
                   f"Every size trained on tokens = {la['tokens_per_param']:g} x the baseline's non-embedding "
