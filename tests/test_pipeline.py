@@ -73,7 +73,10 @@ def test_runs_are_tracked_in_mlflow(study):
         assert r.info.status == "FINISHED"
         assert r.data.params["variant.query"] in ("linear", "nonlinear")
         assert r.data.params["train.tokens"] == "20480"
-        assert {"val_loss", "val_perplexity", "train_loss", "tokens_per_s", "lr"} <= set(r.data.metrics)
+        assert {"val_loss", "val_perplexity", "train_loss", "tokens_per_s", "lr", "mfu", "peak_flops"} <= set(r.data.metrics)
+        # MFU = tokens/s x FLOPs per token / peak FLOP/s, each logged beside it
+        mfu = r.data.metrics["tokens_per_s"] * r.data.metrics["flops_per_token"] / r.data.metrics["peak_flops"]
+        assert 0 < r.data.metrics["mfu"] < 1 and r.data.metrics["mfu"] == pytest.approx(mfu, rel=1e-4)
         assert r.data.tags["variant"] in ("baseline", "nonlinear_q") and len(r.data.tags["git_commit"]) >= 40
         metrics = json.loads((study / f"runs/{r.info.run_name}/metrics.json").read_text())
         assert r.data.metrics["val_loss"] == pytest.approx(metrics["val_loss"], rel=1e-6)
