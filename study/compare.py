@@ -24,7 +24,7 @@ import numpy as np
 from study.config import run_dir, run_name, run_stage
 from study import profiles
 from study.data import DataError
-from study.stats import adjust, fit_power_law, mean_ci, paired, parameter_multiplier
+from study.stats import fit_power_law, mean_ci, parameter_multiplier
 
 PALETTE = {"baseline": "#1f77b4", "identity_q": "#2ca02c", "nonlinear_q": "#d62728", "baseline_mlp4.75": "#9467bd",
            "residual_linear_q": "#ff7f0e", "nonlinear_q_nores": "#8c564b", "nonlinear_q_r4": "#e377c2",
@@ -96,13 +96,7 @@ def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path) -> dict:
                        "total_params": any_run["total_params"], "flops_per_token": any_run["flops_per_token"],
                        "tokens": any_run["tokens"],
                        "diverged": {str(s): m["reason"] for s, m in r.items() if m["status"] != "ok"}}
-    vs = {}
-    if base_name in ok:
-        for v in runs:
-            if v != base_name:
-                vs[v] = paired(ok[v], ok[base_name])
-        for v, p in adjust({v: c["p_value"] for v, c in vs.items()}).items():
-            vs[v]["p_value_bh"] = p
+    vs = profiles.verdict(ok, base_name) if base_name in ok else {}
     return {"study": cfg.study.name, "baseline": base_name, "seeds": list(cfg.study.seeds),
             "variants": variants, "vs_baseline": vs, "frontier": frontier(base_name, ok, variants),
             "lr_sweep": profiles.lr_sweep_report(cfg, root, runs), "scale_ladder": profiles.ladder_report(cfg, root)}

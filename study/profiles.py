@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from study.config import RunConfig, load_config, run_dir, run_name
+from study.config import RunConfig, load_config, run_name
 from study.data import DataError
 from study.stats import fit_power_law, mean_ci, paired, parameter_multiplier
 
@@ -61,7 +61,7 @@ def sweep_results(cfg: RunConfig, root: Path, variant: str) -> list[dict]:
     if missing:
         raise DataError(f"the lr sweep of {variant!r} lacks finished runs at lr {missing} (seed {seed}, "
                         f"{cfg.lr_sweep.tokens:,} tokens) under {cfg.study.runs_dir}/{SWEEP}: run `dvc repro` with "
-                        f"lr_sweep.variants including {variant!r} (README, 'The lr sweep')")
+                        f"lr_sweep.variants including {variant!r} (README, 'A fair verdict')")
     return out
 
 
