@@ -576,6 +576,7 @@ class GlobalOrderDataset(StreamingDataset):
         super().__init__(*args, **kwargs)
         self.global_batch = global_batch
         self.start_at = 0  # windows of the current epoch already consumed by all ranks together
+        self._record_dir = os.environ.get(RECORD_ENV)  # read once, not per window
         self._record = None
 
     def _create_shuffler(self, cache):
@@ -603,9 +604,9 @@ class GlobalOrderDataset(StreamingDataset):
 
     def __getitem__(self, index):
         item = super().__getitem__(index)
-        if os.environ.get(RECORD_ENV) and hasattr(index, "chunk_index"):  # a training read from __next__
+        if self._record_dir and hasattr(index, "chunk_index"):  # a training read from __next__
             if self._record is None:
-                folder = Path(os.environ[RECORD_ENV])
+                folder = Path(self._record_dir)
                 folder.mkdir(parents=True, exist_ok=True)
                 self._record = open(folder / f"train-windows-rank{self.distributed_env.global_rank}.txt", "a",
                                     buffering=1)

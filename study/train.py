@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from study.config import (config_hash, flatten, max_steps, micro_batches, peak_lr, run_dir, run_label, run_name,
+from study.config import (config_hash, flatten, max_steps, micro_batches, peak_lr, run_dir, run_label,
                           run_stage, to_dict)
 from study.data import DataError, TokenDataModule, check_prepared
 
@@ -203,6 +203,7 @@ def train(cfg, root: Path) -> dict:
     trained_tokens = (trainer.global_step - start_step) * cfg.train.batch_tokens
     state.update(completed=True, seconds=state.get("seconds", 0.0) + seconds)
     trainer.save_checkpoint(ckpt_dir / "last.ckpt")  # on every rank: it ends with a barrier
+    lr, min_lr = peak_lr(cfg)
     final = module.curve[-1] if module.curve else {}
     val_loss = final.get("val_loss", float("nan"))
     metrics = {
@@ -214,8 +215,8 @@ def train(cfg, root: Path) -> dict:
         "val_perplexity": math.exp(val_loss) if math.isfinite(val_loss) and val_loss < 50 else None,
         "steps": trainer.global_step,
         "tokens": trainer.global_step * cfg.train.batch_tokens,
-        "lr": peak_lr(cfg)[0],
-        "min_lr": peak_lr(cfg)[1],
+        "lr": lr,
+        "min_lr": min_lr,
         "model": cfg.model.name,
         "group": cfg.study.group,
         "non_embedding_params": module.counts["non_embedding_params"],
@@ -244,7 +245,7 @@ def _report(cfg, root: Path) -> int:
     metrics = train(cfg, root)
     if launch_rank(cfg.trainer) != 0:
         return 0  # one report, from global rank 0
-    name = "/".join(filter(None, [metrics["group"], run_name(metrics["variant"], metrics["seed"])]))
+    name = run_label(cfg)
     if metrics["status"] != "ok":
         print(f"{name}: DIVERGED: {metrics['reason']}", file=sys.stderr)
         return 0  # a diverged run is a result, reported by compare
