@@ -152,6 +152,7 @@ class TrainConfig:
     divergence_nats: float = 2.0  # stop when the smoothed train loss rises this far above its minimum
     tokens_per_param: Optional[float] = None  # set: tokens = this x the baseline's non-embedding params (scale ladder)
     lr_from_sweep: bool = False  # true: the peak lr is the best of this variant's lr sweep (runs/lr_sweep)
+    overwrite: bool = False  # true: a hand-started run may replace a finished run of other settings in its folder
 
 
 @dataclass
@@ -541,16 +542,43 @@ def to_dict(cfg: RunConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 
 
+# Keys that do not change a run's numbers (where and how fast it runs, what it logs, which runs exist):
+# left out of the resume key, so a checkpoint resumes on another world size, thread count or compile mode.
+NOT_IN_RESUME_KEY = (
+    "defaults", "study", "lr_sweep", "scale_ladder",
+    "trainer.name", "trainer.devices", "trainer.num_nodes", "trainer.strategy", "trainer.threads",
+    "trainer.compile", "trainer.progress_bar",
+    "train.log_every", "train.val_micro_batch_size", "train.overwrite",
+    "data.num_proc", "data.hf_cache_dir", "data.dir",  # how/where prepare runs; the data's own digest is checked
+    "variant.description",
+)
+
+
+def resume_config(cfg: RunConfig) -> dict[str, Any]:
+    """The flattened settings that change a run's numbers (``{"train.lr": 0.003, ...}``): the resume key.
+
+    Everything in the config except :data:`NOT_IN_RESUME_KEY` (devices, nodes, strategy, threads,
+    compile, logging cadence, validation micro-batch, the study's run list and folders).  A checkpoint
+    resumes only under the same resume config (see ``study.train.run_digest``)."""
+    flat = flatten(to_dict(cfg))
+    return {k: v for k, v in sorted(flat.items())
+            if not any(k == x or k.startswith(x + ".") for x in NOT_IN_RESUME_KEY)}
+
+
 def config_hash(cfg: RunConfig) -> str:
-    """sha256 of everything that changes the numbers of a run (not trainer cosmetics)."""
-    d = to_dict(cfg)
-    d.get("trainer", {}).pop("progress_bar", None)
-    for key in ("num_proc", "hf_cache_dir"):  # how prepare runs, not what it writes (meta.json is hashed)
-        d.get("data", {}).pop(key, None)
-    for key in ("defaults", "lr_sweep", "scale_ladder"):  # which runs exist, not how one run trains
-        d.pop(key, None)
-    d["study"] = {}
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    """sha256 (16 hex digits) of :func:`resume_config`: everything that changes the numbers of a run."""
+    return hashlib.sha256(json.dumps(resume_config(cfg), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def diff_keys(old: dict, new: dict) -> list[str]:
+    """``["key: OLD -> NEW", ...]`` for every key whose value differs between two flat dicts (sorted)."""
+    missing = object()
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k, missing), new.get(k, missing)
+        if a != b:
+            out.append(f"{k}: {'(unset)' if a is missing else a!r} -> {'(unset)' if b is missing else b!r}")
+    return out
 
 
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -462,22 +462,26 @@ def read_meta(data_dir: Path) -> dict:
         raise DataError(f"{path} is not valid JSON ({e}): re-run `python -m study.prepare`") from e
 
 
+def _read_index(split_dir: Path) -> dict:
+    index_path = split_dir / "index.json"
+    if not index_path.is_file():
+        raise DataError(f"{index_path} not found: re-run `python -m study.prepare`")
+    try:
+        index = json.loads(index_path.read_text())
+        index["chunks"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{index_path} is corrupt ({e}): re-run `python -m study.prepare`") from e
+    return index
+
+
 def chunk_token_count(split_dir: Path) -> int:
     """Tokens in a litdata split, read from the chunk files themselves (not from index.json).
 
     Raises:
         DataError: missing index, missing chunk, or a chunk whose size disagrees with its index entry.
     """
-    index_path = split_dir / "index.json"
-    if not index_path.is_file():
-        raise DataError(f"{index_path} not found: re-run `python -m study.prepare`")
-    try:
-        index = json.loads(index_path.read_text())
-        chunks = index["chunks"]
-    except (ValueError, KeyError) as e:
-        raise DataError(f"{index_path} is corrupt ({e}): re-run `python -m study.prepare`") from e
     total = 0
-    for chunk in chunks:
+    for chunk in _read_index(split_dir)["chunks"]:
         path = split_dir / chunk["filename"]
         if not path.is_file():
             raise DataError(f"{path} is missing: re-run `python -m study.prepare`")
@@ -489,34 +493,107 @@ def chunk_token_count(split_dir: Path) -> int:
     return total
 
 
+def _token_dtype(split_dir: Path, index: dict) -> np.dtype:
+    """The token dtype of a TokensLoader split (index.json ``data_format`` ``no_header_numpy:I``)."""
+    from litdata.constants import _NUMPY_DTYPES_MAPPING, _TORCH_DTYPES_MAPPING
+
+    try:
+        kind, i = index["config"]["data_format"][0].split(":")
+        if kind == "no_header_numpy":
+            return np.dtype(_NUMPY_DTYPES_MAPPING[int(i)])
+        if kind == "no_header_tensor":
+            import torch
+            return torch.empty(0, dtype=_TORCH_DTYPES_MAPPING[int(i)]).numpy().dtype
+    except (KeyError, IndexError, ValueError, TypeError):
+        pass
+    raise DataError(f"{split_dir}/index.json is not a token split (data_format "
+                    f"{index.get('config', {}).get('data_format')}): re-run `python -m study.prepare`")
+
+
+def chunk_token_range(split_dir: Path) -> tuple[int, int]:
+    """(smallest, largest) token id over all chunk files of a litdata token split.
+
+    Each chunk is read as an ``np.memmap`` of its token array (after litdata's header: a uint32
+    item count n and n + 1 uint32 byte offsets, the first of which is where the tokens start), and
+    reduced with numpy's vectorised min/max: about one pass over the bytes, no Python loop per token.
+
+    Raises:
+        DataError: missing or corrupt index, missing chunk, or a header that does not fit the file.
+    """
+    index = _read_index(split_dir)
+    dtype = _token_dtype(split_dir, index)
+    lo, hi = None, None
+    for chunk in index["chunks"]:
+        path = split_dir / chunk["filename"]
+        if not path.is_file():
+            raise DataError(f"{path} is missing: re-run `python -m study.prepare`")
+        size = path.stat().st_size
+        header = np.fromfile(path, dtype=np.uint32, count=2) if size >= 8 else np.zeros(0, np.uint32)
+        start = int(header[1]) if len(header) == 2 else -1
+        n = (size - start) // dtype.itemsize if start >= 0 else -1
+        if start < 8 or start > size or n != chunk.get("dim", n):
+            raise DataError(f"{path} is corrupt (its header does not match {chunk.get('dim')} tokens of "
+                            f"{dtype}): re-run `python -m study.prepare`")
+        if n == 0:
+            continue
+        tokens = np.memmap(path, dtype=dtype, mode="r", offset=start, shape=(n,))
+        a, b = int(tokens.min()), int(tokens.max())
+        lo, hi = (a, b) if lo is None else (min(lo, a), max(hi, b))
+        del tokens
+    return (lo or 0, hi or 0) if lo is not None else (0, -1)
+
+
+def prepared_keys(d: DataConfig) -> dict:
+    """The ``data.*`` settings that shape prepared data, as meta.json records them (``prepared_with``):
+    source, corpora, tokenizer, bpe_vocab_size, val_every, max_docs_per_corpus, chunk_bytes and, for
+    ``source=hf``, hf_dataset, hf_split, hf_text_field.  Not data.num_proc, hf_cache_dir, dir: they
+    change how and where prepare runs, not what it writes."""
+    keys = {"source": d.source,
+            "corpora": list(d.corpora) if d.source == "embedded" else None,
+            "tokenizer": d.tokenizer,
+            "bpe_vocab_size": d.bpe_vocab_size if d.tokenizer == "bpe" else None,
+            "val_every": d.val_every,
+            "max_docs_per_corpus": d.max_docs_per_corpus,
+            "chunk_bytes": d.chunk_bytes}
+    if d.source == "hf":
+        keys.update(hf_dataset=d.hf_dataset, hf_split=d.hf_split, hf_text_field=d.hf_text_field)
+    return {f"data.{k}": v for k, v in keys.items()}
+
+
+def _same_source(a, b) -> bool:
+    if a == b or a in ("embedded", "hf") or b in ("embedded", "hf") or not a or not b:
+        return a == b
+    return Path(str(a)).expanduser().resolve() == Path(str(b)).expanduser().resolve()  # a folder, however written
+
+
 def check_prepared(data_dir: Path, cfg) -> dict:
     """Refuse prepared data that does not match a run's config; return meta.json.
 
-    Checks: meta.json exists; its tokenizer (and BPE vocabulary) is the one the
-    config asks for; the tokenizer's vocabulary fits model.vocab_size; each
-    split's chunks hold the token count written in meta.json.
+    Checks: meta.json exists; every ``data.*`` key that shapes the data (:func:`prepared_keys`) has the
+    value it was prepared with; the tokenizer's vocabulary fits model.vocab_size; each split's chunks
+    hold the token count written in meta.json, and every token id is below the tokenizer's vocabulary
+    (:func:`chunk_token_range`).
 
     Raises:
-        DataError: with the file and the fix.
+        DataError: with the file, the keys that differ, and the fix.
     """
     meta = read_meta(data_dir)
-    missing = {"tokenizer", "vocab_size", "tokens"} - set(meta)
+    missing = {"tokenizer", "vocab_size", "tokens", "prepared_with"} - set(meta)
     if missing:
-        raise DataError(f"{data_dir}/meta.json lacks {sorted(missing)}: re-run `python -m study.prepare`")
+        raise DataError(f"{data_dir}/meta.json lacks {sorted(missing)} (prepared by an older version?): re-run "
+                        f"`python -m study.prepare`")
     want = cfg.data.tokenizer
     if meta.get("tokenizer") != want:
         raise DataError(f"{data_dir}/meta.json was prepared with tokenizer {meta.get('tokenizer')!r} but "
                         f"the config asks for data.tokenizer={want!r}: re-run `python -m study.prepare "
                         f"data.tokenizer={want}` or change data.tokenizer")
-    if "source" in meta and (meta["source"] != cfg.data.source or (
-            cfg.data.source == "embedded" and meta.get("corpora") not in (None, list(cfg.data.corpora)))):
-        raise DataError(f"{data_dir} holds data prepared from source {meta['source']!r} "
-                        f"(corpora {meta.get('corpora')}) but the config asks for data.source={cfg.data.source!r} "
-                        f"(corpora {list(cfg.data.corpora)}): re-run `python -m study.prepare` with this config, or "
-                        f"give each corpus its own data.dir")
-    if want == "bpe" and meta.get("bpe_vocab_size") != cfg.data.bpe_vocab_size:
-        raise DataError(f"{data_dir}/meta.json has a BPE of {meta.get('bpe_vocab_size')} tokens but the "
-                        f"config asks for data.bpe_vocab_size={cfg.data.bpe_vocab_size}: re-run prepare")
+    was, now = meta["prepared_with"], prepared_keys(cfg.data)
+    differ = [k for k in sorted(set(was) | set(now)) if not (
+        _same_source(was.get(k), now.get(k)) if k == "data.source" else was.get(k) == now.get(k))]
+    if differ:
+        diff = ", ".join(f"{k}={was.get(k)!r} there, {now.get(k)!r} here" for k in differ)
+        raise DataError(f"{data_dir} was prepared with other data settings ({diff}): re-run `python -m "
+                        f"study.prepare` with this config, or give each data set its own data.dir")
     if meta["vocab_size"] > cfg.model.vocab_size:
         raise DataError(f"the tokenizer in {data_dir} has {meta['vocab_size']} tokens, more than "
                         f"model.vocab_size={cfg.model.vocab_size}: raise model.vocab_size")
@@ -525,6 +602,11 @@ def check_prepared(data_dir: Path, cfg) -> dict:
         if n != meta["tokens"][split]:
             raise DataError(f"{data_dir}/{split} holds {n} tokens but meta.json says {meta['tokens'][split]}: "
                             f"the data are corrupt or mixed; re-run `python -m study.prepare`")
+        lo, hi = chunk_token_range(data_dir / split)
+        if lo < 0 or hi >= meta["vocab_size"]:
+            raise DataError(f"{data_dir}/{split} holds token id {hi if hi >= meta['vocab_size'] else lo}, outside "
+                            f"the tokenizer's vocabulary of {meta['vocab_size']} ids: the chunks are corrupt; re-run "
+                            f"`python -m study.prepare`")
     return meta
 
 

@@ -5,7 +5,10 @@ Writes ``data.dir`` (default data/tokens/):
                    end-of-text token after every document
   tokenizer.json   the trained byte-level BPE (tokenizer ``bpe`` only)
   meta.json        tokenizer, vocab_size, eot_id, tokens and documents per split,
-                   sha256 of every source file, the validation document ids
+                   sha256 of every source file, the validation document ids, the data.*
+                   settings that shaped them (``prepared_with``, checked by every run)
+and, beside it, ``DIR-timing.json`` (seconds; outside the DVC output, so identical inputs give
+byte-identical data: no wall-clock value is written into data.dir, litdata's index.json included).
 
 The output is written to a temporary folder and moved into place only when
 complete and verified (the chunks hold the token counts of meta.json), so a
@@ -48,6 +51,23 @@ def _optimize(arrays, out_dir: Path, chunk_bytes: str, fn=_emit) -> None:
 
     optimize(fn=fn, inputs=arrays, output_dir=str(out_dir), chunk_bytes=chunk_bytes,
              item_loader=TokensLoader(), num_workers=1, mode="overwrite")
+    stable_index(out_dir)
+
+
+def stable_index(split_dir: Path) -> None:
+    """Make litdata's ``index.json`` a function of the data alone: litdata writes the wall-clock time
+    of ``optimize`` as ``updated_at`` (its cache key for remote copies), which would give identical
+    chunks a new DVC hash on every prepare; it becomes a digest of the chunk list and config instead
+    (litdata only compares it for equality).  Same format as litdata's (``json.dump``, sorted keys)."""
+    import hashlib
+
+    path = split_dir / "index.json"
+    index = json.loads(path.read_text())
+    body = {k: v for k, v in index.items() if k != "updated_at"}
+    index["updated_at"] = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()[:16]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(index, sort_keys=True))
+    tmp.replace(path)
 
 
 _TOKEN_COLUMNS: dict = {}
@@ -114,7 +134,7 @@ def prepare(cfg, root: Path) -> dict:
         DataError / ConfigError: bad source files or settings (nothing is left at the output path).
     """
     from study.data import (check_prepared, hf_doc_id, hf_num_proc, is_val_index, load_hf_dataset, make_tokenizer,
-                            read_documents, sha256_file, split_documents)
+                            prepared_keys, read_documents, sha256_file, split_documents)
 
     t0 = time.time()
     out = root / cfg.data.dir
@@ -158,20 +178,25 @@ def prepare(cfg, root: Path) -> dict:
             "val_documents": val_ids,
             "val_every": cfg.data.val_every,
             "sources_sha256": {"/".join(Path(s).parts[-3:]): sha256_file(Path(s)) for s in sources},
-            "seconds": round(time.time() - t0, 1),
+            "prepared_with": prepared_keys(cfg.data),  # every data.* key that shapes these files (check_prepared)
         }
         if hf:
             meta["hf"] = {"dataset": src.name, "kind": src.kind, "split": cfg.data.hf_split,
                           "text_field": cfg.data.hf_text_field, "rows": len(ds), "num_proc": hf_num_proc(cfg.data),
-                          "fingerprint": getattr(ds, "_fingerprint", None)}
+                          # a local copy's fingerprint follows its files' mtimes; their sha256 are above
+                          "fingerprint": getattr(ds, "_fingerprint", None) if src.kind == "hub" else None}
+        # no wall-clock value in data.dir (a DVC output): the timing goes to DIR-timing.json beside it
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
-        check_prepared(tmp, cfg)  # chunks hold what meta.json says
+        check_prepared(tmp, cfg)  # chunks hold what meta.json says, token ids within the vocabulary
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    return meta
+    seconds = round(time.time() - t0, 1)
+    timing = out.parent / f"{out.name}-timing.json"
+    timing.write_text(json.dumps({"data_dir": cfg.data.dir, "seconds": seconds, "tokens": meta["tokens"]}, indent=1))
+    return {**meta, "seconds": seconds}
 
 
 def _report(cfg, root: Path) -> int:

@@ -2,7 +2,11 @@
 
 MLflow 3 refuses the plain file store by default, so every caller uses an
 SQLite tracking URI (``sqlite:///<root>/mlruns.db``) and an explicit artifact
-location, with telemetry off.
+location, with telemetry off.  ``MLFLOW_TRACKING_URI``, when set, replaces the
+SQLite store: any store MLflow supports (``sqlite:///``, ``postgresql://``,
+``mysql://``, ``mssql://``, a tracking server ``http(s)://``, ``databricks``;
+the file store ``file:PATH`` only with ``MLFLOW_ALLOW_FILE_STORE=true``, MLflow
+3's own opt-in); anything else is refused in one line.
 """
 from __future__ import annotations
 
@@ -17,8 +21,32 @@ os.environ.setdefault("DO_NOT_TRACK", "true")
 
 
 def tracking_uri(root: Path, study: StudyConfig) -> str:
-    """``sqlite:///ABSOLUTE/PATH/mlruns.db`` for the project at ``root``."""
-    return f"sqlite:///{(root / study.tracking_db).resolve()}"
+    """The tracking store: ``MLFLOW_TRACKING_URI`` when set, else ``sqlite:///ABSOLUTE/PATH/mlruns.db``
+    for the project at ``root`` (``study.tracking_db``).
+
+    Raises:
+        ConfigError: ``MLFLOW_TRACKING_URI`` names a store MLflow does not support, or the file store
+            without ``MLFLOW_ALLOW_FILE_STORE=true`` (MLflow 3 refuses it by default).
+    """
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "").strip()
+    if not uri:
+        return f"sqlite:///{(root / study.tracking_db).resolve()}"
+    from mlflow.environment_variables import MLFLOW_ALLOW_FILE_STORE
+    from mlflow.tracking._tracking_service.utils import _tracking_store_registry as registry
+
+    from study.config import ConfigError
+
+    try:
+        builder = registry.get_store_builder(uri)  # MLflow's own scheme -> store table
+    except Exception:  # noqa: BLE001  (MLflow's Unsupported...URIException)
+        schemes = sorted(s + ":" for s in registry._registry if s)
+        raise ConfigError(f"MLFLOW_TRACKING_URI={uri}: MLflow has no tracking store for it; use one of {schemes} "
+                          f"(e.g. sqlite:///mlruns.db or http://HOST:5000), or unset it for the project's "
+                          f"{study.tracking_db}") from None
+    if builder is registry._registry.get("file") and not MLFLOW_ALLOW_FILE_STORE.get():
+        raise ConfigError(f"MLFLOW_TRACKING_URI={uri} is MLflow's file store, which MLflow 3 refuses by default: use "
+                          f"sqlite:///PATH.db or a tracking server, or set MLFLOW_ALLOW_FILE_STORE=true to use it anyway")
+    return uri
 
 
 def artifact_location(root: Path, study: StudyConfig) -> str:

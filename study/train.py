@@ -5,15 +5,23 @@ Trains one (variant, seed) run on the prepared token data and writes
   metrics.json     final val_loss (nats) and val_perplexity, parameter and FLOP
                    counts, tokens seen, wall time (s), throughput (tokens/s), status
   curve.csv        step, tokens, train_loss, val_loss, lr (one row per evaluation)
-  checkpoints/     last.ckpt (resumable) and run.json (config hash, MLflow run id)
+  checkpoints/     last.ckpt (resumable) and run.json (resume key and the settings it covers,
+                   MLflow run id)
+  .lock            held by the one process that writes this folder (filelock)
 (``runs/GROUP/VARIANT-sSEED/`` with ``study.group=GROUP``, as the lr-sweep and
 scale-ladder profiles do, see study/profiles.py)
 and one MLflow run (experiment = study.name, run name = [GROUP/]VARIANT-sSEED) in the
 project's SQLite store.
 
 Running the same command again after a kill resumes from checkpoints/last.ckpt
-(same config hash) and continues the same MLflow run.  metrics.json and
-curve.csv appear only when the run has ended (finished or diverged).
+(same resume key: the settings that change the numbers, the training code and the
+data, on any world size) and continues the same MLflow run; otherwise it starts
+afresh and prints the keys that differ.  metrics.json and curve.csv appear only
+when the run has ended (finished or diverged).  A run that dies ends FAILED
+(exception) or KILLED (SIGTERM, Ctrl-C; a SIGKILLed run is marked KILLED by the next
+start in its folder) in MLflow, with an end time.  A second process on the same run
+folder, or a hand-started run whose settings differ from the finished run in its
+folder, is refused in one line (``train.overwrite=true`` replaces it).
 """
 from __future__ import annotations
 
@@ -22,13 +30,16 @@ import json
 import math
 import os
 import shutil
+import signal
 import sys
+import threading
 import time
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from study.config import (config_hash, flatten, max_steps, micro_batches, peak_lr, run_dir, run_label,
-                          run_stage, to_dict)
-from study.data import DataError, TokenDataModule, check_prepared
+from study.config import (ConfigError, StudyError, diff_keys, flatten, max_steps, micro_batches, peak_lr,
+                          resume_config, run_dir, run_label, run_stage, to_dict)
+from study.data import DataError, TokenDataModule, check_prepared, split_windows
 
 
 def world_size(trainer_cfg) -> int:
@@ -73,15 +84,124 @@ def make_strategy(trainer_cfg):
     return trainer_cfg.strategy
 
 
-def run_digest(cfg, data_dir: Path) -> str:
-    """What a checkpoint must match to be resumed: the config hash, the training code
-    (study/model.py, lm.py, data.py) and the prepared data's meta.json."""
+CODE = ("model.py", "lm.py", "data.py")  # the training code a checkpoint depends on
+
+
+def data_digest(data_dir: Path) -> str:
+    """sha256 (16 hex digits) of the prepared data's meta.json content (token counts, source hashes,
+    settings, validation ids), parsed, so that formatting or a legacy ``seconds`` field does not count."""
     import hashlib
 
-    h = hashlib.sha256(config_hash(cfg).encode())
-    for path in [Path(__file__).with_name(n) for n in ("model.py", "lm.py", "data.py")] + [data_dir / "meta.json"]:
-        h.update(path.read_bytes())
-    return h.hexdigest()[:16]
+    meta = json.loads((data_dir / "meta.json").read_text())
+    meta.pop("seconds", None)  # wall-clock time of older prepares
+    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def resume_record(cfg, data_dir: Path) -> dict:
+    """What a checkpoint must match to be resumed, flat: :func:`study.config.resume_config` (the
+    settings that change a run's numbers, not devices, strategy, threads, compile, logging), the sha256
+    of the training code (``code:study/model.py`` ...) and ``data:meta.json`` (:func:`data_digest`)."""
+    import hashlib
+
+    rec = dict(resume_config(cfg))
+    for n in CODE:
+        rec[f"code:study/{n}"] = hashlib.sha256(Path(__file__).with_name(n).read_bytes()).hexdigest()[:16]
+    rec["data:meta.json"] = data_digest(data_dir)
+    return json.loads(json.dumps(rec))  # as run.json will hold it (lists, floats)
+
+
+def run_digest(cfg, data_dir: Path) -> str:
+    """The resume key: sha256 (16 hex digits) of :func:`resume_record`."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps(resume_record(cfg, data_dir), sort_keys=True).encode()).hexdigest()[:16]
+
+
+class RunBusy(StudyError):
+    """Another process is writing the same run folder."""
+
+
+def run_lock(out_dir: Path):
+    """The run folder's lock (``out_dir/.lock``, an OS file lock: released when its process dies,
+    SIGKILL included).  Acquire with ``timeout=0``-style refusal: see :func:`train`."""
+    from filelock import FileLock
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(out_dir / ".lock"), timeout=0)
+
+
+@contextmanager
+def hold_run_lock(out_dir: Path):
+    """Hold :func:`run_lock` for the block; a second holder is refused with :class:`RunBusy`."""
+    from filelock import Timeout
+
+    lock = run_lock(out_dir)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise RunBusy(f"another process is writing {out_dir} (it holds {out_dir / '.lock'}): wait for it to end "
+                      f"or stop it; a different run needs its own folder (study.group=NAME)") from None
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
+class Killed(SystemExit):
+    """Raised in the main thread by SIGTERM while a run trains: exit status 128 + signal number."""
+
+
+@contextmanager
+def terminate_as_exception():
+    """Turn SIGTERM into :class:`Killed` for the block (main thread only), so that the run is marked
+    KILLED and its lock released instead of the process vanishing.  Lightning's own SIGTERM handler,
+    installed during fit, calls this one after its own."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Killed(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def end_status(exc: BaseException) -> str:
+    """MLflow status of a run ended by ``exc``: KILLED for a signal or Ctrl-C (also when Lightning turned
+    it into a SystemExit), FAILED otherwise."""
+    e: BaseException | None = exc
+    while e is not None:
+        if isinstance(e, (Killed, KeyboardInterrupt)) or type(e).__name__ == "SIGTERMException":
+            return "KILLED"
+        e = e.__context__
+    return "FAILED"
+
+
+def check_train_windows(data_dir: Path, cfg) -> int:
+    """Refuse a run whose training loader would yield no optimizer step; return the training windows.
+
+    One optimizer step takes train.batch_tokens / block_size windows of block_size + 1 tokens (over all
+    devices and accumulation); the training split holds :func:`study.data.split_windows` of them.
+
+    Raises:
+        DataError: fewer windows than one step, with both counts and the fix.
+    """
+    need = cfg.train.batch_tokens // cfg.model.block_size
+    have = split_windows(data_dir / "train", cfg.model.block_size + 1)
+    if have < need:
+        raise DataError(f"training split too small: {data_dir / 'train'} holds {have} windows of "
+                        f"{cfg.model.block_size + 1} tokens, fewer than one optimizer step of train.batch_tokens="
+                        f"{cfg.train.batch_tokens} ({need} windows): lower train.batch_tokens to at most "
+                        f"{have * cfg.model.block_size} or prepare more data")
+    return have
+
+
+def _config_part(record: dict) -> dict:
+    return {k: v for k, v in record.items() if ":" not in k}
 
 
 def write_curve(path: Path, rows: list[dict]) -> None:
@@ -101,12 +221,46 @@ def write_json(path: Path, obj: dict) -> None:
     tmp.replace(path)
 
 
+def settle_previous_run(uri: str, run_id: str, resuming: bool, state: dict) -> dict:
+    """Put the MLflow run of a run folder's last process in order before this one starts.
+
+    Called by global rank 0 while it holds the folder's lock, so no live process owns ``run_id``:
+    a run still RUNNING died without a word (SIGKILL, power loss) and is marked KILLED with an end time,
+    unless this start resumes it; a resumed run is set RUNNING again.  A resumed run whose MLflow run
+    is gone (another store) gets a new one.  Returns ``state`` (``mlflow_run_id`` dropped if gone)."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        info = client.get_run(run_id).info
+    except MlflowException:
+        info = None
+    if info is None:
+        return {k: v for k, v in state.items() if k != "mlflow_run_id"}
+    if resuming:
+        if info.status != "RUNNING":
+            client.update_run(run_id, status="RUNNING")
+    elif info.status == "RUNNING":
+        client.set_terminated(run_id, "KILLED")
+    return state
+
+
 def train(cfg, root: Path) -> dict:
     """Train one run; return the content of its metrics.json.
 
+    Global rank 0 holds the run folder's lock for the run's life; SIGTERM ends the run as KILLED.
+
     Raises:
         ConfigError, DataError: bad config or data (the MLflow run, if started, is marked FAILED).
+        RunBusy: another process writes the same run folder.
+        Killed: SIGTERM (the MLflow run is marked KILLED).
     """
+    with ExitStack() as stack:
+        return _train(cfg, root, stack)
+
+
+def _train(cfg, root: Path, stack: ExitStack) -> dict:
     import lightning.pytorch as pl
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -122,10 +276,12 @@ def train(cfg, root: Path) -> dict:
     out_dir = run_dir(root, cfg, cfg.variant.name, cfg.seed)
     ckpt_dir = out_dir / "checkpoints"
     data_dir = root / cfg.data.dir
+    uri = tracking_uri(root, cfg.study)  # an unsupported MLFLOW_TRACKING_URI is refused here
     meta = check_prepared(data_dir, cfg)
     steps = max_steps(cfg)
     ws = world_size(cfg.trainer)
     micro, accum = micro_batches(cfg, ws)
+    check_train_windows(data_dir, cfg)  # before Lightning: a loader without one step would spin forever
     # every rank runs this function; files are written by global rank 0 only (checkpoints: see ModelCheckpoint)
     from lightning.fabric.utilities.rank_zero import rank_zero_only
     rank_zero_only.rank = rank = launch_rank(cfg.trainer)  # MLflow: one run, created by rank 0 only
@@ -136,12 +292,32 @@ def train(cfg, root: Path) -> dict:
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
 
+    if rank == 0:  # one writer per run folder, for the run's life; SIGTERM ends it as KILLED
+        stack.enter_context(hold_run_lock(out_dir))
+    stack.enter_context(terminate_as_exception())
+
     # resume only a checkpoint of this very config, code and data that has not finished
+    record = resume_record(cfg, data_dir)
     digest = run_digest(cfg, data_dir)
     state_path = ckpt_dir / "run.json"
-    state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    try:
+        state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    except ValueError:
+        state = {}
+    if (out_dir / "metrics.json").is_file() and not cfg.train.overwrite:  # a finished run: never replaced silently
+        old = state.get("resume")
+        differ = diff_keys(_config_part(old), _config_part(record)) if old is not None else ["(not recorded)"]
+        if differ:
+            raise ConfigError(f"{out_dir} holds a finished run with other settings ({'; '.join(differ)}): give this "
+                              f"run its own folder with study.group=NAME, or replace the finished run with "
+                              f"train.overwrite=true")
+    previous_run_id = state.get("mlflow_run_id")
     resume = ckpt_dir / "last.ckpt"
     if not (resume.is_file() and state.get("config_hash") == digest and not state.get("completed")):
+        if rank == 0 and resume.is_file() and not state.get("completed"):
+            differ = diff_keys(state["resume"], record) if "resume" in state else ["(not recorded)"]
+            print(f"{name}: starting afresh, the checkpoint in {ckpt_dir} was written with other settings: "
+                  f"{'; '.join(differ)}", flush=True)
         resume, state = None, {}
         if rank == 0:
             shutil.rmtree(ckpt_dir, ignore_errors=True)
@@ -151,16 +327,19 @@ def train(cfg, root: Path) -> dict:
         ckpt_dir.mkdir(parents=True, exist_ok=True)
 
     with store_lock(root, cfg.study):  # two runs creating the store, experiment or run at once would race
+        if rank == 0 and previous_run_id:
+            state = settle_previous_run(uri, previous_run_id, resuming=resume is not None, state=state)
         logger = MLFlowLogger(experiment_name=cfg.study.name, run_name=name,
-                              tracking_uri=tracking_uri(root, cfg.study),
+                              tracking_uri=uri,
                               artifact_location=artifact_location(root, cfg.study), run_id=state.get("mlflow_run_id"),
                               tags={"variant": cfg.variant.name, "seed": str(cfg.seed), "git_commit": git_commit(root),
                                     "config_hash": digest, "model": cfg.model.name,
                                     "group": cfg.study.group or "main"})
         run_id = logger.run_id
-    if not state:
+    if not state.get("mlflow_run_id"):
         logger.log_hyperparams(flatten(to_dict(cfg)))
-        state = {"config_hash": digest, "mlflow_run_id": run_id, "completed": False, "seconds": 0.0}
+        state = {"config_hash": digest, "mlflow_run_id": run_id, "completed": False,
+                 "seconds": state.get("seconds", 0.0), "resume": record}
         if rank == 0:
             write_json(state_path, state)
     try:
@@ -187,6 +366,8 @@ def train(cfg, root: Path) -> dict:
         start_step = 0
         if resume is not None:
             start_step = torch.load(resume, map_location="cpu", weights_only=False)["global_step"]
+            if rank == 0:
+                print(f"{name}: resuming from step {start_step} ({resume})", flush=True)
         trainer.fit(module, dm, ckpt_path=str(resume) if resume else None)
         if not module.diverged and (not module.curve or module.curve[-1]["step"] != trainer.global_step):
             trainer.validate(module, dm, verbose=False)
@@ -197,8 +378,13 @@ def train(cfg, root: Path) -> dict:
                             f"prepare more data or lower batch_tokens")
         if not module.diverged and not (module.curve and math.isfinite(module.curve[-1]["val_loss"])):
             module.diverged = "the final validation loss is not finite"
-    except BaseException:
+    except BaseException as e:
         logger.finalize("failed")
+        if rank == 0:  # FAILED (exception) or KILLED (SIGTERM, Ctrl-C), with an end time
+            try:
+                logger.experiment.set_terminated(run_id, end_status(e))
+            except Exception:  # noqa: BLE001  (never hide the run's own error)
+                pass
         raise
     trained_tokens = (trainer.global_step - start_step) * cfg.train.batch_tokens
     state.update(completed=True, seconds=state.get("seconds", 0.0) + seconds)
