@@ -544,11 +544,13 @@ def to_dict(cfg: RunConfig) -> dict:
 
 # Keys that do not change a run's numbers (where and how fast it runs, what it logs, which runs exist):
 # left out of the resume key, so a checkpoint resumes on another world size, thread count or compile mode.
+# The micro-batch splits the same global batch of windows differently (like the world size does): it
+# changes the order of float sums only, as devices, threads and compile do.
 NOT_IN_RESUME_KEY = (
     "defaults", "study", "lr_sweep", "scale_ladder",
     "trainer.name", "trainer.devices", "trainer.num_nodes", "trainer.strategy", "trainer.threads",
     "trainer.compile", "trainer.progress_bar",
-    "train.log_every", "train.val_micro_batch_size", "train.overwrite",
+    "train.micro_batch_size", "train.log_every", "train.val_micro_batch_size", "train.overwrite",
     "data.num_proc", "data.hf_cache_dir", "data.dir",  # how/where prepare runs; the data's own digest is checked
     "variant.description",
 )

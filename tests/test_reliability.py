@@ -1,0 +1,350 @@
+"""Reliability, round two (issue 13): no hang on small data, resume where the numbers allow, honest
+run states, stale or corrupt data refused, one writer per run folder, byte-stable prepare outputs,
+MLFLOW_TRACKING_URI, and hand-started runs that never overwrite a finished run silently."""
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import BIN, env_for, run_cli
+
+
+def _store(db: Path):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    return client, client.search_runs([e.experiment_id for e in client.search_experiments()])
+
+
+def _one_line_error(capsys) -> str:
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    return err
+
+
+# -- 1. no optimizer step: refused before Lightning starts -----------------------------------------
+@pytest.mark.parametrize("block_size", [64, 32])
+def test_a_loader_without_one_step_is_refused_at_once(nano_project, tmp_path, monkeypatch, capsys, block_size):
+    from study.train import main
+
+    chunks = json.loads((nano_project / "data/tokens/train/index.json").read_text())["chunks"]
+    have = sum(c["dim"] // (block_size + 1) for c in chunks)  # TokensLoader: whole windows per chunk
+    batch = (have + 1) * block_size  # one window more than the split holds
+    monkeypatch.chdir(nano_project)
+    t0 = time.time()
+    rc = main([f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={tmp_path / 'm.db'}",
+               f"model.block_size={block_size}", f"train.batch_tokens={batch}", f"train.tokens={batch}",
+               "train.micro_batch_size=25", "trainer.progress_bar=false"])
+    err = _one_line_error(capsys)
+    assert rc == 2 and time.time() - t0 < 60
+    assert f"holds {have} windows of {block_size + 1} tokens" in err and f"({have + 1} windows)" in err, err
+    assert f"at most {have * block_size}" in err
+    assert not (tmp_path / "m.db").exists() and not (tmp_path / "runs").exists()  # no MLflow run, no folder
+
+
+# -- 2. the resume key ------------------------------------------------------------------------------
+NOT_NUMBERS = ["trainer.devices=2", "trainer.num_nodes=2", "trainer.strategy=ddp", "trainer.threads=1",
+               "trainer.compile=true", "trainer.progress_bar=false", "train.micro_batch_size=8", "train.log_every=7",
+               "train.val_micro_batch_size=8", "study.name=other", "study.group=g", "study.seeds=[5]",
+               "study.runs_dir=elsewhere", "lr_sweep.seed=3", "scale_ladder.tokens_per_param=2.0",
+               "data.num_proc=3", "data.hf_cache_dir=/tmp/hf", "data.dir=data/copy", "train.overwrite=true"]
+NUMBERS = ["train.lr=1e-3", "seed=2", "model.n_layer=3", "trainer.precision=bf16-mixed", "train.batch_tokens=4096",
+           "train.eval_every=7", "train.val_tokens=4096", "variant=nonlinear_q", "data.val_every=7",
+           "trainer.accelerator=gpu", "model.dropout=0.1", "data.chunk_bytes=1MB"]
+
+
+def test_resume_key_covers_exactly_what_changes_the_numbers(nano_project):
+    from study.config import config_hash, load_config
+
+    base = config_hash(load_config([], nano_project))
+    for o in NOT_NUMBERS:
+        assert config_hash(load_config([o], nano_project)) == base, o
+    hashes = {o: config_hash(load_config([o], nano_project)) for o in NUMBERS}
+    assert base not in hashes.values() and len(set(hashes.values())) == len(NUMBERS)
+    # one GPU, DDP over a node, FSDP: the same run (bf16, same batches), so one checkpoint serves all three
+    assert len({config_hash(load_config([f"trainer={t}"], nano_project)) for t in ("gpu", "ddp", "fsdp")}) == 1
+
+
+def test_run_digest_ignores_volatile_bytes(nano_project, tmp_path):
+    from study.config import load_config
+    from study.train import run_digest
+
+    cfg = load_config([], nano_project)
+    copy = shutil.copytree(nano_project / "data/tokens", tmp_path / "tokens")
+    meta = json.loads((copy / "meta.json").read_text())
+    (copy / "meta.json").write_text(json.dumps({**meta, "seconds": 12.3}, indent=4))  # older prepares' timing
+    assert run_digest(cfg, copy) == run_digest(cfg, nano_project / "data/tokens")
+    (copy / "meta.json").write_text(json.dumps({**meta, "val_documents": meta["val_documents"][1:]}))
+    assert run_digest(cfg, copy) != run_digest(cfg, nano_project / "data/tokens")
+
+
+def _fail_at(monkeypatch, step: int):
+    from study.lm import GPTModule
+
+    original = GPTModule.on_train_batch_end
+
+    def failing(self, outputs, batch, batch_idx):
+        original(self, outputs, batch, batch_idx)
+        if self.trainer.global_step >= step:
+            raise RuntimeError(f"injected failure at step {self.trainer.global_step}")
+    monkeypatch.setattr(GPTModule, "on_train_batch_end", failing)
+    return original
+
+
+def test_failed_run_resumes_on_other_settings_and_a_finished_run_is_not_overwritten(
+        run_in, nano_project, tmp_path, monkeypatch, capsys):
+    """Exception -> FAILED with an end time; the same run with other devices/threads/logging resumes it
+    (one MLflow run, honouring MLFLOW_TRACKING_URI); a hand-started run with another lr is refused while
+    the finished run is there, and replaces it only with train.overwrite=true."""
+    from study.lm import GPTModule
+    from study.train import main
+
+    env_db = tmp_path / "env.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{env_db}")
+    original = _fail_at(monkeypatch, 7)
+    with pytest.raises(RuntimeError, match="injected failure at step 7"):
+        run_in()
+    client, runs = _store(env_db)
+    assert [(r.info.status, r.info.end_time is not None) for r in runs] == [("FAILED", True)]
+    failed_id = runs[0].info.run_id
+    run = tmp_path / "runs/baseline-s1"
+    state = json.loads((run / "checkpoints/run.json").read_text())
+    assert state["mlflow_run_id"] == failed_id and state["resume"]["train.lr"] == 0.003
+    assert not (run / "metrics.json").exists()
+
+    monkeypatch.setattr(GPTModule, "on_train_batch_end", original)
+    capsys.readouterr()
+    m = run_in("trainer.threads=1", "train.log_every=3", "train.val_micro_batch_size=16", "trainer.name=other")
+    assert "baseline-s1: resuming from step 5" in capsys.readouterr().out
+    client, runs = _store(env_db)
+    assert [(r.info.run_id, r.info.status) for r in runs] == [(failed_id, "FINISHED")] == [(m["mlflow_run_id"],
+                                                                                           "FINISHED")]
+    assert m["steps"] == 10 and [int(r.split(",")[0]) for r in (run / "curve.csv").read_text().splitlines()[1:]] \
+        == [5, 10]
+    assert not (tmp_path / "mlruns.db").exists()  # the env store, not study.tracking_db
+
+    finished = (run / "metrics.json").read_bytes()
+    rc = main([f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={tmp_path / 'mlruns.db'}",
+               "trainer.progress_bar=false", "train.lr=1e-3"])
+    err = _one_line_error(capsys)
+    assert rc == 2 and "holds a finished run" in err and "train.lr: 0.003 -> 0.001" in err
+    assert "study.group=NAME" in err and "train.overwrite=true" in err
+    assert (run / "metrics.json").read_bytes() == finished and len(_store(env_db)[1]) == 1
+
+    again = run_in("train.lr=1e-3", "train.overwrite=true")
+    assert again["lr"] == 1e-3 and again["mlflow_run_id"] != failed_id
+    assert sorted(r.info.status for r in _store(env_db)[1]) == ["FINISHED", "FINISHED"]
+
+
+# -- 3. signals: SIGTERM -> KILLED, SIGKILL found by the next start --------------------------------
+def _train_cmd(runs: Path, db: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "study.train", "variant=identity_q", "seed=4", "train.tokens=163840",
+            "trainer.progress_bar=false", f"study.runs_dir={runs}", f"study.tracking_db={db}", *extra]
+
+
+def test_killed_runs_end_killed_never_running(nano_project, tmp_path, monkeypatch, capsys):
+    from filelock import FileLock
+
+    from study.train import main
+
+    runs, db = tmp_path / "runs", tmp_path / "m.db"
+    folder = runs / "identity_q-s4"
+    ckpt = folder / "checkpoints/last.ckpt"
+    proc = subprocess.Popen(_train_cmd(runs, db), cwd=nano_project, env=env_for(nano_project),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    client, killed = _store(db)
+    assert [(r.info.status, r.info.end_time is not None) for r in killed] == [("KILLED", True)]
+    assert not (folder / "metrics.json").exists()
+    FileLock(str(folder / ".lock"), timeout=0).acquire()  # released by the dead process (raises if not)
+
+    # the same command resumes the KILLED run (RUNNING again); SIGKILL leaves it RUNNING ...
+    proc = subprocess.Popen(_train_cmd(runs, db), cwd=nano_project, env=env_for(nano_project),
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()
+    assert "identity_q-s4: resuming from step" in line, line
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert client.get_run(killed[0].info.run_id).info.status == "RUNNING"
+    # ... until the next start in that folder, here with other settings: it starts afresh and says why
+    monkeypatch.chdir(nano_project)
+    capsys.readouterr()
+    assert main(_train_cmd(runs, db, "train.lr=1e-3", "train.tokens=20480")[3:]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "starting afresh" in x)
+    assert "train.lr: 0.003 -> 0.001" in line and "train.tokens: 163840 -> 20480" in line
+    assert "trainer" not in line and "code:" not in line  # only what differs
+    old = client.get_run(killed[0].info.run_id).info
+    assert old.status == "KILLED" and old.end_time is not None
+    assert sorted(r.info.status for r in _store(db)[1]) == ["FINISHED", "KILLED"]
+
+
+# -- 4. one writer per run folder --------------------------------------------------------------------
+def test_a_second_writer_is_refused_in_one_line(nano_project, tmp_path, monkeypatch, capsys):
+    from filelock import FileLock
+
+    from study.train import main
+
+    runs = tmp_path / "runs"
+    folder = runs / "baseline-s1"
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "checkpoints/run.json").write_text("{}")
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from filelock import FileLock; lock = FileLock(sys.argv[1]); lock.acquire(); "
+        "print('locked', flush=True); time.sleep(300)"), str(folder / ".lock")],
+        stdout=subprocess.PIPE, text=True, env=env_for(nano_project))
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        monkeypatch.chdir(nano_project)
+        rc = main([f"study.runs_dir={runs}", f"study.tracking_db={tmp_path / 'm.db'}", "trainer.progress_bar=false"])
+        err = _one_line_error(capsys)
+        assert rc == 2 and f"another process is writing {folder}" in err
+        assert (folder / "checkpoints/run.json").read_text() == "{}"  # nothing of the other writer's touched
+    finally:
+        holder.kill()
+        holder.wait()
+    FileLock(str(folder / ".lock"), timeout=0).acquire()  # an OS lock: free once its holder died
+
+
+# -- 5. prepared data: every shaping key, token range ----------------------------------------------
+@pytest.mark.parametrize("override,was,now", [
+    ("data.val_every=20", "5", "20"),
+    ("data.max_docs_per_corpus=100", "10", "100"),
+    ("data.corpora=[sotu]", "['sotu', 'shakespeare', 'kjv']", "['sotu']"),
+    ("data.bpe_vocab_size=256", "512", "256"),
+    ("data.chunk_bytes=1MB", "'16MB'", "'1MB'"),
+])
+def test_data_prepared_with_other_settings_is_refused(nano_project, tmp_path, monkeypatch, capsys, override, was,
+                                                      now):
+    from study.train import main
+
+    monkeypatch.chdir(nano_project)
+    assert main([f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={tmp_path / 'm.db'}", override]) == 2
+    err = _one_line_error(capsys)
+    key = override.split("=")[0]
+    assert f"{key}={was} there, {now} here" in err and "study.prepare" in err, err
+    assert err.count(" there, ") == 1  # only the key that differs
+
+
+def test_two_stale_keys_are_named_together(nano_project, tmp_path, monkeypatch, capsys):
+    from study.train import main
+
+    monkeypatch.chdir(nano_project)
+    assert main([f"study.runs_dir={tmp_path / 'runs'}", "data.val_every=20", "data.max_docs_per_corpus=100"]) == 2
+    err = _one_line_error(capsys)
+    assert "data.val_every=5 there, 20 here" in err and "data.max_docs_per_corpus=10 there, 100 here" in err
+
+
+def test_token_ids_are_range_checked(nano_project, tmp_path, monkeypatch, capsys):
+    from study.data import chunk_token_range
+    from study.train import main
+
+    assert chunk_token_range(nano_project / "data/tokens/train")[0] == 0  # <|endoftext|> is BPE id 0
+    assert chunk_token_range(nano_project / "data/tokens/train")[1] < 512
+    data = shutil.copytree(nano_project / "data/tokens", tmp_path / "tokens")
+    chunk = next((data / "val").glob("*.bin"))
+    raw = bytearray(chunk.read_bytes())
+    start = int(np.frombuffer(raw, np.uint32, count=2)[1])  # litdata header: n items, n + 1 offsets
+    pos = start + 2 * 1000  # token 1000 (uint16: vocab < 65536)
+    raw[pos:pos + 2] = np.uint16(600).tobytes()
+    chunk.write_bytes(bytes(raw))  # same size: the size check passes
+    assert chunk_token_range(data / "val")[1] == 600
+    monkeypatch.chdir(nano_project)
+    assert main([f"data.dir={data}", f"study.runs_dir={tmp_path / 'runs'}",
+                 f"study.tracking_db={tmp_path / 'm.db'}"]) == 2
+    err = _one_line_error(capsys)
+    assert "token id 600" in err and "vocabulary of 512" in err and "val" in err
+
+
+# -- 6. byte-identical prepare outputs ---------------------------------------------------------------
+def test_prepare_twice_gives_byte_identical_data(nano_project, tmp_path):
+    from study.config import load_config
+    from study.train import run_digest
+
+    small = ["model=nano", "data.corpora=[sotu]", "data.max_docs_per_corpus=7", "data.val_every=3",
+             "data.bpe_vocab_size=256"]
+    for name in ("a", "b"):
+        r = run_cli(nano_project, "study.prepare", *small, f"data.dir={tmp_path / name}", timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+    a, b = tmp_path / "a", tmp_path / "b"
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    assert {str(f) for f in files} >= {"meta.json", "tokenizer.json", "train/index.json", "val/index.json"}
+    assert sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file()) == files
+    _, mismatch, errors = filecmp.cmpfiles(a, b, [str(f) for f in files], shallow=False)
+    assert mismatch == [] and errors == []
+    assert "seconds" not in json.loads((a / "meta.json").read_text())
+    assert json.loads((tmp_path / "a-timing.json").read_text())["seconds"] > 0  # timing beside, not inside
+    cfg = load_config(small, nano_project)
+    assert run_digest(cfg, a) == run_digest(cfg, b)
+
+
+# -- 7. MLFLOW_TRACKING_URI --------------------------------------------------------------------------
+def test_tracking_uri_honours_mlflow_stores_or_refuses(nano_project, tmp_path, monkeypatch, capsys):
+    from study.config import ConfigError, load_config
+    from study.tracking import tracking_uri
+    from study.train import main
+
+    study = load_config([], nano_project).study
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    assert tracking_uri(nano_project, study) == f"sqlite:///{nano_project.resolve() / 'mlruns.db'}"
+    for uri in (f"sqlite:///{tmp_path}/x.db", "postgresql://u@db/mlflow", "http://127.0.0.1:5000", "databricks"):
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        assert tracking_uri(nano_project, study) == uri
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "file:./mlruns")
+    with pytest.raises(ConfigError, match="MLFLOW_ALLOW_FILE_STORE=true"):
+        tracking_uri(nano_project, study)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    assert tracking_uri(nano_project, study) == "file:./mlruns"
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
+    monkeypatch.chdir(nano_project)
+    for uri, words in (("file:./mlruns", "file store"), ("foo://bar", "no tracking store")):
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        assert main([f"study.runs_dir={tmp_path / 'runs'}"]) == 2
+        err = _one_line_error(capsys)
+        assert f"MLFLOW_TRACKING_URI={uri}" in err and words in err
+    assert not (tmp_path / "runs").exists() and not (nano_project / "mlruns").exists()
+
+
+# -- 8. dvc repro is not an ad-hoc run: DVC removes metrics.json before re-running a stage ------------
+def test_dvc_removes_metrics_before_a_stage_reruns(tmp_path):
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
+    train_like = [s for s in stages.values() if "study.train" in s["cmd"]]
+    assert len(train_like) == 4
+    for s in train_like:
+        [metrics] = s["metrics"]
+        [(path, opts)] = metrics.items()
+        assert path.endswith("metrics.json") and not opts.get("persist", False)
+    # what DVC does with such an output (same declaration as the train stages): gone before the command runs
+    (tmp_path / "dep.txt").write_text("1")
+    (tmp_path / "dvc.yaml").write_text(
+        "stages:\n  s:\n    cmd: python -c \"import os; open('log.txt', 'a').write(str(os.path.exists("
+        "'r/metrics.json')) + chr(10)); os.makedirs('r/checkpoints', exist_ok=True); "
+        "open('r/metrics.json', 'w').write(open('dep.txt').read())\"\n"
+        "    deps: [dep.txt]\n    outs:\n      - r/checkpoints:\n          persist: true\n          cache: false\n"
+        "    metrics:\n      - r/metrics.json:\n          cache: false\n")
+    env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
+    dvc = [str(BIN / "dvc")]
+    for cmd in (["init", "--no-scm", "-q"], ["repro", "-q"]):
+        subprocess.run(dvc + cmd, cwd=tmp_path, env=env, check=True, capture_output=True)
+    (tmp_path / "dep.txt").write_text("2")
+    subprocess.run(dvc + ["repro", "-q"], cwd=tmp_path, env=env, check=True, capture_output=True)
+    assert (tmp_path / "log.txt").read_text().split() == ["False", "False"]
+    assert (tmp_path / "r/metrics.json").read_text() == "2"
