@@ -257,7 +257,24 @@ def train(cfg, root: Path) -> dict:
         Killed: SIGTERM (the MLflow run is marked KILLED).
     """
     with ExitStack() as stack:
+        stack.enter_context(restore_env("MLFLOW_TRACKING_URI"))  # MLflow's set_tracking_uri exports it
         return _train(cfg, root, stack)
+
+
+@contextmanager
+def restore_env(name: str):
+    """Give environment variable ``name`` its value from before the block back after it.  Lightning's
+    MLFlowLogger calls ``mlflow.set_tracking_uri``, which exports MLFLOW_TRACKING_URI to the process: a
+    second run in the same process (or a subprocess it starts) would then take the first run's store
+    for the user's choice (study.tracking.tracking_uri honours the variable)."""
+    before = os.environ.get(name)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def _train(cfg, root: Path, stack: ExitStack) -> dict:

@@ -132,6 +132,7 @@ def test_failed_run_resumes_on_other_settings_and_a_finished_run_is_not_overwrit
     assert m["steps"] == 10 and [int(r.split(",")[0]) for r in (run / "curve.csv").read_text().splitlines()[1:]] \
         == [5, 10]
     assert not (tmp_path / "mlruns.db").exists()  # the env store, not study.tracking_db
+    assert os.environ["MLFLOW_TRACKING_URI"] == f"sqlite:///{env_db}"
 
     finished = (run / "metrics.json").read_bytes()
     rc = main([f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={tmp_path / 'mlruns.db'}",
@@ -152,11 +153,13 @@ def _train_cmd(runs: Path, db: Path, *extra: str) -> list[str]:
             "trainer.progress_bar=false", f"study.runs_dir={runs}", f"study.tracking_db={db}", *extra]
 
 
+@pytest.mark.slow  # ~75 s: two training processes killed, one run in-process
 def test_killed_runs_end_killed_never_running(nano_project, tmp_path, monkeypatch, capsys):
     from filelock import FileLock
 
     from study.train import main
 
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     runs, db = tmp_path / "runs", tmp_path / "m.db"
     folder = runs / "identity_q-s4"
     ckpt = folder / "checkpoints/last.ckpt"
@@ -188,6 +191,7 @@ def test_killed_runs_end_killed_never_running(nano_project, tmp_path, monkeypatc
     line = next(x for x in out.splitlines() if "starting afresh" in x)
     assert "train.lr: 0.003 -> 0.001" in line and "train.tokens: 163840 -> 20480" in line
     assert "trainer" not in line and "code:" not in line  # only what differs
+    assert "MLFLOW_TRACKING_URI" not in os.environ  # MLflow exported it during the run; not left behind
     old = client.get_run(killed[0].info.run_id).info
     assert old.status == "KILLED" and old.end_time is not None
     assert sorted(r.info.status for r in _store(db)[1]) == ["FINISHED", "KILLED"]
