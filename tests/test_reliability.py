@@ -224,6 +224,24 @@ def test_a_second_writer_is_refused_in_one_line(nano_project, tmp_path, monkeypa
     FileLock(str(folder / ".lock"), timeout=0).acquire()  # an OS lock: free once its holder died
 
 
+@pytest.mark.slow  # ~60 s: two training processes at once
+def test_the_same_command_twice_at_once(nano_project, tmp_path):
+    """Issue 13's two writers: the second identical command refuses in one line, one MLflow run."""
+    runs, db = tmp_path / "runs", tmp_path / "m.db"
+    logs = [tmp_path / f"stderr{i}.txt" for i in range(2)]
+    procs = [subprocess.Popen(_train_cmd(runs, db), cwd=nano_project, env=env_for(nano_project),
+                              stdout=subprocess.DEVNULL, stderr=open(log, "w")) for log in logs]
+    codes = [p.wait(timeout=600) for p in procs]
+    assert sorted(codes) == [0, 2], codes
+    err = logs[codes.index(2)].read_text().strip().splitlines()
+    assert err == [f"error: another process is writing {runs / 'identity_q-s4'} (it holds "
+                   f"{runs / 'identity_q-s4/.lock'}): wait for it to end or stop it; a different run needs its own "
+                   f"folder (study.group=NAME)"], err[-3:]
+    _, in_store = _store(db)
+    assert [(r.info.run_name, r.info.status) for r in in_store] == [("identity_q-s4", "FINISHED")]
+    assert json.loads((runs / "identity_q-s4/metrics.json").read_text())["steps"] == 80
+
+
 # -- 5. prepared data: every shaping key, token range ----------------------------------------------
 @pytest.mark.parametrize("override,was,now", [
     ("data.val_every=20", "5", "20"),
