@@ -44,8 +44,9 @@ def tracking_uri(root: Path, study: StudyConfig) -> str:
                           f"(e.g. sqlite:///mlruns.db or http://HOST:5000), or unset it for the project's "
                           f"{study.tracking_db}") from None
     if builder is registry._registry.get("file") and not MLFLOW_ALLOW_FILE_STORE.get():
-        raise ConfigError(f"MLFLOW_TRACKING_URI={uri} is MLflow's file store, which MLflow 3 refuses by default: use "
-                          f"sqlite:///PATH.db or a tracking server, or set MLFLOW_ALLOW_FILE_STORE=true to use it anyway")
+        raise ConfigError(f"MLFLOW_TRACKING_URI={uri} is MLflow's file store, which MLflow 3 refuses by default: "
+                          f"use sqlite:///PATH.db or a tracking server, or set MLFLOW_ALLOW_FILE_STORE=true to use it "
+                          f"anyway")
     return uri
 
 

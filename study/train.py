@@ -181,6 +181,39 @@ def end_status(exc: BaseException) -> str:
     return "FAILED"
 
 
+def rescale_loop_state(checkpoint: dict, accum: int) -> None:
+    """Express a checkpoint's Lightning loop progress in this run's micro-batches (in place).
+
+    Lightning counts the fit loop's progress in micro-batches per rank (``epoch_loop.batch_progress``)
+    and decides from it when an optimizer step and an evaluation fall (``ready % accumulation``,
+    ``val_check_interval``).  A run resumed with another accumulation (another world size or
+    micro-batch) would otherwise take its first step on a partial accumulation and every later step
+    across two global batches.  The counters become ``optimizer steps x accum``: the old accumulation is
+    ``total micro-batches / global_step``."""
+    steps = checkpoint.get("global_step", 0)
+    bp = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
+    if not steps or not bp or not bp.get("total", {}).get("completed"):
+        return
+    old = bp["total"]["completed"] / steps
+    if old == accum:
+        return
+    for part in ("total", "current"):
+        n = round(bp[part]["completed"] / old)  # optimizer steps (all, this epoch)
+        for key in bp[part]:
+            bp[part][key] = n * accum
+
+
+def _loop_state_callback(accum: int):
+    from lightning.pytorch.callbacks import Callback
+
+    class RescaleLoopState(Callback):
+        """Calls :func:`rescale_loop_state` on the loaded checkpoint, before Lightning restores its loops."""
+
+        def on_load_checkpoint(self, trainer, pl_module, checkpoint):
+            rescale_loop_state(checkpoint, accum)
+    return RescaleLoopState()
+
+
 def check_train_windows(data_dir: Path, cfg) -> int:
     """Refuse a run whose training loader would yield no optimizer step; return the training windows.
 
@@ -376,7 +409,8 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
             val_check_interval=cfg.train.eval_every * accum, check_val_every_n_epoch=None,
             limit_val_batches=n_val // val_micro, num_sanity_val_steps=0, log_every_n_steps=cfg.train.log_every,
             use_distributed_sampler=False,  # litdata splits the train windows; every rank evaluates all val windows
-            logger=logger, callbacks=[checkpoint], enable_progress_bar=cfg.trainer.progress_bar,
+            logger=logger, callbacks=[checkpoint, _loop_state_callback(accum)],
+            enable_progress_bar=cfg.trainer.progress_bar,
             enable_model_summary=False, deterministic=cfg.trainer.accelerator == "cpu",
             default_root_dir=str(out_dir))
         t0 = time.time()

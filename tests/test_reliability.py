@@ -147,6 +147,75 @@ def test_failed_run_resumes_on_other_settings_and_a_finished_run_is_not_overwrit
     assert sorted(r.info.status for r in _store(env_db)[1]) == ["FINISHED", "FINISHED"]
 
 
+@pytest.mark.slow  # ~120 s: a DDP run (2 interpreters) and two in-process runs
+def test_a_checkpoint_resumes_on_another_world_size_in_the_same_mlflow_run(run_in, nano_project, tmp_path,
+                                                                           monkeypatch):
+    """Fail a 1-process run after its step-5 checkpoint; the same run on 2 DDP processes resumes it (one
+    MLflow run, FINISHED) and ends where an uninterrupted 1-process run ends."""
+    import torch
+
+    from study.lm import GPTModule
+
+    tokens, threads = f"train.tokens={20 * 32 * 64}", torch.get_num_threads()
+    ref = run_in(tokens, "trainer.threads=1", f"study.runs_dir={tmp_path / 'ref'}")
+    original = _fail_at(monkeypatch, 7)
+    with pytest.raises(RuntimeError):
+        run_in(tokens, "trainer.threads=1")
+    monkeypatch.setattr(GPTModule, "on_train_batch_end", original)
+    torch.set_num_threads(threads)
+    env = {k: v for k, v in env_for(nano_project).items() if k not in ("RANK", "LOCAL_RANK", "NODE_RANK",
+                                                                        "WORLD_SIZE", "SLURM_PROCID")}
+    cmd = [sys.executable, "-m", "study.train", tokens, "trainer.threads=1", "trainer.progress_bar=false",
+           "trainer.devices=2", "trainer.strategy=ddp", "train.micro_batch_size=8",
+           f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={tmp_path / 'mlruns.db'}",
+           f"study.artifact_dir={tmp_path / 'mlartifacts'}"]
+    with open(tmp_path / "ddp.out", "w") as out, open(tmp_path / "ddp.err", "w") as err:
+        proc = subprocess.Popen(cmd, cwd=nano_project, env=env, stdout=out, stderr=err, start_new_session=True)
+        try:
+            proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    assert proc.returncode == 0, (tmp_path / "ddp.err").read_text()[-3000:]
+    assert (tmp_path / "ddp.out").read_text().count("baseline-s1: resuming from step 5") == 1
+    got = json.loads((tmp_path / "runs/baseline-s1/metrics.json").read_text())
+    assert got["steps"] == ref["steps"] == 20
+    # steps and evaluations where the uninterrupted run had them (Lightning's loop counters re-expressed in
+    # the new micro-batches), the same losses: every step trained on the same global batch
+    rows, ref_rows = ([[float(x) for x in line.split(",")] for line in path.read_text().split()[1:]]
+                      for path in (tmp_path / "runs/baseline-s1/curve.csv", tmp_path / "ref/baseline-s1/curve.csv"))
+    assert [r[0] for r in rows] == [r[0] for r in ref_rows] == [5, 10, 15, 20]
+    for r, q in zip(rows, ref_rows):
+        assert abs(r[2] - q[2]) < 1e-4 and abs(r[3] - q[3]) < 1e-5, (r, q)
+    _, runs = _store(tmp_path / "mlruns.db")
+    mine = [r for r in runs if r.info.run_id != ref["mlflow_run_id"]]
+    assert [(r.info.run_id, r.info.status) for r in mine] == [(got["mlflow_run_id"], "FINISHED")]
+
+
+def test_loop_state_is_rescaled_to_the_new_accumulation():
+    """Step 5 of a run with 1 micro-batch per step, resumed with 2 (and back): Lightning's micro-batch
+    counters become steps x accumulation, so the next step and evaluation fall where they did."""
+    from study.train import rescale_loop_state
+
+    def ckpt(total, current, steps):
+        return {"global_step": steps, "loops": {"fit_loop": {"epoch_loop.batch_progress": {
+            "total": dict.fromkeys(("ready", "completed", "started", "processed"), total),
+            "current": dict.fromkeys(("ready", "completed", "started", "processed"), current)}}}}
+
+    c = ckpt(5, 5, 5)
+    rescale_loop_state(c, 2)
+    bp = c["loops"]["fit_loop"]["epoch_loop.batch_progress"]
+    assert set(bp["total"].values()) == {10} and set(bp["current"].values()) == {10}
+    c = ckpt(36, 12, 9)  # accumulation 4; 3 steps in this epoch -> accumulation 1
+    rescale_loop_state(c, 1)
+    bp = c["loops"]["fit_loop"]["epoch_loop.batch_progress"]
+    assert set(bp["total"].values()) == {9} and set(bp["current"].values()) == {3}
+    c = ckpt(36, 12, 9)
+    rescale_loop_state(c, 4)
+    assert c == ckpt(36, 12, 9)  # same accumulation: untouched
+
+
 # -- 3. signals: SIGTERM -> KILLED, SIGKILL found by the next start --------------------------------
 def _train_cmd(runs: Path, db: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "study.train", "variant=identity_q", "seed=4", "train.tokens=163840",
