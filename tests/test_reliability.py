@@ -383,6 +383,30 @@ def test_prepare_twice_gives_byte_identical_data(nano_project, tmp_path):
     assert run_digest(cfg, a) == run_digest(cfg, b)
 
 
+def test_compare_twice_gives_byte_identical_reports(nano_project, tmp_path, monkeypatch):
+    """The same runs give the same report, summary and figures, byte for byte (no dates, no timings)."""
+    from study.compare import main
+
+    runs = tmp_path / "runs"
+    for seed, off in ((1, -0.01), (2, 0.0), (3, 0.013)):
+        for v, n in {"baseline": 1.2e5, "baseline_mlp5": 1.6e5, "nonlinear_q": 1.0e5}.items():
+            loss = 10 * n ** -0.1 + off * (1 + len(v) / 10)
+            d = runs / f"{v}-s{seed}"
+            d.mkdir(parents=True)
+            (d / "metrics.json").write_text(json.dumps({
+                "variant": v, "seed": seed, "status": "ok", "reason": None, "val_loss": loss, "tokens": 1000,
+                "tokenizer": "bpe", "non_embedding_params": int(n), "total_params": int(n) + 10,
+                "flops_per_token": 6 * int(n), "wall_time_s": 10.0 * seed, "tokens_per_s": 100.0 * seed}))
+            (d / "curve.csv").write_text(f"step,tokens,train_loss,val_loss,lr\n1,1000,{loss},{loss},0.001\n")
+    monkeypatch.chdir(nano_project)
+    for out in ("a", "b"):
+        assert main([f"study.runs_dir={runs}", f"study.reports_dir={tmp_path / out}", "study.seeds=[1,2,3]",
+                     "study.variants=[baseline,baseline_mlp5,nonlinear_q]"]) == 0
+    files = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert {"comparison.md", "summary.json", "val_loss_curves.png", "final_val_loss.png"} <= set(files)
+    assert filecmp.cmpfiles(tmp_path / "a", tmp_path / "b", files, shallow=False)[1:] == ([], [])
+
+
 # -- 7. MLFLOW_TRACKING_URI --------------------------------------------------------------------------
 def test_tracking_uri_honours_mlflow_stores_or_refuses(nano_project, tmp_path, monkeypatch, capsys):
     from study.config import ConfigError, load_config
