@@ -65,33 +65,16 @@ def _peak_memory(device: str) -> int | None:
     return int(torch.cuda.max_memory_allocated()) if device == "cuda" else None
 
 
-# NVIDIA's datasheet dense peaks (no 2:4 sparsity), FLOP/s, where Lightning's table
-# (lightning.fabric.utilities.throughput.get_available_flops) misses or mislabels a chip: Lightning 2.6
-# matches an H200 only when its name says "sxm1"/"nvl1" (torch names it plainly "NVIDIA H200") and
-# lists the H200's *sparse* figures (2.0e15 bf16).  The H200 SXM has the H100 SXM's compute
-# (H200 datasheet: 989 TFLOP/s bf16/fp16 dense, 1,979 with sparsity; fp32 67 TFLOP/s).
-DATASHEET_DENSE_PEAKS = {
-    "h200": {"bf16-mixed": 989.4e12, "16-mixed": 989.4e12, "bf16-true": 989.4e12, "32-true": 66.9e12},
-}
-
-
 def device_peak_flops(device: str, precision: str) -> tuple[float | None, str]:
-    """(peak FLOP/s of one device for this precision, where the figure comes from).
-
-    GPUs: the dense datasheet figure of :data:`DATASHEET_DENSE_PEAKS` where the chip is listed there
-    (H200), else Lightning's ``get_available_flops`` table (e.g. H100 SXM bf16 989.4 TFLOP/s, A100
-    312 TFLOP/s); None when neither knows the chip.  CPUs: ``study.lm.peak_flops`` (a measured 1024^3
-    fp32 matrix product).
-    """
+    """(peak FLOP/s of one device for this precision, where the figure comes from):
+    ``study.lm.peak_flops`` (GPUs: NVIDIA's dense datasheet figures, through Lightning's table or,
+    for the H200 that Lightning misses, ``study.lm.H200_SXM_DENSE``; CPUs: a measured 1024^3 fp32
+    matrix product); None when the GPU is unknown."""
     from study.lm import peak_flops
 
     if device != "cuda":
         return peak_flops(torch.device("cpu"), precision), "measured fp32 matmul (1024^3)"
-    name = torch.cuda.get_device_name().lower()
-    for chip, table in DATASHEET_DENSE_PEAKS.items():
-        if chip in name and "nvl" not in name and precision in table:
-            return table[precision], f"NVIDIA datasheet, {chip.upper()} SXM dense"
-    return peak_flops(torch.device("cuda"), precision), "Lightning get_available_flops"
+    return peak_flops(torch.device("cuda"), precision), f"datasheet dense peak of {torch.cuda.get_device_name()}"
 
 
 def plain_loop(cfg, steps: int, precision: str, compile_: bool) -> dict:

@@ -36,7 +36,9 @@ each phase in its own process under its own time limit, and rewrites ``DIR/resul
   bench_eager     the same bench without compilation
 
 ``--cpu`` runs the same phases at the nano model in fp32 with small budgets (no install unless
-wheels are there): ``tests/test_gpu_check.py`` runs it, so the script is known to work before any
+wheels are there); ``--simulate-image`` adds to it an import blocker that fails every import of a
+package that is neither on the GPU image nor among the carried wheels (a rehearsal, here, of the
+GPU machine's environment): ``tests/test_gpu_check.py`` runs it, so the script is known to work before any
 GPU time is spent.  The targets (baseline MFU >= 45% bf16 compiled, nonlinear_q >= 0.97x the baseline's
 tokens/s, Lightning >= 0.97x the plain loop) are reported, not asserted; the exit code is 1 when a
 correctness check (loss fell, resume, val_loss agreement) failed or a phase did not finish.
@@ -164,18 +166,28 @@ def download_wheels(dest: Path, python: str = "3.12") -> list[Path]:
     _pip("download", "--no-deps", *target, *[f"{d}=={_venv_version(d)}" for d in NO_DEPS])
     _pip("download", *target, *[f"{d}=={_venv_version(d)}" for d in WITH_DEPS])
     _pip("wheel", "--no-deps", "-w", str(dest), *[f"{d}=={_venv_version(d)}" for d in BUILD])
-    kept = []
-    for whl in sorted(dest.glob("*.whl")):
+    keep, drop = split_wheels(sorted(dest.glob("*.whl")))
+    for whl in drop:
+        whl.unlink()
+    return keep
+
+
+def split_wheels(wheels: list[Path]) -> tuple[list[Path], list[Path]]:
+    """(wheels to carry, wheels to drop): a wheel is dropped when the GPU image has its package or it is
+    torch/CUDA (:data:`NEVER`).
+
+    Raises:
+        GpuCheckError: two versions of one package would be carried (pip refuses to install both).
+    """
+    keep, drop = [], []
+    for whl in wheels:
         name = wheel_name(whl)
-        if name in IMAGE_PACKAGES or any(name.startswith(n) for n in NEVER):
-            whl.unlink()
-        else:
-            kept.append(whl)
-    names = [wheel_name(w) for w in kept]
+        (drop if name in IMAGE_PACKAGES or any(name.startswith(n) for n in NEVER) else keep).append(whl)
+    names = [wheel_name(w) for w in keep]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise GpuCheckError(f"{dest} holds two versions of {twice}: delete the folder and run the prepare again")
-    return kept
+        raise GpuCheckError(f"two versions of {twice} among the wheels: delete .gpu/wheels and run `make gpu-prep` again")
+    return keep, drop
 
 
 def tree_bytes(root: Path) -> int:
@@ -203,18 +215,52 @@ def prepare(root: Path, gpu_dir: Path, max_docs: int) -> dict:
     if r.returncode:
         raise GpuCheckError(f"preparing the tokens failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
     shutil.rmtree(gpu_dir / "site", ignore_errors=True)  # installed on the GPU machine, never carried from here
-    sizes = {"wheels": folder_bytes(gpu_dir / "wheels"), "tokens": folder_bytes(tokens), "tree": tree_bytes(root)}
-    sizes["total"] = sum(sizes.values())
+    sizes = {"wheels": folder_bytes(gpu_dir / "wheels"), "tokens": folder_bytes(tokens), "gpu_dir": folder_bytes(gpu_dir),
+             "tree": tree_bytes(root)}
+    sizes["total"] = sizes["gpu_dir"] + sizes["tree"]
     meta = json.loads((tokens / "meta.json").read_text())
     print(f"{len(wheels)} wheels ({sizes['wheels'] / 2**20:.1f} MiB): {', '.join(sorted(wheel_name(w) for w in wheels))}")
     print(f"tokens: {meta['tokens']['train']:,} train + {meta['tokens']['val']:,} val GPT-2 tokens "
           f"({sizes['tokens'] / 2**20:.1f} MiB) in {tokens}")
-    print(f"travels: repository {sizes['tree'] / 2**20:.1f} MiB + .gpu {(sizes['wheels'] + sizes['tokens']) / 2**20:.1f} MiB"
+    print(f"travels: repository {sizes['tree'] / 2**20:.1f} MiB + {gpu_dir.name} {sizes['gpu_dir'] / 2**20:.1f} MiB"
           f" = {sizes['total'] / 2**20:.1f} MiB of the 64 MiB limit")
     if sizes["total"] > TREE_LIMIT:
         raise GpuCheckError(f"{sizes['total'] / 2**20:.1f} MiB would travel, over the device tool's 64 MiB: lower "
                             f"--max-docs or remove untracked files from the working tree")
     return sizes
+
+
+# -- a rehearsal of the GPU image on this machine ----------------------------------------------------------
+def image_blocklist(carried: set[str]) -> set[str]:
+    """Top-level import names that only distributions of this environment which are neither on the GPU
+    image (:data:`IMAGE_PACKAGES`) nor carried (``carried``: wheel names) provide."""
+    from importlib.metadata import distributions
+
+    allowed, other = set(), set()
+    for dist in distributions():
+        name = norm(dist.metadata["Name"] or "")
+        tops = set((dist.read_text("top_level.txt") or "").split())
+        for f in dist.files or []:
+            head = f.parts[0] if f.parts else ""
+            if head and not head.endswith((".dist-info", ".egg-info", ".pth")) and head not in ("..", "__pycache__"):
+                tops.add(head.removesuffix(".py"))
+        keep = name in IMAGE_PACKAGES or name in carried or name == "nonlinear-queries-study"
+        (allowed if keep else other).update(t for t in tops if t.isidentifier())
+    return other - allowed - {"study"}
+
+
+SITECUSTOMIZE = """\
+# written by study.gpu_check --simulate-image: imports that the GPU machine could not do fail here too
+import sys
+BLOCKED = frozenset({blocked!r})
+class _GpuImage:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] in BLOCKED:
+            raise ModuleNotFoundError("No module named %r (not on the GPU image, not among .gpu/wheels)" % name,
+                                      name=name)
+        return None
+sys.meta_path.insert(0, _GpuImage())
+"""
 
 
 # -- running phases ----------------------------------------------------------------------------------------
@@ -273,6 +319,18 @@ class Runner:
     def install(self) -> bool:
         wheels = sorted((self.args.gpu_dir / "wheels").glob("*.whl"))
         site = self.args.gpu_dir / "site"
+        if self.args.simulate_image:  # this Python's packages, less what the GPU machine would lack
+            if not wheels:
+                raise GpuCheckError(f"--simulate-image needs the wheels in {self.args.gpu_dir / 'wheels'}: run "
+                                    f"`make gpu-prep` first")
+            blocked = image_blocklist({wheel_name(w) for w in wheels})
+            sim = self.work / "image-sim"
+            sim.mkdir(parents=True, exist_ok=True)
+            (sim / "sitecustomize.py").write_text(SITECUSTOMIZE.format(blocked=sorted(blocked)))
+            self.env["PYTHONPATH"] = os.pathsep.join([str(sim), self.env["PYTHONPATH"]])
+            self.phase("install", "skipped (--simulate-image: this Python's packages less those the image lacks "
+                                  "and .gpu/wheels does not carry)", 0.0, blocked=sorted(blocked))
+            return True
         if not wheels:
             self.phase("install", "skipped (no wheels: the running Python's own packages are used)", 0.0)
             return True
@@ -350,7 +408,8 @@ class Runner:
         ckpt = run / "checkpoints" / "last.ckpt"
         rec1, rec2 = self.work / "windows-first", self.work / "windows-resumed"
         cmd = [sys.executable, "-m", "study.train", *self.train_overrides()]
-        out: dict = {"steps": t["steps"], "batch_tokens": t["batch_tokens"], "kill_after": t["kill_after"]}
+        out: dict = {"steps": t["steps"], "batch_tokens": t["batch_tokens"], "kill_after": t["kill_after"],
+                     "log_every": min(10, t["eval_every"])}
         with open(self.log, "a") as log:
             log.write(f"\n=== train (first, to be killed): {' '.join(cmd)}\n")
             log.flush()
@@ -377,6 +436,8 @@ class Runner:
             self.phase("train", "failed (see log.txt)", time.monotonic() - t_start)
             return False
         out["checkpoint_step"] = resume_step = checkpoint_step(ckpt)  # what the second run resumes from
+        state = run / "checkpoints" / "run.json"
+        first_mlflow_run = json.loads(state.read_text()).get("mlflow_run_id") if state.is_file() else None
         rc, _ = self.run("train (resumed)", cmd, max(1.0, limit - (time.monotonic() - t_start)),
                          env={**self.env, "STUDY_RECORD_WINDOWS": str(rec2)})
         out["resumed_exit"] = rc
@@ -402,8 +463,11 @@ class Runner:
             # dropped at an epoch's end
             resumed_reads_expected=[(t["steps"] - resume_step) * per_step, (t["steps"] - resume_step + 2) * per_step],
         )
+        logged = logged_metrics(self.work / "mlruns.db", metrics["mlflow_run_id"], ("tokens_per_s", "mfu"))
+        out["logged_median"] = {k: median(v) for k, v in logged.items()}  # MLflow, every log_every steps
         first_row, last_row = curve[0], curve[-1]
         checks = self.results["checks"]
+        checks["mlflow_run_continued"] = first_mlflow_run is not None and first_mlflow_run == metrics["mlflow_run_id"]
         checks["train_finished"] = metrics["status"] == "ok" and metrics["steps"] == t["steps"]
         checks["loss_fell"] = bool(last_row["val_loss"] < first_row["val_loss"] and
                                    last_row["train_loss"] < first_row["train_loss"] and
@@ -477,6 +541,26 @@ def checkpoint_step(path: Path) -> int | None:
         return int(torch.load(path, map_location="cpu", weights_only=False, mmap=True)["global_step"])
     except Exception:  # not there yet, or being replaced
         return None
+
+
+def logged_metrics(db: Path, run_id: str, keys: tuple[str, ...]) -> dict[str, list[float]]:
+    """The values of ``keys`` an MLflow run logged in the SQLite store ``db``, in step order."""
+    import sqlite3
+
+    if not db.is_file():
+        return {}
+    with sqlite3.connect(db) as con:
+        rows = con.execute(f"SELECT key, value FROM metrics WHERE run_uuid = ? AND key IN ({','.join('?' * len(keys))})"
+                           " ORDER BY step, timestamp", (run_id, *keys)).fetchall()
+    out: dict[str, list[float]] = {}
+    for key, value in rows:
+        out.setdefault(key, []).append(float(value))
+    return out
+
+
+def median(values: list[float]) -> float | None:
+    v = sorted(values)
+    return None if not v else (v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2)
 
 
 def _windows(folder: Path) -> list[int]:
@@ -587,6 +671,10 @@ def markdown(res: dict) -> str:
                          f"{tr['windows_compared']} compared with the killed process's reads from the checkpoint on. "
                          f"Final val_loss {tr['val_loss']:.4f}; {_fmt(tr['tokens_per_s_resumed'])} tokens/s over the "
                          f"resumed part (evaluations and checkpoints included).")
+            lm = tr.get("logged_median", {})
+            if lm:
+                lines.append(f"Logged to MLflow every {tr['log_every']} steps (median): "
+                             f"{_fmt(lm.get('tokens_per_s'))} tokens/s, MFU {_fmt(lm.get('mfu'), '.1%')}.")
         if tr.get("error"):
             lines.append(f"\nError: {tr['error']}")
         lines.append("")
@@ -614,6 +702,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m study.gpu_check", description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, help="folder for results.json, results.md and log.txt")
     parser.add_argument("--cpu", action="store_true", help="nano model, fp32 on the CPU, small budgets (the test)")
+    parser.add_argument("--simulate-image", action="store_true",
+                        help="block, in every phase, the imports of packages neither on the GPU image nor in "
+                             ".gpu/wheels (a rehearsal of the GPU machine's environment here)")
     parser.add_argument("--prepare", action="store_true", help="download the wheels and prepare the tokens (make gpu-prep)")
     parser.add_argument("--gpu-dir", type=Path, default=Path(".gpu"), help="wheels/, tokens/, site/ (default .gpu)")
     parser.add_argument("--tokens", type=Path, default=None, help="prepared token data (default GPU_DIR/tokens)")
