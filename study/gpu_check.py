@@ -119,13 +119,14 @@ GPU = {
               "eval_every": 50, "kill_after": 100, "val_windows": 32, "val_micro": 16},
     "eval_micro": (16, 4),
     "val_tolerance": 2e-2,  # nats: bf16 autocast sums in another order at another batch size
-    "budgets": {"install": 90, "env": 45, "bench_compiled": 200, "train": 150, "eval": 60, "bench_eager": 80},
+    # seconds per phase, in the order they run; bench_eager gets what the others leave of the total
+    "budgets": {"install": 60, "env": 30, "bench_compiled": 180, "train": 150, "eval": 45, "bench_eager": 120},
     "total": 470,
 }
 CPU = {
     "model": ["model=nano", "trainer=cpu", "data.bpe_vocab_size=512", "trainer.threads=1"],
     "bench": {"steps": 3, "repeats": 1, "batch_tokens": 2048, "precision": "32-true", "variants": "baseline,nonlinear_q"},
-    "train": {"steps": 40, "batch_tokens": 2048, "micro": 32, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 4,
+    "train": {"steps": 60, "batch_tokens": 2048, "micro": 32, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 4,
               "eval_every": 10, "kill_after": 10, "val_windows": 64, "val_micro": 32},
     "eval_micro": (32, 8),
     "val_tolerance": 1e-4,  # nats: fp32
@@ -345,25 +346,33 @@ class Runner:
         return ok
 
     def environment(self) -> bool:
+        """Versions, the GPU, and whether each package the phases import imports (each one alone, so that
+        one failure names itself); False only when the GPU profile finds no GPU (nothing else can run)."""
         probe = self.work / "env.json"
-        code = ("import json, platform, sys, torch, lightning, litdata, omegaconf, mlflow, sqlalchemy\n"
-                "d = {'python': sys.version.split()[0], 'torch': torch.__version__, 'lightning': lightning.__version__,"
-                " 'litdata': litdata.__version__, 'omegaconf': omegaconf.__version__, 'mlflow': mlflow.__version__,"
-                " 'cuda': torch.cuda.is_available(), 'machine': platform.machine()}\n"
-                "if torch.cuda.is_available():\n"
+        code = ("import importlib, json, platform, sys\n"
+                "d = {'python': sys.version.split()[0], 'machine': platform.machine(), 'import_errors': {}}\n"
+                "for name in ('torch', 'lightning', 'torchmetrics', 'omegaconf', 'litdata', 'mlflow', 'sqlalchemy',"
+                " 'alembic', 'boto3'):\n"
+                "    try:\n"
+                "        d[name] = getattr(importlib.import_module(name), '__version__', '?')\n"
+                "    except Exception as e:\n"
+                "        d['import_errors'][name] = '%s: %s' % (type(e).__name__, str(e).splitlines()[0] if str(e) else '')\n"
+                "import torch\n"
+                "d['cuda'] = torch.cuda.is_available()\n"
+                "if d['cuda']:\n"
                 "    p = torch.cuda.get_device_properties(0)\n"
                 "    d.update(device=torch.cuda.get_device_name(0), capability='%d.%d' % (p.major, p.minor),"
                 " memory_gib=round(p.total_memory / 2**30, 1), sms=p.multi_processor_count,"
                 " cuda_version=torch.version.cuda)\n"
                 f"open({str(probe)!r}, 'w').write(json.dumps(d))\n")
         rc, s = self.run("env", [sys.executable, "-c", code], self.limit("env"))
-        ok = rc == 0 and probe.is_file()
-        if ok:
-            self.results["environment"] = json.loads(probe.read_text())
-            if not self.args.cpu and not self.results["environment"]["cuda"]:
-                ok = False
-        self.phase("env", "ok" if ok else "failed (see log.txt)", s)
-        return ok
+        env = json.loads(probe.read_text()) if rc == 0 and probe.is_file() else {}
+        self.results["environment"] = env
+        ok = bool(env) and not env["import_errors"]
+        status = "ok" if ok else ("failed (see log.txt)" if not env else
+                                  f"import errors: {', '.join(env['import_errors'])} (see results.json)")
+        self.phase("env", status, s)
+        return bool(env) and (self.args.cpu or env["cuda"])
 
     def bench(self, mode: str) -> None:
         phase = f"bench_{mode}"
@@ -401,6 +410,8 @@ class Runner:
 
     def train(self) -> bool:
         """Train, SIGKILL once a checkpoint past ``kill_after`` steps is on disk, train again (resume)."""
+        import torch  # noqa: F401 (imported now, not when the first checkpoint appears: seconds the watch may not have)
+
         t = self.p["train"]
         limit = self.limit("train")
         t_start = time.monotonic()
@@ -415,13 +426,16 @@ class Runner:
             log.flush()
             proc = subprocess.Popen(cmd, cwd=self.root, env={**self.env, "STUDY_RECORD_WINDOWS": str(rec1)},
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            killed_at = None
+            killed_at, seen = None, None
             while time.monotonic() - t_start < limit and proc.poll() is None:
-                step = checkpoint_step(ckpt)
-                if step is not None and step >= t["kill_after"]:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    killed_at = step
-                    break
+                stamp = ckpt.stat().st_mtime_ns if ckpt.is_file() else None
+                step = checkpoint_step(ckpt) if stamp is not None and stamp != seen else None
+                if step is not None:
+                    seen = stamp  # read each checkpoint once (Lightning replaces last.ckpt atomically)
+                    if step >= t["kill_after"]:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                        killed_at = step
+                        break
                 time.sleep(0.05)
             if proc.poll() is None and killed_at is None:
                 os.killpg(proc.pid, signal.SIGKILL)
@@ -620,7 +634,9 @@ def markdown(res: dict) -> str:
     env = res.get("environment", {})
     lines = [f"# GPU check ({res['profile']} profile), {res['date']}", ""]
     if env:
-        lines.append(", ".join(f"{k} {v}" for k, v in env.items()))
+        lines.append(", ".join(f"{k} {v}" for k, v in env.items() if k != "import_errors"))
+        for k, v in env.get("import_errors", {}).items():
+            lines.append(f"\nimport {k} FAILED: {v}")
         lines.append("")
     setup = res.get("bench_setup")
     if res.get("bench"):
@@ -751,15 +767,20 @@ def check(args, root: Path) -> int:
     out = args.out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     work = (args.work or Path(tempfile.mkdtemp(prefix="gpu_check-"))).resolve()
-    shutil.rmtree(work / "runs", ignore_errors=True)
+    for stale in ("runs", "mlartifacts", "windows-first", "windows-resumed", "image-sim"):  # of an earlier check
+        shutil.rmtree(work / stale, ignore_errors=True)
+    for stale in ("mlruns.db", "env.json", "eval.json", "bench_compiled.json", "bench_eager.json"):
+        (work / stale).unlink(missing_ok=True)
     work.mkdir(parents=True, exist_ok=True)
+    (out / "log.txt").unlink(missing_ok=True)
     if not (args.tokens / "meta.json").is_file():
         raise GpuCheckError(f"no prepared tokens in {args.tokens}: run `make gpu-prep` (GPU) or pass --tokens DIR "
                             f"of a `python -m study.prepare` output (CPU)")
     runner = Runner(args, profile, root, out, work)
     runner.results["work"] = str(work)
     runner.write()
-    if runner.install() and runner.environment():
+    runner.install()  # a failed install is in results; each phase then fails or runs on its own
+    if runner.environment():
         runner.bench("compiled")
         if runner.train():
             runner.evaluate()
