@@ -53,16 +53,21 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def _reset_memory(device: str) -> None:
+def _reset_memory(device: str) -> int:
+    """Free what can be freed and restart the GPU's peak-memory counter; returns the bytes still allocated
+    (what earlier measurements left, e.g. in torch.compile's caches), which :func:`_peak_memory` subtracts."""
     gc.collect()
-    if device == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats()
+    if device != "cuda":
+        return 0
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    return int(torch.cuda.memory_allocated())
 
 
-def _peak_memory(device: str) -> int | None:
-    """Peak bytes allocated on the GPU since the last reset (None on CPUs)."""
-    return int(torch.cuda.max_memory_allocated()) if device == "cuda" else None
+def _peak_memory(device: str, before: int) -> int | None:
+    """Peak bytes allocated on the GPU since :func:`_reset_memory` returned ``before``, less ``before``
+    (None on CPUs): the measurement's own weights, optimizer state, activations and workspace."""
+    return int(torch.cuda.max_memory_allocated()) - before if device == "cuda" else None
 
 
 def device_peak_flops(device: str, precision: str) -> tuple[float | None, str]:
@@ -84,7 +89,7 @@ def plain_loop(cfg, steps: int, precision: str, compile_: bool) -> dict:
 
     torch.manual_seed(0)
     device = _device(cfg)
-    _reset_memory(device)
+    before = _reset_memory(device)
     model = GPT(cfg.model, cfg.variant).to(device)
     fwd = torch.compile(model) if compile_ else model
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -105,7 +110,7 @@ def plain_loop(cfg, steps: int, precision: str, compile_: bool) -> dict:
         opt.zero_grad(set_to_none=True)
     _sync(device)
     tokens_per_s = steps * cfg.train.batch_tokens / (time.perf_counter() - t0)
-    out = {"tokens_per_s": tokens_per_s, "peak_memory_bytes": _peak_memory(device)}
+    out = {"tokens_per_s": tokens_per_s, "peak_memory_bytes": _peak_memory(device, before)}
     del model, fwd, opt, batches
     return out
 
@@ -120,7 +125,7 @@ def lightning_loop(cfg, steps: int, precision: str, compile_: bool) -> dict:
 
     cfg.trainer.compile = compile_
     device = _device(cfg)
-    _reset_memory(device)
+    before = _reset_memory(device)
     torch.manual_seed(0)
     module = GPTModule(cfg)
     times = []
@@ -141,7 +146,7 @@ def lightning_loop(cfg, steps: int, precision: str, compile_: bool) -> dict:
                          enable_model_summary=False, limit_val_batches=0, callbacks=[Timer()])
     trainer.fit(module, train_dataloaders=loader)
     out = {"tokens_per_s": steps * cfg.train.batch_tokens / (times[-1] - times[0]),
-           "peak_memory_bytes": _peak_memory(device)}
+           "peak_memory_bytes": _peak_memory(device, before)}
     del trainer, module, loader
     return out
 

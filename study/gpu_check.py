@@ -115,7 +115,7 @@ GPU = {
     "bench": {"steps": 20, "repeats": 1, "batch_tokens": 16 * 1024, "precision": "bf16-mixed",
               "variants": "baseline,nonlinear_q,identity_q"},
     # 250 steps of 16 x 1024 tokens, checkpoints every 50 steps, killed past step 100
-    "train": {"steps": 250, "batch_tokens": 16 * 1024, "micro": 16, "lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 20,
+    "train": {"steps": 250, "batch_tokens": 16 * 1024, "micro": 16, "lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 20,
               "eval_every": 50, "kill_after": 100, "val_windows": 32, "val_micro": 16},
     "eval_micro": (16, 4),
     "val_tolerance": 2e-2,  # nats: bf16 autocast sums in another order at another batch size
