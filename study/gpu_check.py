@@ -120,7 +120,7 @@ GPU = {
     "eval_micro": (16, 4),
     "val_tolerance": 2e-2,  # nats: bf16 autocast sums in another order at another batch size
     # seconds per phase, in the order they run; bench_eager gets what the others leave of the total
-    "budgets": {"install": 60, "env": 30, "bench_compiled": 180, "train": 150, "eval": 45, "bench_eager": 120},
+    "budgets": {"install": 60, "env": 30, "bench_compiled": 180, "train": 180, "eval": 45, "bench_eager": 120},
     "total": 470,
 }
 CPU = {
@@ -598,7 +598,7 @@ def evaluate_checkpoint(ckpt: Path, micros: list[int], overrides: list[str], out
     import lightning.pytorch as pl
     import torch
 
-    from study.config import load_config, project_root
+    from study.config import load_config, project_root, run_seeds
     from study.data import TokenDataModule
     from study.lm import GPTModule
 
@@ -606,15 +606,16 @@ def evaluate_checkpoint(ckpt: Path, micros: list[int], overrides: list[str], out
     cfg = load_config(overrides, root)
     cfg.trainer.compile = False
     n_val = cfg.train.val_tokens // cfg.model.block_size
-    module = GPTModule(cfg)
     state = torch.load(ckpt, map_location="cpu", weights_only=False)
-    module.load_state_dict(state["state_dict"])
     result = {"checkpoint_step": int(state["global_step"]), "windows": n_val, "val_loss": {},
               "precision": cfg.trainer.precision}
     for m in micros:
         if n_val % m:
             raise GpuCheckError(f"validation micro-batch {m} does not divide the {n_val} validation windows")
-        dm = TokenDataModule(root / cfg.data.dir, cfg.model.block_size, cfg.train.micro_batch_size, cfg.seed, n_val, m)
+        dm = TokenDataModule(root / cfg.data.dir, cfg.model.block_size, cfg.train.micro_batch_size, run_seeds(cfg)[0],
+                             n_val, m)
+        module = GPTModule(cfg, corpora=dm.corpora)
+        module.load_state_dict(state["state_dict"])
         trainer = pl.Trainer(accelerator=cfg.trainer.accelerator, devices=1, precision=cfg.trainer.precision,
                              logger=False, enable_progress_bar=False, enable_model_summary=False,
                              limit_val_batches=n_val // m, enable_checkpointing=False)
