@@ -11,7 +11,7 @@ venv, writes the git-ignored folder ``.gpu/``:
             its torchvision requirement) and boto3 (which litdata imports), mlflow-skinny with the
             SQLite store (sqlalchemy, alembic), each with its own dependencies; never torch
   tokens/   the embedded corpus, GPT-2 tokenised (``study.prepare data=gpt2``), the first
-            ``--max-docs`` documents of each corpus (default all: 4.4M train + 0.5M val tokens, 9.4 MB;
+            ``--max-docs`` documents of each corpus (default all: 4.4M train + 0.5M val tokens, 9.4 MiB;
             every 8th document held out, so the 250 training steps below stay inside one epoch)
 
 and checks that the tree that travels (tracked files + ``.gpu/``) stays under 64 MiB.
@@ -35,13 +35,17 @@ each phase in its own process under its own time limit, and rewrites ``DIR/resul
                   val_loss must agree
   bench_eager     the same bench without compilation
 
-``--cpu`` runs the same phases at the nano model in fp32 with small budgets (no install unless
-wheels are there); ``--simulate-image`` adds to it an import blocker that fails every import of a
-package that is neither on the GPU image nor among the carried wheels (a rehearsal, here, of the
-GPU machine's environment): ``tests/test_gpu_check.py`` runs it, so the script is known to work before any
-GPU time is spent.  The targets (baseline MFU >= 45% bf16 compiled, nonlinear_q >= 0.97x the baseline's
-tokens/s, Lightning >= 0.97x the plain loop) are reported, not asserted; the exit code is 1 when a
-correctness check (loss fell, resume, val_loss agreement) failed or a phase did not finish.
+``--cpu`` runs the same phases at the nano model in fp32 with small budgets, on the running
+Python's packages (no install: the wheels are for the GPU machine's Python 3.12);
+``--simulate-image`` adds an import blocker that fails every import of a package that is neither on
+the GPU image nor among the carried wheels (a rehearsal, here, of the GPU machine's environment).
+``tests/test_gpu_check.py`` runs the CPU profile, so the script is known to work before any GPU
+time is spent; ``--only`` runs some of the phases (a re-run).
+
+The targets (baseline MFU >= 45% bf16 compiled, nonlinear_q >= 0.97x the baseline's tokens/s,
+Lightning >= 0.97x the plain loop) are reported, not asserted; the exit code is 1 when a correctness
+check (loss fell, resume, val_loss agreement) failed or a phase did not finish, 2 for bad arguments or
+missing prepared data.
 """
 from __future__ import annotations
 
@@ -133,6 +137,7 @@ CPU = {
     "budgets": {"install": 90, "env": 60, "bench_compiled": 0, "train": 240, "eval": 90, "bench_eager": 120},
     "total": 900,
 }
+PHASES = ("bench_compiled", "train", "eval", "bench_eager")  # after install and env, in this order (eval needs train)
 TARGETS = {"mfu_baseline_compiled": 0.45, "nonlinear_over_baseline": 0.97, "lightning_over_plain": 0.97}
 
 
@@ -332,8 +337,8 @@ class Runner:
             self.phase("install", "skipped (--simulate-image: this Python's packages less those the image lacks "
                                   "and .gpu/wheels does not carry)", 0.0, blocked=sorted(blocked))
             return True
-        if not wheels:
-            self.phase("install", "skipped (no wheels: the running Python's own packages are used)", 0.0)
+        if self.args.cpu or not wheels:  # the wheels are for the GPU machine's Python 3.12
+            self.phase("install", "skipped (the running Python's own packages are used)", 0.0)
             return True
         shutil.rmtree(site, ignore_errors=True)
         rc, s = self.run("install", [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check",
@@ -727,6 +732,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tokens", type=Path, default=None, help="prepared token data (default GPU_DIR/tokens)")
     parser.add_argument("--work", type=Path, default=None, help="runs, checkpoints, MLflow store (default: a temp folder)")
     parser.add_argument("--budget", type=float, default=None, help="seconds for all phases (default 470 GPU, 900 CPU)")
+    parser.add_argument("--only", default=None,
+                        help=f"comma-separated phases to run (default all: {','.join(PHASES)}; install and env always run)")
     parser.add_argument("--max-docs", type=int, default=0,
                         help="--prepare: documents per corpus (default 0: all, 4.4M train tokens, 9.4 MB)")
     parser.add_argument("--eval-checkpoint", type=Path, help=argparse.SUPPRESS)
@@ -763,6 +770,9 @@ def _root() -> Path:
 
 def check(args, root: Path) -> int:
     """Run every phase (see the module doc); return 0 when every phase ran and every check passed."""
+    only = set(args.only.split(",")) if args.only else set(PHASES)
+    if only - set(PHASES):
+        raise GpuCheckError(f"--only {args.only}: choose among {','.join(PHASES)}")
     profile = CPU if args.cpu else GPU
     args.tokens = (args.tokens or args.gpu_dir / "tokens").resolve()
     out = args.out.resolve()
@@ -782,15 +792,18 @@ def check(args, root: Path) -> int:
     runner.write()
     runner.install()  # a failed install is in results; each phase then fails or runs on its own
     if runner.environment():
-        runner.bench("compiled")
-        if runner.train():
+        if "bench_compiled" in only:
+            runner.bench("compiled")
+        if "train" in only and runner.train() and "eval" in only:
             runner.evaluate()
-        runner.bench("eager")
+        if "bench_eager" in only:
+            runner.bench("eager")
     res = runner.results
     runner.write()
     print((out / "results.md").read_text())
     ran = all(p["status"] == "ok" or p["status"].startswith("skipped") for p in res["phases"].values())
-    needed = ("train_finished", "loss_fell", "resumed_from_checkpoint", "val_loss_agrees_across_batch_sizes")
+    needed = [k for k in ("train_finished", "loss_fell", "resumed_from_checkpoint") if "train" in only]
+    needed += ["val_loss_agrees_across_batch_sizes"] if {"train", "eval"} <= only else []
     return 0 if ran and all(res["checks"].get(k) for k in needed) else 1
 
 
