@@ -9,7 +9,8 @@ venv, writes the git-ignored folder ``.gpu/``:
   wheels/   the wheels (Python 3.12, manylinux x86_64) of every package the run needs that the GPU
             image lacks (:data:`IMAGE_PACKAGES`): omegaconf and its antlr4 runtime, litdata (without
             its torchvision requirement) and boto3 (which litdata imports), mlflow-skinny with the
-            SQLite store (sqlalchemy, alembic), each with its own dependencies; never torch
+            SQLite store (sqlalchemy, alembic), each with its own dependencies, and protobuf (the
+            version these were tested with here, first on the path there); never torch
   tokens/   the embedded corpus, GPT-2 tokenised (``study.prepare data=gpt2``), the first
             ``--max-docs`` documents of each corpus (default all: 4.4M train + 0.5M val tokens, 9.4 MiB;
             every 8th document held out, so the 250 training steps below stay inside one epoch)
@@ -91,10 +92,13 @@ zipp
 # Carried at the versions of this project's venv.  NO_DEPS: the wheel alone (litdata's metadata asks for
 # torchvision, which would pull a torch; omegaconf's antlr4 4.9 runtime exists only as an sdist and is
 # built into a wheel here).  WITH_DEPS: the wheel and its dependency tree, less IMAGE_PACKAGES.
-NO_DEPS = ("omegaconf", "litdata")
+NO_DEPS = ("omegaconf", "litdata", "protobuf")
 BUILD = ("antlr4-python3-runtime",)
 WITH_DEPS = ("mlflow-skinny", "sqlalchemy", "alembic", "boto3")
 NEVER = ("torch", "torchvision", "nvidia-", "triton")  # never carried, whatever a dependency asks
+# carried although the image has them: MLflow's and OpenTelemetry's generated *_pb2 modules need a
+# protobuf runtime >= 5.26; the image's version is not known here, the venv's is the one tested
+ALWAYS = ("protobuf",)
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")
 TREE_LIMIT = 64 * 2 ** 20  # bytes the device tool carries (tracked + untracked files + carried paths)
@@ -179,8 +183,8 @@ def download_wheels(dest: Path, python: str = "3.12") -> list[Path]:
 
 
 def split_wheels(wheels: list[Path]) -> tuple[list[Path], list[Path]]:
-    """(wheels to carry, wheels to drop): a wheel is dropped when the GPU image has its package or it is
-    torch/CUDA (:data:`NEVER`).
+    """(wheels to carry, wheels to drop): a wheel is dropped when the GPU image has its package (unless it
+    is one of :data:`ALWAYS`) or it is torch/CUDA (:data:`NEVER`).
 
     Raises:
         GpuCheckError: two versions of one package would be carried (pip refuses to install both).
@@ -188,7 +192,8 @@ def split_wheels(wheels: list[Path]) -> tuple[list[Path], list[Path]]:
     keep, drop = [], []
     for whl in wheels:
         name = wheel_name(whl)
-        (drop if name in IMAGE_PACKAGES or any(name.startswith(n) for n in NEVER) else keep).append(whl)
+        carried = name in ALWAYS or not (name in IMAGE_PACKAGES or any(name.startswith(n) for n in NEVER))
+        (keep if carried else drop).append(whl)
     names = [wheel_name(w) for w in keep]
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
