@@ -807,7 +807,8 @@ def check(args, root: Path) -> int:
     runner.write()
     print((out / "results.md").read_text())
     ran = all(p["status"] == "ok" or p["status"].startswith("skipped") for p in res["phases"].values())
-    needed = [k for k in ("train_finished", "loss_fell", "resumed_from_checkpoint") if "train" in only]
+    needed = [k for k in ("train_finished", "loss_fell", "resumed_from_checkpoint", "mlflow_run_continued")
+              if "train" in only]
     needed += ["val_loss_agrees_across_batch_sizes"] if {"train", "eval"} <= only else []
     return 0 if ran and all(res["checks"].get(k) for k in needed) else 1
 
