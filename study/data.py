@@ -560,6 +560,25 @@ def prepared_keys(d: DataConfig) -> dict:
     return {f"data.{k}": v for k, v in keys.items()}
 
 
+def prepared_overrides(data_dir: Path) -> list[str]:
+    """Command-line overrides (``["data.val_every=8", ...]``) that give a run the ``data.*`` settings the
+    data in ``data_dir`` were prepared with (meta.json ``prepared_with``; empty for older meta.json)."""
+    def value(v) -> str:
+        if v is None:
+            return "null"
+        if isinstance(v, list):
+            return "[" + ",".join(str(x) for x in v) + "]"
+        return str(v)
+    not_applicable = ("data.corpora", "data.bpe_vocab_size")  # None there: another source / tokenizer
+    return [f"{k}={value(v)}" for k, v in read_meta(Path(data_dir)).get("prepared_with", {}).items()
+            if v is not None or k not in not_applicable]
+
+
+# meta.json keys of prepares older than ``prepared_with``: the data.* keys they recorded
+_LEGACY_META_KEYS = {"data.source": "source", "data.corpora": "corpora", "data.tokenizer": "tokenizer",
+                     "data.bpe_vocab_size": "bpe_vocab_size", "data.val_every": "val_every"}
+
+
 def _same_source(a, b) -> bool:
     if a == b or a in ("embedded", "hf") or b in ("embedded", "hf") or not a or not b:
         return a == b
@@ -578,16 +597,20 @@ def check_prepared(data_dir: Path, cfg) -> dict:
         DataError: with the file, the keys that differ, and the fix.
     """
     meta = read_meta(data_dir)
-    missing = {"tokenizer", "vocab_size", "tokens", "prepared_with"} - set(meta)
+    missing = {"tokenizer", "vocab_size", "tokens"} - set(meta)
     if missing:
-        raise DataError(f"{data_dir}/meta.json lacks {sorted(missing)} (prepared by an older version?): re-run "
-                        f"`python -m study.prepare`")
+        raise DataError(f"{data_dir}/meta.json lacks {sorted(missing)}: re-run `python -m study.prepare`")
     want = cfg.data.tokenizer
     if meta.get("tokenizer") != want:
         raise DataError(f"{data_dir}/meta.json was prepared with tokenizer {meta.get('tokenizer')!r} but "
                         f"the config asks for data.tokenizer={want!r}: re-run `python -m study.prepare "
                         f"data.tokenizer={want}` or change data.tokenizer")
-    was, now = meta["prepared_with"], prepared_keys(cfg.data)
+    now = prepared_keys(cfg.data)
+    if "prepared_with" in meta:
+        was = meta["prepared_with"]
+    else:  # an older prepare: check the keys it recorded
+        was = {k: meta.get(m) for k, m in _LEGACY_META_KEYS.items() if m in meta}
+        now = {k: now[k] for k in was}
     differ = [k for k in sorted(set(was) | set(now)) if not (
         _same_source(was.get(k), now.get(k)) if k == "data.source" else was.get(k) == now.get(k))]
     if differ:

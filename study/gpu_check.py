@@ -406,7 +406,10 @@ class Runner:
 
     def train_overrides(self) -> list[str]:
         t, w = self.p["train"], self.work
-        return [*self.p["model"], "variant=baseline", "seed=1", f"data.dir={self.args.tokens.resolve()}",
+        from study.data import prepared_overrides  # the data.* settings the tokens were prepared with
+
+        return [*self.p["model"], *prepared_overrides(self.args.tokens), "variant=baseline", "seed=1",
+                f"data.dir={self.args.tokens.resolve()}",
                 f"study.runs_dir={w / 'runs'}", f"study.tracking_db={w / 'mlruns.db'}",
                 f"study.artifact_dir={w / 'mlartifacts'}", "study.name=gpu-check",
                 f"train.tokens={t['steps'] * t['batch_tokens']}", f"train.batch_tokens={t['batch_tokens']}",

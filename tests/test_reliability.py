@@ -340,6 +340,34 @@ def test_two_stale_keys_are_named_together(nano_project, tmp_path, monkeypatch, 
     assert "data.val_every=5 there, 20 here" in err and "data.max_docs_per_corpus=10 there, 100 here" in err
 
 
+def test_prepared_overrides_reproduce_the_settings_and_legacy_data_are_checked_on_what_they_record(
+        nano_project, tmp_path):
+    from study.config import load_config
+    from study.data import DataError, check_prepared, prepared_overrides
+
+    data = nano_project / "data/tokens"
+    over = prepared_overrides(data)
+    assert "data.val_every=5" in over and "data.max_docs_per_corpus=10" in over
+    cfg = load_config(["data.val_every=20", "data.max_docs_per_corpus=100", "data.chunk_bytes=1MB", *over],
+                      nano_project)
+    assert check_prepared(data, cfg)["prepared_with"]["data.val_every"] == 5
+    legacy = shutil.copytree(data, tmp_path / "tokens")  # meta.json of a prepare before prepared_with
+    meta = json.loads((legacy / "meta.json").read_text())
+    del meta["prepared_with"]
+    (legacy / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match="data.val_every=5 there, 20 here"):
+        check_prepared(legacy, load_config(["data.val_every=20"], nano_project))
+    check_prepared(legacy, load_config([], nano_project))
+    # GPT-2 tokens of a user folder: the keys that do not apply are left to the config
+    gpt2 = tmp_path / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "meta.json").write_text(json.dumps({"prepared_with": {
+        "data.source": str(tmp_path), "data.corpora": None, "data.tokenizer": "gpt2", "data.bpe_vocab_size": None,
+        "data.val_every": 8, "data.max_docs_per_corpus": None, "data.chunk_bytes": "16MB"}}))
+    cfg = load_config(["data=gpt2", "model.vocab_size=50304", *prepared_overrides(gpt2)], nano_project)
+    assert (cfg.data.source, cfg.data.val_every, cfg.data.max_docs_per_corpus) == (str(tmp_path), 8, None)
+
+
 def test_token_ids_are_range_checked(nano_project, tmp_path, monkeypatch, capsys):
     from study.data import chunk_token_range
     from study.train import main
