@@ -5,6 +5,8 @@ Trains one (variant, seed) run on the prepared token data and writes
   metrics.json     final val_loss (nats) and val_perplexity, parameter and FLOP
                    counts, tokens seen, wall time (s), throughput (tokens/s), status
   curve.csv        step, tokens, train_loss, val_loss, lr (one row per evaluation)
+  config.json      the resolved config it trained with and the prepared data's digest (compare
+                   pairs only runs that agree on everything but the variant)
   checkpoints/     last.ckpt (resumable) and run.json (config hash, MLflow run id)
 (``runs/GROUP/VARIANT-sSEED/`` with ``study.group=GROUP``, as the lr-sweep and
 scale-ladder profiles do, see study/profiles.py)
@@ -101,6 +103,21 @@ def write_json(path: Path, obj: dict) -> None:
     tmp.replace(path)
 
 
+def prepared_digest(data_dir: Path) -> str:
+    """The prepared data's identity: sha256 of its meta.json, first 16 hex digits."""
+    import hashlib
+
+    return hashlib.sha256((data_dir / "meta.json").read_bytes()).hexdigest()[:16]
+
+
+def recorded_config(cfg, data_digest: str) -> dict:
+    """config.json of a run: the resolved config it trained with (without the study, lr_sweep,
+    scale_ladder and defaults sections, which say which runs exist) plus the prepared data's digest;
+    compare pairs only runs whose config.json agree on everything but the variant."""
+    d = {k: v for k, v in to_dict(cfg).items() if k not in ("study", "lr_sweep", "scale_ladder", "defaults")}
+    return {**d, "data_digest": data_digest}
+
+
 def train(cfg, root: Path) -> dict:
     """Train one run; return the content of its metrics.json.
 
@@ -146,7 +163,7 @@ def train(cfg, root: Path) -> dict:
         if rank == 0:
             shutil.rmtree(ckpt_dir, ignore_errors=True)
     if rank == 0:
-        for stale in ("metrics.json", "curve.csv"):
+        for stale in ("metrics.json", "curve.csv", "config.json"):
             (out_dir / stale).unlink(missing_ok=True)
         ckpt_dir.mkdir(parents=True, exist_ok=True)
 
@@ -232,10 +249,13 @@ def train(cfg, root: Path) -> dict:
         client = logger.experiment
         client.log_metric(logger.run_id, "final_val_loss", val_loss if math.isfinite(val_loss) else float("nan"))
         client.log_metric(logger.run_id, "tokens_per_s_mean", metrics["tokens_per_s"] or 0.0)
+        data_digest = prepared_digest(data_dir)
+        client.set_tag(logger.run_id, "data_digest", data_digest)
         if module.diverged:
             client.set_tag(logger.run_id, "diverged", module.diverged)
             client.set_terminated(logger.run_id, "FAILED")
         write_curve(out_dir / "curve.csv", module.curve)
+        write_json(out_dir / "config.json", recorded_config(cfg, data_digest))
         write_json(out_dir / "metrics.json", metrics)
         write_json(state_path, state)
     return metrics
