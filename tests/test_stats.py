@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy import stats as ss
 
-from study.stats import adjust, mean_ci, paired, pct_log_loss, pct_perplexity
+from study.analysis.stats import adjust, mean_ci, paired, pct_log_loss, pct_perplexity
 
 
 def test_paper_percentages():
@@ -48,7 +48,7 @@ def test_mean_ci_and_bh():
 
 
 def test_parameter_multiplier_on_an_exact_power_law():
-    from study.stats import parameter_multiplier
+    from study.analysis.stats import parameter_multiplier
 
     # L(N) = 10 N^-0.1 exactly, same for every seed but for a seed offset that cancels in the means
     law = lambda n: 10 * n ** -0.1  # noqa: E731

@@ -247,3 +247,30 @@ def parameter_multiplier(family: dict[int, dict[int, float]], variant: dict[int,
         if not math.isfinite(lo):
             out["ci_note"] = "identical per-seed multipliers: no spread to build an interval from"
     return out
+
+
+def verdict(ok: dict[str, dict[int, float]], base: str) -> dict[str, dict]:
+    """Every variant of ``ok`` ({variant: {seed: val_loss}}) against ``base``, paired by seed
+    (:func:`paired`), with Benjamini-Hochberg adjusted p-values ("p_value_bh") over the variants."""
+    out = {v: paired(ok[v], ok[base]) for v in ok if v != base}
+    for v, p in adjust({v: c["p_value"] for v, c in out.items()}).items():
+        out[v]["p_value_bh"] = p
+    return out
+
+
+def effect_trend(points: list[tuple[float, float]]) -> dict:
+    """Trend of an effect with scale: least-squares slope of per-seed effects y (percent log-loss
+    change) against x = log10 of the size, with its 95% t interval (scipy.stats.linregress; n - 2
+    degrees of freedom, valid at small n under normal errors).
+
+    Returns: {"slope_pct_per_decade", "ci95", "p_value", "n_points", "note"} (NaN, with the reason
+    in "note", with fewer than 3 points or 2 distinct sizes)."""
+    xs, ys = [x for x, _ in points], [y for _, y in points]
+    nan = float("nan")
+    if len(xs) < 3 or len(set(xs)) < 2:
+        return {"slope_pct_per_decade": nan, "ci95": [nan, nan], "p_value": nan, "n_points": len(xs),
+                "note": "fewer than 3 seed pairs or 2 sizes: no trend"}
+    fit = stats.linregress(xs, ys)
+    t = stats.t.ppf(0.975, len(xs) - 2)
+    return {"slope_pct_per_decade": float(fit.slope), "ci95": [float(fit.slope - t * fit.stderr),
+            float(fit.slope + t * fit.stderr)], "p_value": float(fit.pvalue), "n_points": len(xs), "note": None}
