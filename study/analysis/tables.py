@@ -102,7 +102,7 @@ def verdict_tables(summary: dict) -> list[str]:
     for v, c in summary["vs_baseline"].items():
         pw = c["power"]
         mde, need = pw["min_detectable_diff"], pw["seeds_for_paper"]
-        detect = (f"{fmt(mde)} nats ({fmt(pw['min_detectable_pct'], '+.2f')}%)" if mde is not None and math.isfinite(mde)
+        detect = (f"{fmt(mde)} nats ({fmt(pw['min_detectable_pct'], '.2f')}% of the loss)" if mde is not None and math.isfinite(mde)
                   else f"n/a ({pw['note']})")
         lines.append(f"| {v} | {pw['n_pairs']} | {fmt(pw['sd_diff'])} | {detect} | "
                      f"{need if need is not None else 'n/a (' + str(pw['note']) + ')'} |")
