@@ -156,6 +156,8 @@ def load_mlflow(cfg, root: Path, group: str = "main", pair: bool = True) -> dict
             "curve": curve, "name": r.info.run_name,
             "settings": {**{k: v for k, v in params.items() if k.split(".", 1)[0] not in NOT_SETTINGS},
                          "data_digest": tags.get("data_digest")}}
+    order = {v: i for i, v in enumerate(cfg.study.variants)}
+    runs = {v: dict(sorted(runs[v].items())) for v in sorted(runs, key=lambda v: (order.get(v, len(order)), v))}
     if pair:
         check(runs, f"the MLflow runs of experiment {cfg.study.name!r}")
     return runs

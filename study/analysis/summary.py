@@ -29,7 +29,7 @@ def recorded_settings(runs: dict[str, dict[int, dict]]) -> dict:
     return shared_settings(groups)
 
 
-def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path) -> dict:
+def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path, profiles_too: bool = True) -> dict:
     """The content of summary.json.
 
     Returns: {"study", "baseline", "seeds", "settings" (what the runs recorded alike), "variants": {v:
@@ -38,7 +38,8 @@ def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path) -> dict:
     "non_embedding_params", "total_params", "flops_per_token", "tokens", "val_loss_per_corpus" {corpus:
     mean nats} or None, "diverged" {seed: reason}}}, "vs_baseline" (:func:`verdict`: paired t, BH,
     power), "frontier" (:func:`frontier`), "yardsticks" (:func:`yardsticks`), "per_corpus"
-    (:func:`per_corpus`), "lr_sweep", "scale_ladder" (the profiles; None while off)}.
+    (:func:`per_corpus`), "lr_sweep", "scale_ladder" (the profiles, read from their run folders; None
+    while off or with ``profiles_too=False``)}.
     """
     base_name = cfg.study.baseline
     ok = final_losses(runs)
@@ -64,7 +65,8 @@ def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path) -> dict:
             "frontier": frontier(base_name, ok, variants),
             "yardsticks": yardsticks(root / cfg.data.dir / "meta.json", settings.get("data_digest")),
             "per_corpus": per_corpus(runs, base_name),
-            "lr_sweep": profiles.lr_sweep_report(cfg, root, runs), "scale_ladder": profiles.ladder_report(cfg, root)}
+            "lr_sweep": profiles.lr_sweep_report(cfg, root, runs) if profiles_too else None,
+            "scale_ladder": profiles.ladder_report(cfg, root) if profiles_too else None}
 
 
 def frontier(base_name: str, ok: dict[str, dict[int, float]], variants: dict) -> dict:
