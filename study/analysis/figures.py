@@ -39,11 +39,28 @@ def _plt():
     return plt
 
 
+def panel(width: float = 7.0):
+    """(fig, ax): one panel, 4.5 inches high."""
+    return _plt().subplots(figsize=(width, 4.5))
+
+
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     _plt().close(fig)
     return path
+
+
+def finish(ax, title: str, ylabel: str, xlabel: str | None = None, xlog: bool = False, grid: str = "both") -> None:
+    """Labels, title, legend and grid of one panel (log x axis when ``xlog``)."""
+    if xlog:
+        ax.set_xscale("log")
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis=grid, which="both" if xlog else "major")
 
 
 def tokens_axis(ax) -> None:
@@ -72,8 +89,7 @@ def curves(runs: dict[str, dict[int, dict]], key: str, ax) -> None:
 
 
 def loss_curves(runs, out: Path, key: str, title: str, name: str) -> Path:
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = panel()
     curves(runs, key, ax)
     ax.set_ylabel(f"{'validation' if key == 'val_loss' else 'training'} loss (nats)")
     ax.set_title(title)
@@ -82,8 +98,7 @@ def loss_curves(runs, out: Path, key: str, title: str, name: str) -> Path:
 
 def final_losses(summary: dict, runs, out: Path) -> Path:
     """Each seed's final loss per variant, a line joining the runs of one seed (the pairs)."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = panel()
     names = list(summary["variants"])
     seeds = sorted({s for r in runs.values() for s in r})
     for s in seeds:
@@ -105,8 +120,7 @@ def final_losses(summary: dict, runs, out: Path) -> Path:
 def paired_differences(summary: dict, out: Path) -> Path:
     """The verdict: each seed's paired difference against the baseline (percent log-loss) and the
     mean with its 95% paired-t interval; the paper's -2.40% for scale."""
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = panel()
     vs = summary["vs_baseline"]
     for i, (v, c) in enumerate(vs.items()):
         pd = c["pct_diffs"]
@@ -122,20 +136,17 @@ def paired_differences(summary: dict, out: Path) -> Path:
     ax.axhline(0, color="black", lw=0.8)
     ax.axhline(PAPER_PCT_LOG_LOSS, color="grey", ls="--", lw=0.8, label=f"paper's {PAPER_PCT_LOG_LOSS:+.2f}%")
     ax.set_xticks(range(len(vs)), list(vs), rotation=20)
-    ax.set_ylabel(f"log-loss change vs {summary['baseline']} (%)")
-    ax.set_title("Paired differences by seed; mean with 95% t interval (right)")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3, axis="y")
+    finish(ax, "Paired differences by seed; mean with 95% t interval (right)",
+           f"log-loss change vs {summary['baseline']} (%)", grid="y")
     return _save(fig, out / "paired_differences.png")
 
 
 def per_corpus(summary: dict, out: Path) -> Path:
     """Final validation loss per corpus and variant (mean over seeds), with the yardsticks as markers."""
-    plt = _plt()
     corpora = summary["per_corpus"]["corpora"]
     names = list(summary["variants"])
     y = summary.get("yardsticks") or {}
-    fig, ax = plt.subplots(figsize=(max(7, 1.8 * len(corpora) + 3), 4.5))
+    fig, ax = panel(width=max(7, 1.8 * len(corpora) + 3))
     w = 0.8 / len(names)
     for k, v in enumerate(names):
         vals = [(summary["variants"][v].get("val_loss_per_corpus") or {}).get(c, np.nan) for c in corpora]
@@ -145,18 +156,14 @@ def per_corpus(summary: dict, out: Path) -> Path:
             ax.scatter(range(len(corpora)), [y[name].get(c, np.nan) for c in corpora], marker=marker, s=300,
                        color="black", label=f"{name} yardstick", zorder=3)
     ax.set_xticks(range(len(corpora)), corpora)
-    ax.set_ylabel("final validation loss (nats)")
-    ax.set_title("Validation loss per corpus (mean over seeds)")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3, axis="y")
+    finish(ax, "Validation loss per corpus (mean over seeds)", "final validation loss (nats)", grid="y")
     return _save(fig, out / "per_corpus.png")
 
 
 def frontier(summary: dict, out: Path) -> Path:
     """Final loss against non-embedding parameters, the baseline family's fitted power law over its range."""
-    plt = _plt()
     f = summary["frontier"]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = panel()
     for v, s in summary["variants"].items():
         if math.isfinite(s["val_loss_mean"]):
             ax.scatter([s["non_embedding_params"]], [s["val_loss_mean"]], color=color(v), s=50, label=v, zorder=3)
@@ -164,30 +171,21 @@ def frontier(summary: dict, out: Path) -> Path:
     n = np.geomspace(min(sizes), max(sizes), 100)  # the fitted range only: no extrapolation
     ax.plot(n, np.exp(f["intercept"] + f["slope"] * np.log(n)), color="grey", ls="--",
             label=f"baseline frontier fit ({f['sizes']} sizes)")
-    ax.set_xscale("log")
-    ax.set_xlabel("non-embedding parameters")
-    ax.set_ylabel("final validation loss (nats)")
-    ax.set_title("Parameter frontier of the baseline family")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3, which="both")
+    finish(ax, "Parameter frontier of the baseline family", "final validation loss (nats)",
+           "non-embedding parameters", xlog=True)
     return _save(fig, out / "frontier.png")
 
 
 def lr_sweep(summary: dict, out: Path) -> Path:
-    plt = _plt()
     sw = summary["lr_sweep"]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = panel()
     for v, r in sw["variants"].items():
         pts = [(p["lr"], p["val_loss"]) for p in r["points"] if p["status"] == "ok"]
         ax.plot(*zip(*pts), "o-", color=color(v), label=f"{v} (best {r['best_lr']:g})")
         ax.scatter([r["best_lr"]], [r["best_val_loss"]], color=color(v), s=160, marker="*", zorder=3)
     ax.axvline(sw["shared_lr"], color="grey", ls=":", label=f"shared lr {sw['shared_lr']:g}")
-    ax.set_xscale("log")
-    ax.set_xlabel("peak learning rate")
-    ax.set_ylabel("final validation loss (nats)")
-    ax.set_title(f"lr sweep (seed {sw['seed']}, {sw['tokens']:,} tokens per point)")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3, which="both")
+    finish(ax, f"lr sweep (seed {sw['seed']}, {sw['tokens']:,} tokens per point)", "final validation loss (nats)",
+           "peak learning rate", xlog=True)
     return _save(fig, out / "lr_sweep.png")
 
 
@@ -207,12 +205,8 @@ def scale_ladder(summary: dict, out: Path) -> Path:
             fit = la["fits"][v]
             grid = np.geomspace(c.min(), c.max(), 50)
             ax.plot(grid, np.exp(fit["intercept"] + fit["slope"] * np.log(grid)), "--", color=color(v), lw=1)
-    ax.set_xscale("log")
-    ax.set_xlabel("training FLOPs")
-    ax.set_ylabel("final validation loss (nats)")
-    ax.set_title("Loss against compute" + ("" if la["fits"] else f" ({la.get('fit_note', 'no fit')[:30]}...)"))
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3, which="both")
+    finish(ax, "Loss against compute" + ("" if la["fits"] else " (not fitted: fewer than 3 sizes)"),
+           "final validation loss (nats)", "training FLOPs", xlog=True)
     n = [s["non_embedding_params"] for s in la["sizes"]]
     others = [v for v in variants if v != base]
     for k, v in enumerate(others):
@@ -230,16 +224,11 @@ def scale_ladder(summary: dict, out: Path) -> Path:
         axes[2].errorbar(np.array(n) * shift, y, yerr=np.nan_to_num([y - lo, hi - y]), fmt="o-", color=color(v),
                          capsize=4, label=v)
     axes[1].axhline(0, color="black", lw=0.8)
-    axes[1].set_ylabel(f"log-loss change vs {base} (%), 95% CI")
-    axes[1].set_title("Effect at each size")
+    finish(axes[1], "Effect at each size", f"log-loss change vs {base} (%), 95% CI", "non-embedding parameters",
+           xlog=True)
     axes[2].axhline(1, color="black", lw=0.8)
-    axes[2].set_ylabel("compute multiplier, 95% CI")
-    axes[2].set_title(f"{base} compute to reach the variant's loss / its own")
-    for ax in axes[1:]:
-        ax.set_xscale("log")
-        ax.set_xlabel("non-embedding parameters")
-        ax.legend(fontsize=8)
-        ax.grid(alpha=0.3, which="both")
+    finish(axes[2], f"{base} compute to reach the variant's loss / its own", "compute multiplier, 95% CI",
+           "non-embedding parameters", xlog=True)
     return _save(fig, out / "scale_ladder.png")
 
 

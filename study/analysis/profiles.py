@@ -45,7 +45,7 @@ def lr_sweep_report(cfg, root: Path, main_runs: dict[str, dict[int, dict]]) -> d
     variants, points_runs = {}, {}
     for v in sw.variants:
         points = sweep_results(cfg, root, v)
-        points_runs[v] = {i: read_run(Path(p["run"]), root) for i, p in enumerate(points)}
+        points_runs.update({f"{v} (lr {p['lr']:g})": {sw.seed: read_run(Path(p["run"]), root)} for p in points})
         best = best_lr(points)
         used = {m["lr"] for m in tuned_runs[v].values()}
         if any(not math.isclose(x, best["lr"], rel_tol=1e-9) for x in used):
@@ -56,7 +56,7 @@ def lr_sweep_report(cfg, root: Path, main_runs: dict[str, dict[int, dict]]) -> d
                        "shared_val_loss_mean": float(np.mean(list(shared_ok[v].values()))) if shared_ok[v] else None,
                        "tuned_val_loss_mean": float(np.mean(list(tuned_ok[v].values()))) if tuned_ok[v] else None,
                        "tuning_gain": paired(tuned_ok[v], shared_ok[v])}
-    check({f"{v} (lr sweep)": r for v, r in points_runs.items()}, "the lr sweep's runs")
+    check(points_runs, "the lr sweep's runs")
     return {"lrs": [float(x) for x in sw.lrs], "seed": sw.seed, "tokens": sw.tokens, "shared_lr": cfg.train.lr,
             "variants": variants, "shared": verdict(shared_ok, base), "tuned": verdict(tuned_ok, base)}
 
