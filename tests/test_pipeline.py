@@ -55,7 +55,7 @@ def test_report_figures_match_the_runs(study):
     md = (study / "reports/comparison.md").read_text()
     assert f"{c['pct_log_loss']:+.2f}%" in md and "nonlinear_q" in md
     for png in ("val_loss_curves.png", "final_val_loss.png"):
-        data = (study / "reports" / png).read_bytes()
+        data = (study / "reports/figures" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     # every run sees the same fixed validation windows and the same number of evaluations
     curves = [(study / f"runs/{v}-s{s}/curve.csv").read_text().splitlines() for v, s in runs]
