@@ -25,7 +25,7 @@ def _study(tmp_path: Path, variants=("baseline", "nonlinear_q"), seeds=SEEDS) ->
             f"study.seeds={list(seeds)}", f"study.variants=[{','.join(variants)}]"]
 
 
-def _compare(nano_project, monkeypatch, args, capsys=None):
+def _compare(nano_project, monkeypatch, args):
     from study.compare import main
 
     monkeypatch.chdir(nano_project)
@@ -71,9 +71,8 @@ def test_block_size_mismatch_is_refused_and_the_header_states_recorded_settings(
 
 
 def test_other_prepared_data_or_data_seed_do_not_pair(tmp_path):
-    from study.analysis.pairing import PairingError
-    from study.analysis.runs import read_run
-    from study.analysis.pairing import check
+    from study.analysis.pairing import PairingError, check
+    from study.analysis.runs import RunsError, read_run
 
     runs = {v: {s: read_run(write_run(tmp_path / f"{v}-s{s}", v, s, 4.0)) for s in (1, 2)}
             for v in ("baseline", "nonlinear_q")}
@@ -86,7 +85,6 @@ def test_other_prepared_data_or_data_seed_do_not_pair(tmp_path):
         check(runs, "x")
     # a run folder that recorded no settings is refused, not guessed
     (tmp_path / "odd/config.json").unlink()
-    from study.analysis.runs import RunsError
     with pytest.raises(RunsError, match="no config.json"):
         read_run(tmp_path / "odd")
 

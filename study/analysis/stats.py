@@ -71,7 +71,11 @@ def power_paired(n: int, sd: float, effect: float, alpha: float = ALPHA) -> floa
         return float("nan")
     df, nc = n - 1, abs(effect) * math.sqrt(n) / sd
     t = stats.t.ppf(1 - alpha / 2, df)
-    return float(stats.nct.sf(t, df, nc) + stats.nct.cdf(-t, df, nc))
+    upper, lower = float(stats.nct.sf(t, df, nc)), float(stats.nct.cdf(-t, df, nc))
+    # far in the tails scipy's nct gives NaN for what is 0 (lower tail) or 1 (upper tail, huge nc)
+    upper = upper if math.isfinite(upper) else float(nc > t)
+    lower = lower if math.isfinite(lower) else 0.0
+    return min(1.0, upper + lower)
 
 
 def min_detectable_effect(n: int, sd: float, power: float = POWER, alpha: float = ALPHA) -> float:

@@ -30,6 +30,13 @@ def p_text(c: dict, key: str = "p_value") -> str:
     return fmt(c.get(key), ".3g")
 
 
+def detectable(c: dict) -> str:
+    """The smallest percent log-loss change detectable at 80% power with these pairs, or why none."""
+    pw = c["power"]
+    mde = pw["min_detectable_pct"]
+    return f"{fmt(mde, '.2f')}%" if mde is not None and math.isfinite(mde) else f"n/a ({pw['note']})"
+
+
 def header(summary: dict) -> list[str]:
     """The title and the settings the runs recorded (not conf/study.yaml's)."""
     s = summary.get("settings") or {}
@@ -102,8 +109,8 @@ def verdict_tables(summary: dict) -> list[str]:
     for v, c in summary["vs_baseline"].items():
         pw = c["power"]
         mde, need = pw["min_detectable_diff"], pw["seeds_for_paper"]
-        detect = (f"{fmt(mde)} nats ({fmt(pw['min_detectable_pct'], '.2f')}% of the loss)" if mde is not None and math.isfinite(mde)
-                  else f"n/a ({pw['note']})")
+        detect = (f"{fmt(mde)} nats ({detectable(c)} of the loss)" if mde is not None and math.isfinite(mde)
+                  else detectable(c))
         lines.append(f"| {v} | {pw['n_pairs']} | {fmt(pw['sd_diff'])} | {detect} | "
                      f"{need if need is not None else 'n/a (' + str(pw['note']) + ')'} |")
     return lines
@@ -163,11 +170,12 @@ def lr_sweep_section(sw: dict, base: str) -> list[str]:
               f"change with its 95% interval, p (paired t). Shared: every variant at train.lr = {sw['shared_lr']:g}. "
               f"Tuned: every variant, the baseline included, at its own best lr.", "",
               "| variant | shared lr: change [95% CI] | p | tuned lr | tuned: change [95% CI] | p | "
-              "tuning gain of the variant itself |", "|---|---|---|---|---|---|---|"]
+              "tuned: detectable at 80% power | tuning gain of the variant itself |", "|---|---|---|---|---|---|---|---|"]
     for v, c in sw["shared"].items():
         t, r = sw["tuned"][v], sw["variants"][v]
         lines.append(f"| {v} | {pct_ci(c)} | {p_text(c)} | {r['best_lr']:g} (baseline "
-                     f"{sw['variants'][base]['best_lr']:g}) | {pct_ci(t)} | {p_text(t)} | {pct_ci(r['tuning_gain'])} |")
+                     f"{sw['variants'][base]['best_lr']:g}) | {pct_ci(t)} | {p_text(t)} | {detectable(t)} | "
+                     f"{pct_ci(r['tuning_gain'])} |")
     lines += ["", "What tuning alone changed, per variant (its tuned-lr runs against its shared-lr runs, paired by "
               "seed; identical runs where the best lr is the shared one):", ""]
     lines += [f"- {v}: lr {sw['shared_lr']:g} -> {r['best_lr']:g}: {pct_ci(r['tuning_gain'])}"
@@ -184,7 +192,7 @@ def ladder_section(la: dict, base: str) -> list[str]:
              f"against training FLOPs over all sizes) divided by the variant's own; 95% t interval over the seeds' "
              f"own log multipliers.", "",
              "| size | n_layer x n_embd | non-embedding params | tokens | variant | val loss | change [95% CI] | p | "
-             "compute multiplier [95% CI] |", "|---|---|---|---|---|---|---|---|---|"]
+             "detectable at 80% power | compute multiplier [95% CI] |", "|---|---|---|---|---|---|---|---|---|---|"]
     for s in la["sizes"]:
         for v, c in s["vs_baseline"].items():
             m = s["compute_multiplier"].get(v)
@@ -195,7 +203,7 @@ def ladder_section(la: dict, base: str) -> list[str]:
                                                             if not m.get("ci_note") else f"({m['ci_note']})"))
             lines.append(f"| {s['model']} | {s['n_layer']} x {s['n_embd']} | {s['non_embedding_params']:,} | "
                          f"{s['tokens']:,} | {v} | {fmt(s['variants'][v]['val_loss_mean'])} vs "
-                         f"{fmt(s['variants'][base]['val_loss_mean'])} | {pct_ci(c)} | {p_text(c)} | {mult} |")
+                         f"{fmt(s['variants'][base]['val_loss_mean'])} | {pct_ci(c)} | {p_text(c)} | {detectable(c)} | {mult} |")
     lines += ["", "Fits of log L = a + b log C (C: training FLOPs = FLOPs per token x tokens):", ""]
     lines += ([f"- {v}: b = {f['slope']:+.4f}, a = {f['intercept']:.4f}" for v, f in la["fits"].items()]
               or [f"- {la.get('fit_note') or 'not fitted'}"])
