@@ -279,3 +279,35 @@ def test_mlflow_reader_pairs_and_counts_only_finished_runs(nano_project, tmp_pat
     run("nonlinear_q", 1, 3.0, tokens="8192")  # the same, finished: the newest stands for the run, and is refused
     with pytest.raises(PairingError, match=r"nonlinear_q-s1 differs in train.tokens '8192' \(vs '20480'\)"):
         load_mlflow(cfg, nano_project)
+
+
+# -- the profiles through the same checks ------------------------------------------------------------
+def test_two_ladder_sizes_are_not_fitted_and_an_odd_sweep_point_is_refused(nano_project, tmp_path, monkeypatch,
+                                                                          capsys):
+    runs = tmp_path / "runs"
+    for s in SEEDS:
+        for v in ("baseline", "nonlinear_q"):
+            write_run(runs / f"{v}-s{s}", v, s, BASE[s] - 0.01 * (v == "nonlinear_q") * s)
+            for model, n in (("ladder-64", 64), ("ladder-96", 96)):
+                write_run(runs / f"scale_ladder/{model}/{v}-s{s}", v, s, BASE[s] - n / 1000 - 0.002 * s * (v != "baseline"),
+                          tokens=100 * n, params=1000 * n, fpt=6000 * n,
+                          model={"name": model, "n_layer": 4, "n_head": 4, "n_embd": n})
+    args = _study(tmp_path) + ["scale_ladder.models=[ladder-64,ladder-96]"]
+    assert _compare(nano_project, monkeypatch, args) == 0
+    la = _summary(tmp_path)["scale_ladder"]
+    assert la["fits"] == {} and "not fitted: 2 size(s)" in la["fit_note"]
+    assert all(s["compute_multiplier"] == {} for s in la["sizes"])
+    b = np.array([BASE[s] - 0.064 for s in SEEDS])
+    v = b - 0.002 * np.array(SEEDS)
+    assert la["sizes"][0]["vs_baseline"]["nonlinear_q"]["p_value"] == pytest.approx(stats.ttest_rel(v, b).pvalue)
+    md = (tmp_path / "reports/comparison.md").read_text()
+    assert "| ladder-64 | 4 x 64 |" in md and "n/a (not fitted: 2 size(s)" in md
+    assert (tmp_path / "reports/figures/scale_ladder.png").exists()
+    assert not (tmp_path / "reports/figures/lr_sweep.png").exists()
+    # one ladder size trained at another lr than the other: the sizes do not pair
+    write_run(runs / "scale_ladder/ladder-96/nonlinear_q-s2", "nonlinear_q", 2, 3.9, tokens=9600, params=96000,
+              fpt=576000, model={"name": "ladder-96", "n_layer": 4, "n_head": 4, "n_embd": 96}, train={"lr": 1e-3})
+    capsys.readouterr()
+    assert _compare(nano_project, monkeypatch, args) == 2
+    err = capsys.readouterr().err
+    assert "scale_ladder/ladder-96/nonlinear_q-s2 differs in train.lr 0.001 (vs 0.003)" in err

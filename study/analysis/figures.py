@@ -226,9 +226,15 @@ def scale_ladder(summary: dict, out: Path) -> Path:
     axes[1].axhline(0, color="black", lw=0.8)
     finish(axes[1], "Effect at each size", f"log-loss change vs {base} (%), 95% CI", "non-embedding parameters",
            xlog=True)
-    axes[2].axhline(1, color="black", lw=0.8)
-    finish(axes[2], f"{base} compute to reach the variant's loss / its own", "compute multiplier, 95% CI",
-           "non-embedding parameters", xlog=True)
+    if any(s["compute_multiplier"] for s in la["sizes"]):
+        axes[2].axhline(1, color="black", lw=0.8)
+        finish(axes[2], f"{base} compute to reach the variant's loss / its own", "compute multiplier, 95% CI",
+               "non-embedding parameters", xlog=True)
+    else:
+        axes[2].clear()
+        axes[2].text(0.5, 0.5, "compute multiplier not fitted:\nfewer than 3 sizes", transform=axes[2].transAxes,
+                     ha="center", color="grey")
+        axes[2].set_axis_off()
     return _save(fig, out / "scale_ladder.png")
 
 
