@@ -282,7 +282,7 @@ def test_mlflow_reader_pairs_and_counts_only_finished_runs(nano_project, tmp_pat
 
 
 # -- the profiles through the same checks ------------------------------------------------------------
-def test_two_ladder_sizes_are_not_fitted_and_an_odd_sweep_point_is_refused(nano_project, tmp_path, monkeypatch,
+def test_two_ladder_sizes_are_not_fitted_and_a_size_at_another_lr_is_refused(nano_project, tmp_path, monkeypatch,
                                                                           capsys):
     runs = tmp_path / "runs"
     for s in SEEDS:
