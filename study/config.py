@@ -152,6 +152,8 @@ class TrainConfig:
     divergence_nats: float = 2.0  # stop when the smoothed train loss rises this far above its minimum
     tokens_per_param: Optional[float] = None  # set: tokens = this x the baseline's non-embedding params (scale ladder)
     lr_from_sweep: bool = False  # true: the peak lr is the best of this variant's lr sweep (runs/lr_sweep)
+    data_seed: Optional[int] = None  # the training-data order (None: seed)
+    init_seed: Optional[int] = None  # the initial weights, keyed by parameter name (None: seed)
 
 
 @dataclass
@@ -226,7 +228,7 @@ class Defaults:
 
 @dataclass
 class RunConfig:
-    """Everything one training run needs; ``seed`` fixes init and data order."""
+    """Everything one training run needs; ``seed`` fixes init and data order (see :func:`run_seeds`)."""
 
     defaults: Defaults = field(default_factory=Defaults)
     study: StudyConfig = field(default_factory=StudyConfig)
@@ -479,6 +481,16 @@ def _validate_profiles(cfg: RunConfig) -> None:
         raise ConfigError(f"train.tokens_per_param={cfg.train.tokens_per_param} must be > 0 (or null)")
     if s.group and (s.group.startswith("/") or ".." in s.group.split("/")):
         raise ConfigError(f"study.group={s.group!r} must be a relative sub-folder of study.runs_dir")
+
+
+def run_seeds(cfg: RunConfig) -> tuple[int, int]:
+    """(data_seed, init_seed) of a run: ``train.data_seed`` / ``train.init_seed``, each defaulting to
+    ``seed``.  The data seed alone fixes the order of the training windows, the init seed alone the
+    initial weights (keyed by parameter name, study.model.GPT.init_parameters): runs of two variants
+    with one seed see the same windows and share the initial values of every module they have in common."""
+    t = cfg.train
+    return (cfg.seed if t.data_seed is None else t.data_seed,
+            cfg.seed if t.init_seed is None else t.init_seed)
 
 
 def micro_batches(cfg: RunConfig, world_size: int = 1) -> tuple[int, int]:

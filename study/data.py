@@ -530,9 +530,23 @@ def check_prepared(data_dir: Path, cfg) -> dict:
 
 # -- the DataModule ---------------------------------------------------------------------------------
 import lightning.pytorch as pl  # noqa: E402  (the DataModule below; a hard dependency)
-from litdata import StreamingDataLoader, StreamingDataset  # noqa: E402
+import torch  # noqa: E402
+from litdata import StreamingDataset, TokensLoader  # noqa: E402
 
 RECORD_ENV = "STUDY_RECORD_WINDOWS"
+ORDER_VERSION = "window-permutation-v1"  # the training order's algorithm, saved in (and checked on) resume
+
+
+def split_chunks(split_dir: Path) -> list[dict]:
+    """The chunk entries of a litdata split's index.json (each has ``dim``, its tokens).
+
+    Raises:
+        DataError: index.json missing or corrupt.
+    """
+    try:
+        return json.loads((split_dir / "index.json").read_text())["chunks"]
+    except (OSError, ValueError, KeyError) as e:
+        raise DataError(f"{split_dir}/index.json is missing or corrupt ({e}): re-run `python -m study.prepare`") from e
 
 
 def split_windows(split_dir: Path, window: int) -> int:
@@ -542,179 +556,195 @@ def split_windows(split_dir: Path, window: int) -> int:
     TokensLoader cuts each chunk of ``dim`` tokens into ``dim // window`` windows; window i of the
     split is the i-th of them in chunk order (litdata's global item index).
     """
-    try:
-        chunks = json.loads((split_dir / "index.json").read_text())["chunks"]
-    except (OSError, ValueError, KeyError) as e:
-        raise DataError(f"{split_dir}/index.json is missing or corrupt ({e}): re-run `python -m study.prepare`") from e
-    return sum(c["dim"] // window for c in chunks)
+    return sum(c["dim"] // window for c in split_chunks(split_dir))
 
 
-class GlobalOrderDataset(StreamingDataset):
-    """litdata's StreamingDataset, streaming one order of windows that does not depend on the world size.
+def window_token_offsets(split_dir: Path, window: int, indices) -> np.ndarray:
+    """Token offset, within the split's token stream, of the first token of each window ``indices``
+    (litdata's global item indices of windows of ``window`` tokens; a chunk's tail shorter than a
+    window is never read).  Returns int64 (len(indices),)."""
+    chunks = split_chunks(split_dir)
+    n_win = np.array([c["dim"] // window for c in chunks], dtype=np.int64)
+    first_win = np.concatenate([[0], np.cumsum(n_win)])
+    first_tok = np.concatenate([[0], np.cumsum([c["dim"] for c in chunks])]).astype(np.int64)
+    idx = np.asarray(indices, dtype=np.int64)
+    c = np.searchsorted(first_win, idx, side="right") - 1
+    return first_tok[c] + (idx - first_win[c]) * window
 
-    The order is litdata's own single-process shuffle with batch size ``global_batch`` (windows per
-    optimizer step over all ranks; a single-process run with one micro-batch per step reads exactly this
-    order).  With W ranks and micro-batches of m windows, consecutive runs of m windows of that order go
-    to ranks 0, 1, ..., W-1, 0, 1, ...: rank r reads the micro-batches r, r + W, r + 2W, ... and every
-    optimizer step (W x accumulation micro-batches) trains on exactly the windows of one single-process
-    global batch, each on one rank.  Plain litdata instead gives every rank a contiguous part of the
-    shuffled chunks, which changes what a global batch holds with the world size.
 
-    Built on litdata 0.2.76's elastic resume (``litdata/streaming/elastic.py``): at the start of every
-    epoch a state that records the canonical topology (1 rank, 1 worker, batch ``global_batch``) and
-    ``start_at`` windows already consumed is loaded, and litdata restripes the rest of that epoch's
-    single-process stream onto this run's (world size, batch size) grid.  litdata's sliding-window
-    shuffle (chosen on NFS/Lustre/GPFS paths) is replaced by its full shuffle, so the order is the same
-    on every filesystem.  Upgrading litdata needs ``tests/test_ddp.py`` to pass.
+def corpus_of_tokens(corpus_tokens: list, offsets: np.ndarray) -> np.ndarray:
+    """Index into ``corpus_tokens`` ([[name, tokens], ...] in stream order, meta.json) of the corpus
+    holding each token offset (int64 (n,))."""
+    ends = np.cumsum([int(n) for _, n in corpus_tokens])
+    return np.minimum(np.searchsorted(ends, offsets, side="right"), len(ends) - 1)
 
-    Debug hook: with the environment variable ``STUDY_RECORD_WINDOWS=DIR`` every rank appends the
-    global index of each training window it reads (litdata's item index, one per line, in reading
-    order) to ``DIR/train-windows-rank{R}.txt``.
+
+def val_window_indices(n_windows: int, n_val: int) -> np.ndarray:
+    """The fixed validation set: ``n_val`` window indices spread evenly over the ``n_windows`` of the
+    validation split (i * n_windows // n_val), so that every held-out document contributes.
+
+    Raises:
+        DataError: fewer windows than asked for.
+    """
+    if n_windows < n_val:
+        raise DataError(f"the validation split holds {n_windows} windows, fewer than the {n_val} asked for: "
+                        f"lower train.val_tokens")
+    return np.arange(n_val, dtype=np.int64) * n_windows // n_val
+
+
+def fixed_val_windows(data_dir: Path, block_size: int, n_val: int, corpus_tokens: list | None = None):
+    """The fixed validation windows of a prepared split and the corpus of each.
+
+    Returns:
+        (windows (n_val, block_size + 1) int64 token ids, corpus index (n_val,) int64 into
+        ``corpus_tokens`` (the corpus of each window's first token; all 0 when None)).
+    """
+    window = block_size + 1
+    split = Path(data_dir) / "val"
+    idx = val_window_indices(split_windows(split, window), n_val)
+    ds = StreamingDataset(str(split), item_loader=TokensLoader(block_size=window), shuffle=False)
+    windows = torch.stack([torch.as_tensor(np.asarray(ds[int(i)], dtype=np.int64)) for i in idx])
+    corpus = (corpus_of_tokens(corpus_tokens, window_token_offsets(split, window, idx)) if corpus_tokens
+              else np.zeros(n_val, dtype=np.int64))
+    return windows, torch.as_tensor(corpus, dtype=torch.int64)
+
+
+def window_order(n_windows: int, data_seed: int, epoch: int) -> torch.Tensor:
+    """The training order of epoch ``epoch``: a permutation of all ``n_windows`` windows of the split,
+    window by window (not blocks of windows, not chunk by chunk), drawn from a generator keyed by
+    (data_seed, epoch) only: the same for every variant, world size and resume."""
+    key = int.from_bytes(hashlib.sha256(f"order/{data_seed}/{epoch}".encode()).digest()[:8], "little") >> 1
+    return torch.randperm(n_windows, generator=torch.Generator().manual_seed(key))
+
+
+class WindowSampler(torch.utils.data.Sampler):
+    """Batch sampler of one rank: micro-batches of window indices of the whole-split permutation.
+
+    Each optimizer step trains on ``global_batch`` consecutive windows of :func:`window_order`; they are
+    cut into micro-batches of ``micro_batch`` windows, dealt to ranks 0, 1, ..., W-1, 0, 1, ... (rank r
+    reads micro-batches r, r + W, ...), so every step trains on the same windows on any world size.
+    An epoch is ``n_windows // global_batch`` steps (the tail of the permutation is dropped); epoch e
+    uses permutation e.  Where an iteration starts is a function of the optimizer step only
+    (``start_step()``, the Trainer's global step): a resumed run continues with the windows an
+    uninterrupted run would read, on any world size.
+
+    Raises:
+        DataError: fewer windows than one global batch, or a micro-batch x world size that does not
+            divide the global batch.
     """
 
-    def __init__(self, *args, global_batch: int, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.global_batch = global_batch
-        self.start_at = 0  # windows of the current epoch already consumed by all ranks together
+    def __init__(self, n_windows: int, global_batch: int, micro_batch: int, world_size: int = 1, rank: int = 0,
+                 data_seed: int = 1, start_step=lambda: 0):
+        if global_batch % (micro_batch * world_size):
+            raise DataError(f"global batch {global_batch} windows is not a multiple of micro-batch {micro_batch} x "
+                            f"world size {world_size}: the micro-batch must divide train.batch_tokens / "
+                            f"(block_size * world size)")
+        if n_windows < global_batch:
+            raise DataError(f"the training split holds {n_windows} windows, fewer than one optimizer step of "
+                            f"{global_batch}: lower train.batch_tokens or prepare more data")
+        self.n_windows, self.global_batch, self.micro_batch = n_windows, global_batch, micro_batch
+        self.world_size, self.rank, self.data_seed, self.start_step = world_size, rank, data_seed, start_step
+        self.steps_per_epoch = n_windows // global_batch
+
+    def __len__(self) -> int:
+        """Micro-batches of this rank per epoch."""
+        return self.steps_per_epoch * self.global_batch // (self.micro_batch * self.world_size)
+
+    def position(self, step: int) -> tuple[int, int]:
+        """(epoch, first micro-batch of the epoch's order) where optimizer step ``step`` starts."""
+        epoch, s = divmod(int(step), self.steps_per_epoch)
+        return epoch, s * self.global_batch // self.micro_batch
+
+    def __iter__(self):
+        epoch, first = self.position(self.start_step())
+        order = window_order(self.n_windows, self.data_seed, epoch)
+        m, end = self.micro_batch, self.steps_per_epoch * self.global_batch // self.micro_batch
+        for j in range(first + self.rank, end, self.world_size):
+            yield order[j * m:(j + 1) * m].tolist()
+
+
+class WindowDataset(torch.utils.data.Dataset):
+    """Window ``i`` of a litdata token split: (window,) token ids (litdata's TokensLoader, random access).
+
+    Debug hook: with the environment variable ``STUDY_RECORD_WINDOWS=DIR`` every rank appends the index
+    of each window it reads (one per line, in reading order) to ``DIR/train-windows-rank{R}.txt``.
+    """
+
+    def __init__(self, split_dir: Path, window: int, rank: int = 0):
+        self.split_dir, self.window, self.rank = Path(split_dir), window, rank
+        self.n = split_windows(self.split_dir, window)
+        self._ds = None
         self._record_dir = os.environ.get(RECORD_ENV)  # read once, not per window
         self._record = None
 
-    def _create_shuffler(self, cache):
-        from litdata.streaming.shuffle import FullShuffle, WindowShuffle
+    def __len__(self) -> int:
+        return self.n
 
-        shuffler = super()._create_shuffler(cache)
-        if isinstance(shuffler, WindowShuffle):
-            return FullShuffle(cache, shuffler.seed, shuffler.drop_last, item_window=self._item_shuffle_window)
-        return shuffler
-
-    def __iter__(self):
-        if self._state_dict is None:  # a fresh epoch (StreamingDataLoader drops the state at every epoch)
-            ws, stride = self.distributed_env.world_size, self.batch_size * self.distributed_env.world_size
-            if self.global_batch % stride or self.start_at % stride:
-                raise DataError(f"global batch {self.global_batch} / resume position {self.start_at} windows is not "
-                                f"a multiple of micro-batch {self.batch_size} x world size {ws}: the micro-batch "
-                                f"must divide train.batch_tokens / (block_size * world size)")
-            state = self.state_dict(0, 1, self.batch_size)
-            state.update(world_size=1, num_workers=1, initial_world_size=1, initial_num_workers=1,
-                         initial_batch_size=self.global_batch, initial_num_nodes=1, num_canonical_nodes=1,
-                         sample_in_epoch=self.start_at, resume_mode="elastic", current_epoch=self.current_epoch)
-            self._state_dict = state
-            self.start_at = 0
-        return super().__iter__()
-
-    def __getitem__(self, index):
-        item = super().__getitem__(index)
-        if self._record_dir and hasattr(index, "chunk_index"):  # a training read from __next__
+    def __getitem__(self, i: int):
+        if self._ds is None:
+            self._ds = StreamingDataset(str(self.split_dir), item_loader=TokensLoader(block_size=self.window),
+                                        shuffle=False)
+        if self._record_dir:
             if self._record is None:
                 folder = Path(self._record_dir)
                 folder.mkdir(parents=True, exist_ok=True)
-                self._record = open(folder / f"train-windows-rank{self.distributed_env.global_rank}.txt", "a",
-                                    buffering=1)
-            self._record.write(f"{index.index}\n")
-        return item
-
-
-class GlobalOrderLoader(StreamingDataLoader):
-    """StreamingDataLoader over a :class:`GlobalOrderDataset` whose state is the position in the
-    world-size-independent order: ``{"epoch": E, "windows_done": N}`` = N windows of epoch E trained on
-    by all ranks together (0, 0 before the first batch).  A state saved on any world size resumes on any
-    other whose micro-batch x world size divides the global batch; N is always a whole number of global
-    batches.  (litdata's own loader state counts this rank's samples since the last resume, which a
-    second resume under DDP miscounts.)
-    """
-
-    def __init__(self, dataset: GlobalOrderDataset, batch_size: int):
-        super().__init__(dataset, batch_size=batch_size, num_workers=0, drop_last=True)
-        self._position = (0, 0)
-        self._resume_from: tuple[int, int] | None = None
-
-    def __iter__(self):
-        epoch, start = self._resume_from or (None, 0)
-        self._resume_from = None
-        if epoch is not None:
-            self.current_epoch = epoch - 1  # litdata's loader counts it up by one as the epoch starts
-        self.dataset.start_at = start
-        stride = self.batch_size * self.dataset.distributed_env.world_size
-        for batch in super().__iter__():
-            start += stride
-            self._position = (self.current_epoch, start)
-            yield batch
-
-    def state_dict(self) -> dict:
-        epoch, done = self._resume_from or self._position
-        return {"epoch": epoch, "windows_done": done}
-
-    def load_state_dict(self, state: dict) -> None:
-        if "windows_done" not in state:
-            raise DataError("the checkpoint's data-loader state comes from another version of study/data.py: "
-                            "delete the run's checkpoints/ folder to start the run afresh")
-        if state["epoch"] > 0:
-            self._resume_from = (int(state["epoch"]), int(state["windows_done"]))
+                self._record = open(folder / f"train-windows-rank{self.rank}.txt", "a", buffering=1)
+            self._record.write(f"{i}\n")
+        return self._ds[int(i)]
 
 
 class TokenDataModule(pl.LightningDataModule):
-    """Windows of (block_size + 1) tokens streamed by litdata; the same for every variant and world size.
+    """Windows of (block_size + 1) tokens from litdata chunks; the same for every variant and world size.
 
     Train batches are (B, block_size + 1) uint16/int32 token tensors, B = ``micro_batch_size`` windows
-    per rank, shuffled by litdata with ``seed``: a seed means the same batches for every variant.  Every
-    optimizer step trains on the same ``global_batch`` windows (= micro_batch_size x accumulation x world
-    size; None: micro_batch_size, one device) on 1 or N devices (:class:`GlobalOrderDataset`).
-    Validation is ``n_val_windows`` windows spread evenly over the validation split, read once: the same
-    tokens at every evaluation of every run, and every rank evaluates all of them.  The train loader's
-    position is saved in checkpoints (``state_dict``) so a resumed run sees the batch an uninterrupted
-    run would.
+    per rank, in the order of :class:`WindowSampler`: a permutation of all windows of the training split,
+    window by window, fixed by ``data_seed`` (the same batches for every variant), each optimizer step
+    training on the same ``global_batch`` windows (= micro_batch_size x accumulation x world size) on 1
+    or N devices, resumed from the Trainer's global step.
+    Validation batches are (tokens (B, block_size + 1), corpus index (B,)): ``n_val_windows`` windows
+    spread evenly over the validation split, read once; the same at every evaluation of every run, every
+    rank evaluates all of them.  ``corpora`` names the corpus indices (meta.json ``corpus_tokens``).
     """
 
-    def __init__(self, data_dir: str | Path, block_size: int, micro_batch_size: int, seed: int,
+    def __init__(self, data_dir: str | Path, block_size: int, micro_batch_size: int, data_seed: int,
                  n_val_windows: int, val_micro_batch_size: int, global_batch: int | None = None):
         super().__init__()
         self.data_dir = Path(data_dir)
-        self.block_size, self.micro_batch_size, self.seed = block_size, micro_batch_size, seed
+        self.block_size, self.micro_batch_size, self.data_seed = block_size, micro_batch_size, data_seed
         self.global_batch = global_batch or micro_batch_size
         self.n_val_windows, self.val_micro_batch_size = n_val_windows, val_micro_batch_size
-        self._train_loader = None
-        self._pending_state: dict | None = None
+        meta = read_meta(self.data_dir)
+        self.corpus_tokens = meta.get("corpus_tokens", {}).get("val") or [["all", meta["tokens"]["val"]]]
+        self.corpora = [name for name, _ in self.corpus_tokens]
         self._val = None
 
-    def _dataset(self, split: str, shuffle: bool):
-        from litdata import TokensLoader
-
-        kwargs = dict(item_loader=TokensLoader(block_size=self.block_size + 1), shuffle=shuffle, seed=self.seed,
-                      drop_last=shuffle)
-        if split == "train":
-            return GlobalOrderDataset(str(self.data_dir / split), global_batch=self.global_batch, **kwargs)
-        return StreamingDataset(str(self.data_dir / split), **kwargs)
+    def _global_step(self) -> int:
+        trainer = getattr(self, "trainer", None)
+        return trainer.global_step if trainer is not None else 0
 
     def train_dataloader(self):
-        self._train_loader = GlobalOrderLoader(self._dataset("train", shuffle=True), self.micro_batch_size)
-        if self._pending_state is not None:
-            self._train_loader.load_state_dict(self._pending_state)
-            self._pending_state = None
-        return self._train_loader
+        trainer = getattr(self, "trainer", None)
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        window = self.block_size + 1
+        dataset = WindowDataset(self.data_dir / "train", window, rank)
+        sampler = WindowSampler(len(dataset), self.global_batch, self.micro_batch_size, world, rank, self.data_seed,
+                                start_step=self._global_step)
+        return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, num_workers=0)
 
     def val_windows(self):
-        """The fixed validation set: ``n_val_windows`` windows (n_val, block_size + 1), evenly spaced
-        over the whole validation split so that every held-out document contributes; the same on
-        every rank and world size."""
-        import torch
-
-        ds = self._dataset("val", shuffle=False)
-        n = split_windows(self.data_dir / "val", self.block_size + 1)
-        if n < self.n_val_windows:
-            raise DataError(f"the validation split holds {n} windows of {self.block_size + 1} tokens, "
-                            f"fewer than the {self.n_val_windows} asked for: lower train.val_tokens")
-        return torch.stack([torch.as_tensor(ds[i * n // self.n_val_windows]) for i in range(self.n_val_windows)])
+        """The fixed validation set: (windows (n_val, block_size + 1), corpus index (n_val,))."""
+        return fixed_val_windows(self.data_dir, self.block_size, self.n_val_windows, self.corpus_tokens)
 
     def val_dataloader(self):
         """Every rank evaluates all windows (the Trainer runs with use_distributed_sampler=False)."""
-        import torch
-
         if self._val is None:
-            self._val = self.val_windows()
+            self._val = torch.utils.data.TensorDataset(*self.val_windows())
         return torch.utils.data.DataLoader(self._val, batch_size=self.val_micro_batch_size, shuffle=False)
 
     def state_dict(self) -> dict:
-        return {"train_loader": self._train_loader.state_dict()} if self._train_loader is not None else {}
+        return {"order": ORDER_VERSION, "data_seed": self.data_seed}
 
     def load_state_dict(self, state: dict) -> None:
-        self._pending_state = state.get("train_loader")
+        if state.get("order") != ORDER_VERSION or state.get("data_seed") != self.data_seed:
+            raise DataError("the checkpoint was written with another training-data order (study/data.py or "
+                            "train.data_seed changed): delete the run's checkpoints/ folder to start the run afresh")

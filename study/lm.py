@@ -17,9 +17,10 @@ import time
 
 import lightning.pytorch as pl
 import torch
+import torch.nn.functional as F
 from torchmetrics.aggregation import MeanMetric
 
-from study.config import RunConfig, cosine_lr, peak_lr
+from study.config import RunConfig, cosine_lr, peak_lr, run_seeds
 from study.model import GPT, diagnostics, flops_per_token, param_counts
 
 
@@ -56,15 +57,20 @@ class GPTModule(pl.LightningModule):
     all-reduced loss, so all ranks stop at the same step.
     """
 
-    def __init__(self, cfg: RunConfig):
+    def __init__(self, cfg: RunConfig, corpora: list[str] | None = None):
         super().__init__()
         self.cfg = cfg
-        self.model = GPT(cfg.model, cfg.variant)
+        self.corpora = list(corpora or [])  # names of the validation batches' corpus indices
+        self.model = GPT(cfg.model, cfg.variant, init_seed=run_seeds(cfg)[1])
         counts = param_counts(self.model)  # counted on the model just built, not a second copy
         self.counts = {"total_params": counts["total"], "non_embedding_params": counts["non_embedding"],
                        "flops_per_token": flops_per_token(self.model)}
         self.lr, self.min_lr = peak_lr(cfg)
         self.val_loss = MeanMetric()
+        # per-corpus validation loss of the current evaluation: summed window losses and window counts,
+        # (n_corpora,) each; every rank evaluates all windows, so no reduction across ranks is needed
+        self._corpus_sum: torch.Tensor | None = None
+        self._corpus_n: torch.Tensor | None = None
         self.curve: list[dict] = []
         self.diverged: str | None = None
         self._train_losses: list[float] = []  # per optimizer step since the last evaluation (nats)
@@ -145,8 +151,26 @@ class GPTModule(pl.LightningModule):
             self.log_dict(logs, on_step=True)
             self._t_last, self._tokens_since = now, 0
 
-    def validation_step(self, batch: torch.Tensor, batch_idx: int) -> None:
-        self.val_loss.update(self._loss(batch), weight=batch.shape[0])
+    def _window_losses(self, batch: torch.Tensor) -> torch.Tensor:
+        """Mean next-token cross-entropy (nats) of each window of ``batch`` (B, block_size + 1): (B,)."""
+        batch = batch.long()
+        model = self._compiled if self._compiled is not None else self.model
+        logits, _ = model(batch[:, :-1])  # (B, T, V)
+        # (B, T, V) -> (B, V, T) against (B, T): per-token losses, then the mean over T
+        return F.cross_entropy(logits.float().transpose(1, 2), batch[:, 1:], reduction="none").mean(dim=1)
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        """``batch`` = (tokens (B, block_size + 1), corpus index (B,)), or tokens alone."""
+        tokens, corpus = batch if isinstance(batch, (list, tuple)) else (batch, None)
+        losses = self._window_losses(tokens)  # (B,)
+        self.val_loss.update(losses.mean(), weight=tokens.shape[0])
+        if corpus is not None and self.corpora:
+            k = len(self.corpora)
+            onehot = F.one_hot(corpus.long(), k).to(losses.dtype)  # (B, n_corpora)
+            sums, counts = (losses.detach() @ onehot), onehot.sum(0)
+            self._corpus_sum = sums if self._corpus_sum is None else self._corpus_sum + sums
+            self._corpus_n = counts if self._corpus_n is None else self._corpus_n + counts
+        batch = tokens
         if batch_idx == 0 and not self.trainer.sanity_checking:
             # projection diagnostics (||f(x)||/||x||, attention entropy) on the first fixed validation
             # batch (B, block_size), computed at the epoch's end where FSDP can gather the full weights
@@ -174,7 +198,13 @@ class GPTModule(pl.LightningModule):
     def on_validation_epoch_end(self) -> None:
         val_loss = self.val_loss.compute().item()
         self.val_loss.reset()
-        self.log_dict({"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50.0))}, sync_dist=False)
+        per_corpus = {}
+        if self._corpus_sum is not None:
+            sums, counts = self._corpus_sum.tolist(), self._corpus_n.tolist()
+            per_corpus = {f"val_loss/{c}": s / n for c, s, n in zip(self.corpora, sums, counts) if n > 0}
+        self._corpus_sum = self._corpus_n = None
+        self.log_dict({"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50.0)), **per_corpus},
+                      sync_dist=False)
         diag = self._diagnostics()
         if diag and self.logger is not None:
             self.logger.log_metrics({f"diag/{k}": v for k, v in diag.items()}, step=self.trainer.global_step)
@@ -188,6 +218,7 @@ class GPTModule(pl.LightningModule):
             "train_loss": sum(train) / len(train) if train else float("nan"),
             "val_loss": val_loss,
             "lr": self.lr_at(step),
+            **per_corpus,
         }]
         self._train_losses = []
 

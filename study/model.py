@@ -27,6 +27,7 @@ identity/nonlinear query keeps one fused C -> 2C projection for k and v.
 """
 from __future__ import annotations
 
+import hashlib
 import math
 
 import torch
@@ -183,10 +184,17 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def _keyed_normal(shape: tuple, std: float, seed: int, name: str) -> torch.Tensor:
+    """N(0, std) values of ``shape`` from a CPU generator seeded by sha256(seed, name): the same
+    values wherever a parameter of that name and shape appears."""
+    key = int.from_bytes(hashlib.sha256(f"init/{seed}/{name}".encode()).digest()[:8], "little") >> 1
+    return torch.empty(shape).normal_(0.0, std, generator=torch.Generator().manual_seed(key))
+
+
 class GPT(nn.Module):
     """Decoder-only language model: token ids (B, T) -> logits (B, T, vocab_size)."""
 
-    def __init__(self, config: ModelConfig, variant: VariantConfig):
+    def __init__(self, config: ModelConfig, variant: VariantConfig, init_seed: int = 0):
         super().__init__()
         self.config, self.variant = config, variant
         self.transformer = nn.ModuleDict(dict(
@@ -198,22 +206,42 @@ class GPT(nn.Module):
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # tied embeddings
-        self.apply(self._init_weights)
-        self._init_output_projections()
+        self.init_parameters(init_seed)
 
     # -- initialisation, all in one place (GPT-2 / nanoGPT; PAPER.md) -------------------------
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        """Linear and embedding weights ~ N(0, 0.02); norm gains 1 (torch's default)."""
-        if isinstance(module, (nn.Linear, nn.Embedding)):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+    def init_std(self, name: str) -> float | None:
+        """Init std of parameter ``name``: matrices and embeddings N(0, 0.02), the blocks' output
+        projections (``attn.c_proj``, ``mlp.c_proj``) N(0, 0.02 / sqrt(2 n_layer)) (GPT-2 scaled init);
+        None for norm gains (ones, torch's default)."""
+        if name.endswith("c_proj.weight"):
+            return 0.02 / math.sqrt(2 * self.config.n_layer)
+        return None if name.split(".")[-2] in ("ln_1", "ln_2", "ln_f", "ln", "rms") else 0.02
 
-    def _init_output_projections(self) -> None:
-        """The blocks' output projections ~ N(0, 0.02 / sqrt(2 n_layer)) (GPT-2 scaled init)."""
-        std = 0.02 / math.sqrt(2 * self.config.n_layer)
-        for block in self.transformer.h:
-            nn.init.normal_(block.attn.c_proj.weight, mean=0.0, std=std)
-            nn.init.normal_(block.mlp.c_proj.weight, mean=0.0, std=std)
+    @torch.no_grad()
+    def init_parameters(self, init_seed: int) -> None:
+        """Draw every parameter from a generator keyed by (init_seed, its name) only (common random numbers).
+
+        Two variants built with one seed therefore start with identical values in every tensor they share
+        by name and shape (embeddings, MLPs, output projections, norms), whatever else they hold; the fused
+        linear q/k/v matrix ``c_attn`` draws each C-row block under the name of its projection
+        (``...attn.q``, ``.k``, ``.v``), so the key and value rows of the baseline equal those of a variant
+        whose query is not linear.  Parameters on the meta device are left as they are.
+        """
+        for name, p in self.named_parameters():  # the tied embedding once, as transformer.wte.weight
+            if p.device.type == "meta":
+                continue
+            std = self.init_std(name)
+            if std is None:
+                p.fill_(1.0)
+                continue
+            if name.endswith("attn.c_attn.weight"):
+                attn = self.get_submodule(name.rsplit(".", 1)[0].rsplit(".", 1)[0])
+                rows = [m for m in "qkv" if dict(zip("qkv", attn.modes))[m] == "linear"]
+                base = name.rsplit(".", 2)[0]
+                parts = [_keyed_normal((attn.n_embd, p.shape[1]), std, init_seed, f"{base}.{m}") for m in rows]
+                p.copy_(torch.cat(parts))  # (n_linear * C, C), in q, k, v order
+            else:
+                p.copy_(_keyed_normal(tuple(p.shape), std, init_seed, name))
 
     # -- forward ------------------------------------------------------------------------------
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):

@@ -36,6 +36,7 @@ from study.config import ConfigError, run_stage
 # study.data (which imports Lightning) is imported inside the functions: litdata's optimize spawns
 # a worker process that imports this module for _emit / _emit_hf_rows, and should not pay for it.
 HF_ROWS_PER_INPUT = 4096  # rows of the tokenised dataset per litdata input (source hf)
+YARDSTICK_MAX_TOKENS = 50_000_000  # training tokens counted for the yardsticks (source hf: the first ones)
 
 
 def _emit(tokens):
@@ -72,9 +73,10 @@ def _emit_hf_rows(spec):
         yield values[offsets[j]:offsets[j + 1]]
 
 
-def _prepare_hf(cfg, ds, tmp: Path) -> tuple[object, dict, dict]:
+def _prepare_hf(cfg, ds, tmp: Path) -> tuple[object, dict, dict, np.ndarray]:
     """Tokenise the rows of ``ds`` in parallel and write the train/val chunks under ``tmp``; return
-    (tokenizer, tokens per split, documents per split)."""
+    (tokenizer, tokens per split, documents per split, the first training tokens (at most
+    YARDSTICK_MAX_TOKENS) for the yardsticks)."""
     from study.data import DataError, hf_train_texts, is_val_index, make_tokenizer, tokenize_hf
 
     d = cfg.data
@@ -92,13 +94,43 @@ def _prepare_hf(cfg, ds, tmp: Path) -> tuple[object, dict, dict]:
         raise DataError("the tokenised dataset has no arrow file on disk: set data.hf_cache_dir to a writable folder")
     lengths = tokenized.data.column("len").to_numpy().astype(np.int64)
     counts = {"train": int(lengths[~val].sum()), "val": int(lengths[val].sum())}
+    train_rows = np.flatnonzero(~val)
+    head = train_rows[: int(np.searchsorted(np.cumsum(lengths[train_rows]), YARDSTICK_MAX_TOKENS)) + 1]
+    sample = tokenized.data.column("ids").take(head).combine_chunks().flatten().to_numpy().astype(np.int64)
     for split, rows in (("train", np.flatnonzero(~val)), ("val", np.flatnonzero(val))):
         blocks = np.split(rows, np.flatnonzero(np.diff(rows // HF_ROWS_PER_INPUT)) + 1)
         _optimize([(files, b) for b in blocks], tmp / split, d.chunk_bytes, fn=_emit_hf_rows)
     _TOKEN_COLUMNS.clear()
     del tokenized
     shutil.rmtree(tmp / "hf-tokens", ignore_errors=True)
-    return tok, counts, {"train": int((~val).sum()), "val": int(val.sum())}
+    return tok, counts, {"train": int((~val).sum()), "val": int(val.sum())}, sample
+
+
+def corpus_runs(docs, arrays) -> list[list]:
+    """[[corpus, tokens], ...]: the corpora of a split's token stream in order (documents are grouped by
+    corpus, the part of a document id before its first '/')."""
+    runs: list[list] = []
+    for d, a in zip(docs, arrays):
+        name = d.id.split("/", 1)[0]
+        if runs and runs[-1][0] == name:
+            runs[-1][1] += int(len(a))
+        else:
+            runs.append([name, int(len(a))])
+    return runs
+
+
+def yardsticks(cfg, data_dir: Path, meta: dict, train_tokens: np.ndarray) -> dict:
+    """Unigram and bigram cross-entropy (nats/token) of the fixed validation windows that training
+    evaluates (model.block_size, train.val_tokens), overall and per corpus (study.yardsticks)."""
+    from study.data import fixed_val_windows
+    from study.yardsticks import ngram_yardsticks
+
+    n_val = cfg.train.val_tokens // cfg.model.block_size
+    windows, corpus = fixed_val_windows(data_dir, cfg.model.block_size, n_val, meta["corpus_tokens"]["val"])
+    out = ngram_yardsticks(train_tokens, windows.numpy(), corpus.numpy(),
+                           [c for c, _ in meta["corpus_tokens"]["val"]], meta["vocab_size"])
+    out.update(block_size=cfg.model.block_size, n_val_windows=n_val)
+    return out
 
 
 def check_vocab(cfg, tok) -> None:
@@ -129,7 +161,8 @@ def prepare(cfg, root: Path) -> dict:
     tmp.mkdir(parents=True)
     try:
         if hf:
-            tok, counts, documents = _prepare_hf(cfg, ds, tmp)
+            tok, counts, documents, train_sample = _prepare_hf(cfg, ds, tmp)
+            corpus_tokens = {split: [[cfg.data.hf_split, counts[split]]] for split in counts}
             n = len(ds)
             val_ids = [hf_doc_id(cfg.data.hf_split, i, n) for i in np.flatnonzero(is_val_index(np.arange(n),
                                                                                                cfg.data.val_every))]
@@ -138,11 +171,15 @@ def prepare(cfg, root: Path) -> dict:
             tok = make_tokenizer(cfg.data, [d.text for d in train_docs] if cfg.data.tokenizer == "bpe" else None,
                                  tmp / "tokenizer.json")
             check_vocab(cfg, tok)
-            counts = {}
+            counts, corpus_tokens = {}, {}
             for split, split_docs in (("train", train_docs), ("val", val_docs)):
                 arrays = tok.encode_documents([d.text for d in split_docs])
                 counts[split] = int(sum(len(a) for a in arrays))
+                corpus_tokens[split] = corpus_runs(split_docs, arrays)
                 _optimize(arrays, tmp / split, cfg.data.chunk_bytes)
+                if split == "train":
+                    train_sample = np.concatenate(arrays).astype(np.int64)
+                del arrays
             documents = {"train": len(train_docs), "val": len(val_docs)}
             val_ids = [d.id for d in val_docs]
             sources = sorted({str(d.source) for d in docs})
@@ -154,6 +191,7 @@ def prepare(cfg, root: Path) -> dict:
             "source": cfg.data.source,
             "corpora": list(cfg.data.corpora) if cfg.data.source == "embedded" else None,
             "tokens": counts,
+            "corpus_tokens": corpus_tokens,
             "documents": documents,
             "val_documents": val_ids,
             "val_every": cfg.data.val_every,
@@ -166,6 +204,9 @@ def prepare(cfg, root: Path) -> dict:
                           "fingerprint": getattr(ds, "_fingerprint", None)}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         check_prepared(tmp, cfg)  # chunks hold what meta.json says
+        meta["yardsticks"] = yardsticks(cfg, tmp, meta, train_sample)
+        del train_sample
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 from study.config import (config_hash, flatten, max_steps, micro_batches, peak_lr, run_dir, run_label,
-                          run_stage, to_dict)
+                          run_seeds, run_stage, to_dict)
 from study.data import DataError, TokenDataModule, check_prepared
 
 
@@ -87,10 +87,11 @@ def run_digest(cfg, data_dir: Path) -> str:
 
 
 def write_curve(path: Path, rows: list[dict]) -> None:
-    """curve.csv: step, tokens, train_loss, val_loss, lr, written atomically."""
+    """curve.csv: step, tokens, train_loss, val_loss, lr, then val_loss/CORPUS per corpus, written atomically."""
     tmp = path.with_suffix(".tmp")
+    extra = sorted({k for r in rows for k in r if k.startswith("val_loss/")})
     with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["step", "tokens", "train_loss", "val_loss", "lr"])
+        w = csv.DictWriter(f, fieldnames=["step", "tokens", "train_loss", "val_loss", "lr", *extra])
         w.writeheader()
         for r in rows:
             w.writerow({k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in r.items()})
@@ -181,12 +182,13 @@ def train(cfg, root: Path) -> dict:
         if rank == 0:
             write_json(state_path, state)
     try:
-        pl.seed_everything(cfg.seed, workers=True, verbose=False)  # the seed fixes init and data order
-        module = GPTModule(cfg)
+        data_seed, _ = run_seeds(cfg)  # the order of the windows; the init seed goes to GPTModule
+        pl.seed_everything(cfg.seed, workers=True, verbose=False)  # anything else random (dropout)
+        dm = TokenDataModule(data_dir, cfg.model.block_size, micro, data_seed, n_val, val_micro,
+                             global_batch=micro * accum * ws)  # the same windows per step on any world size
+        module = GPTModule(cfg, corpora=dm.corpora)
         logger.log_metrics({"non_embedding_params": module.counts["non_embedding_params"],
                             "flops_per_token": module.counts["flops_per_token"]}, step=0)
-        dm = TokenDataModule(data_dir, cfg.model.block_size, micro, cfg.seed, n_val, val_micro,
-                             global_batch=micro * accum * ws)  # the same windows per step on any world size
         # saved (atomically, by Lightning) at the end of every evaluation: the curve row is in it
         checkpoint = ModelCheckpoint(dirpath=ckpt_dir, filename="last", monitor=None, save_top_k=1,
                                      enable_version_counter=False)
@@ -230,6 +232,9 @@ def train(cfg, root: Path) -> dict:
         "reason": module.diverged,
         "val_loss": val_loss if math.isfinite(val_loss) else None,
         "val_perplexity": math.exp(val_loss) if math.isfinite(val_loss) and val_loss < 50 else None,
+        "val_loss_per_corpus": {k.split("/", 1)[1]: v for k, v in final.items() if k.startswith("val_loss/")},
+        "data_seed": run_seeds(cfg)[0],
+        "init_seed": run_seeds(cfg)[1],
         "steps": trainer.global_step,
         "tokens": trainer.global_step * cfg.train.batch_tokens,
         "lr": lr,

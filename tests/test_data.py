@@ -96,7 +96,7 @@ def test_seed_fixes_the_batches_for_every_variant(nano_project):
     def first_batches(seed, n=3):
         dm = TokenDataModule(nano_project / "data/tokens", 64, 8, seed, n_val_windows=16, val_micro_batch_size=8)
         it = iter(dm.train_dataloader())
-        return [next(it).clone() for _ in range(n)], dm.val_windows()
+        return [next(it).clone() for _ in range(n)], dm.val_windows()[0]
 
     a, val_a = first_batches(1)
     b, val_b = first_batches(1)

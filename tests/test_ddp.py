@@ -100,75 +100,66 @@ def test_ddp_trains_the_single_process_batches_to_the_same_losses(run_in, nano_p
 
 
 # -- the data pipeline on simulated ranks ---------------------------------------------------------------
-def _loader(nano_project: Path, world: int, rank: int, micro: int, state: dict | None = None, seed: int = 1):
-    """The train loader of rank ``rank`` of ``world`` (global batch BATCH windows)."""
-    from litdata import TokensLoader
-    from litdata.utilities.env import _DistributedEnv
+def _sampler(nano_project: Path, world: int, rank: int, micro: int, start_step: int = 0, seed: int = 1):
+    """The train batch sampler of rank ``rank`` of ``world`` (global batch BATCH windows)."""
+    from study.data import WindowSampler, split_windows
 
-    from study.data import GlobalOrderDataset, GlobalOrderLoader
-
-    ds = GlobalOrderDataset(str(nano_project / "data/tokens/train"), global_batch=BATCH, shuffle=True, seed=seed,
-                            drop_last=True, item_loader=TokensLoader(block_size=65))
-    ds.distributed_env = _DistributedEnv(world, rank, 1)
-    loader = GlobalOrderLoader(ds, micro)
-    if state is not None:
-        loader.load_state_dict(state)
-    return loader
+    n = split_windows(nano_project / "data/tokens/train", 65)
+    return WindowSampler(n, BATCH, micro, world, rank, seed, start_step=lambda: start_step)
 
 
-def _steps(its: list, micro: int, n: int) -> list[set]:
-    """The windows (as token tuples) of the next n optimizer steps, read from the ranks' iterators ``its``
-    in micro-batches of ``micro`` windows."""
-    accum = BATCH // (len(its) * micro)
-    return [{tuple(w.tolist()) for it in its for _ in range(accum) for w in next(it)} for _ in range(n)]
-
-
-def _ranks(nano_project: Path, world: int, micro: int, state: dict | None = None) -> tuple[list, list]:
-    loaders = [_loader(nano_project, world, r, micro, state) for r in range(world)]
-    return loaders, [iter(x) for x in loaders]
+def _steps(nano_project: Path, world: int, micro: int, n: int, start_step: int = 0) -> list[set]:
+    """The window indices of the next n optimizer steps, read from every rank's sampler in micro-batches."""
+    its = [iter(_sampler(nano_project, world, r, micro, start_step)) for r in range(world)]
+    accum = BATCH // (world * micro)
+    return [{w for it in its for _ in range(accum) for w in next(it)} for _ in range(n)]
 
 
 def test_every_world_size_reads_the_single_process_order(nano_project):
-    """W ranks x accumulation read, step by step, the global batches litdata gives one process; with one
-    micro-batch per step the order is plain litdata's (the study's single-device runs are unchanged)."""
-    import torch
-    from litdata import StreamingDataLoader, StreamingDataset, TokensLoader
+    """W ranks x accumulation read, step by step, exactly the global batches of one process: consecutive
+    BATCH windows of the seed's permutation of the whole split."""
+    from study.data import split_windows, window_order
 
-    plain = StreamingDataLoader(StreamingDataset(str(nano_project / "data/tokens/train"), shuffle=True, seed=1,
-                                                 drop_last=True, item_loader=TokensLoader(block_size=65)),
-                                batch_size=BATCH, num_workers=0, drop_last=True)
-    it = iter(plain)
-    ref = [next(it) for _ in range(6)]
-    it = iter(_loader(nano_project, 1, 0, BATCH))
-    assert all(torch.equal(next(it), x) for x in ref)
-    ref_steps = [{tuple(w.tolist()) for w in x} for x in ref]
+    n = split_windows(nano_project / "data/tokens/train", 65)
+    order = window_order(n, 1, 0).tolist()
+    ref = [set(order[i * BATCH:(i + 1) * BATCH]) for i in range(6)]
+    assert _steps(nano_project, 1, BATCH, 6) == ref
     for world, micro in ((2, 16), (2, 8), (4, 8), (4, 2), (1, 8)):
-        assert _steps(_ranks(nano_project, world, micro)[1], micro, 6) == ref_steps, (world, micro)
+        assert _steps(nano_project, world, micro, 6) == ref, (world, micro)
+    assert sorted(order) == list(range(n))  # a permutation of every window of the split
 
 
-def test_loader_state_resumes_on_any_world_size(nano_project):
-    """The saved position is global: 1 -> 2 ranks, 2 -> 4 ranks, and a second resume all continue with the
-    next global batch (litdata's own state loses count after a second resume under DDP)."""
-    whole = _steps(_ranks(nano_project, 1, BATCH)[1], BATCH, 12)
-    one, its = _ranks(nano_project, 1, BATCH)
-    _steps(its, BATCH, 3)
-    state = one[0].state_dict()
-    assert state == {"epoch": 1, "windows_done": 3 * BATCH}
-    two, its = _ranks(nano_project, 2, 8, state)
-    assert _steps(its, 8, 4) == whole[3:7]
-    state = two[0].state_dict()
-    assert state == two[1].state_dict() == {"epoch": 1, "windows_done": 7 * BATCH}
-    four, its = _ranks(nano_project, 4, 8, state)
-    assert _steps(its, 8, 2) == whole[7:9]
-    again, its = _ranks(nano_project, 4, 8, four[0].state_dict())  # the second resume
-    assert _steps(its, 8, 3) == whole[9:12]
+def test_order_resumes_from_the_step_on_any_world_size(nano_project):
+    """Where a rank starts is a function of the optimizer step only: 1 -> 2 ranks, 2 -> 4 ranks, and across
+    the epoch boundary (epoch e+1 uses a new permutation) all continue with the next global batch."""
+    from study.data import split_windows, window_order
+
+    per_epoch = split_windows(nano_project / "data/tokens/train", 65) // BATCH
+    whole = _steps(nano_project, 1, BATCH, 12)
+    assert _steps(nano_project, 2, 8, 4, start_step=3) == whole[3:7]
+    assert _steps(nano_project, 4, 8, 3, start_step=9) == whole[9:12]
+    n = split_windows(nano_project / "data/tokens/train", 65)
+    second = window_order(n, 1, 1).tolist()
+    assert _steps(nano_project, 2, 8, 1, start_step=per_epoch + 2) == [set(second[2 * BATCH:3 * BATCH])]
+    assert second != window_order(n, 1, 0).tolist() and second != window_order(n, 2, 1).tolist()
 
 
-def test_loader_refuses_a_foreign_state(nano_project):
-    from study.data import DataError
+def test_checkpoint_of_another_order_is_refused(nano_project):
+    from study.data import DataError, TokenDataModule
 
+    dm = TokenDataModule(nano_project / "data/tokens", 64, 8, 1, n_val_windows=16, val_micro_batch_size=8)
+    dm.load_state_dict(dm.state_dict())
     with pytest.raises(DataError, match="delete the run's checkpoints"):
-        _loader(nano_project, 1, 0, BATCH, state={"dataset": {}, "current_epoch": 1, "num_samples_yielded": 64})
+        dm.load_state_dict({"train_loader": {"epoch": 1, "windows_done": 64}})
+    with pytest.raises(DataError, match="delete the run's checkpoints"):
+        dm.load_state_dict({**dm.state_dict(), "data_seed": 2})
+
+
+def test_too_few_windows_for_one_step_is_refused_before_training(nano_project):
+    from study.data import DataError, WindowSampler
+
+    with pytest.raises(DataError, match="fewer than one optimizer step of 400: lower train.batch_tokens"):
+        WindowSampler(399, 400, 25)
 
 
 def test_validation_windows_do_not_depend_on_the_rank(nano_project):
