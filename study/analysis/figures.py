@@ -142,21 +142,23 @@ def paired_differences(summary: dict, out: Path) -> Path:
 
 
 def per_corpus(summary: dict, out: Path) -> Path:
-    """Final validation loss per corpus and variant (mean over seeds), with the yardsticks as markers."""
+    """Final validation loss per corpus and variant (mean over seeds), with the yardsticks as dashed lines."""
     corpora = summary["per_corpus"]["corpora"]
     names = list(summary["variants"])
     y = summary.get("yardsticks") or {}
     fig, ax = panel(width=max(7, 1.8 * len(corpora) + 3))
-    w = 0.8 / len(names)
+    w = 0.6 / len(names)
     for k, v in enumerate(names):
         vals = [(summary["variants"][v].get("val_loss_per_corpus") or {}).get(c, np.nan) for c in corpora]
-        ax.bar(np.arange(len(corpora)) + (k - (len(names) - 1) / 2) * w, vals, w, color=color(v), label=v)
-    for name, marker in (("unigram", "_"), ("bigram", "x")):
+        ax.scatter(np.arange(len(corpora)) + (k - (len(names) - 1) / 2) * w, vals, color=color(v), s=40, label=v,
+                   zorder=3)
+    for name, ls in (("unigram", "--"), ("bigram", ":")):
         if y.get("available") and name in y:
-            ax.scatter(range(len(corpora)), [y[name].get(c, np.nan) for c in corpora], marker=marker, s=300,
-                       color="black", label=f"{name} yardstick", zorder=3)
+            ax.hlines([y[name].get(c, np.nan) for c in corpora], np.arange(len(corpora)) - 0.4,
+                      np.arange(len(corpora)) + 0.4, colors="black", linestyles=ls, label=f"{name} yardstick")
     ax.set_xticks(range(len(corpora)), corpora)
     finish(ax, "Validation loss per corpus (mean over seeds)", "final validation loss (nats)", grid="y")
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))  # outside: the yardsticks span the panel
     return _save(fig, out / "per_corpus.png")
 
 
@@ -244,8 +246,8 @@ def write_all(summary: dict, runs: dict[str, dict[int, dict]], out: Path) -> lis
     out.mkdir(parents=True, exist_ok=True)
     written = [loss_curves(runs, out, "val_loss", "Validation loss, mean over seeds (band: min..max)",
                            "val_loss_curves.png"),
-               loss_curves(runs, out, "train_loss", "Training loss (mean between evaluations), mean over seeds "
-                           "(band: min..max)", "train_loss_curves.png"),
+               loss_curves(runs, out, "train_loss", "Training loss (mean between evaluations), "
+                           "mean over seeds", "train_loss_curves.png"),
                final_losses(summary, runs, out)]
     if summary["vs_baseline"]:
         written.append(paired_differences(summary, out))
