@@ -8,7 +8,7 @@ export DO_NOT_TRACK := true
 export TIKTOKEN_CACHE_DIR := $(CURDIR)/.tiktoken
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install study lr-sweep scale-ladder test test-fast ui bench clean
+.PHONY: install study lr-sweep scale-ladder test test-fast ui bench gpu-prep gpu-check-cpu clean
 
 install: $(STAMP)
 
@@ -53,6 +53,18 @@ ui: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m study.bench
+
+# The GPU check (docs/benchmarks.md "GPU"): on this connected machine, the wheels the offline GPU machine
+# lacks and the GPT-2-tokenised corpus into .gpu/ (git-ignored, carried to the GPU machine), size-checked
+# against the device tool's 64 MiB; then `python -m study.gpu_check --out DIR` there.
+gpu-prep: $(STAMP)
+	$(PY) -m study.gpu_check --prepare
+
+# The same script at nano size on this CPU (what tests/test_gpu_check.py runs), with the imports of packages
+# the GPU image lacks and .gpu/wheels does not carry made to fail (after gpu-prep); results in runs/gpu-check-cpu/
+gpu-check-cpu: $(STAMP)
+	$(PY) -m study.prepare model=nano data.bpe_vocab_size=512 data.max_docs_per_corpus=10 data.val_every=5 data.dir=runs/gpu-check-cpu/tokens
+	$(PY) -m study.gpu_check --cpu $$(test -d .gpu/wheels && echo --simulate-image) --tokens runs/gpu-check-cpu/tokens --work runs/gpu-check-cpu/work --out runs/gpu-check-cpu
 
 clean:
 	rm -rf runs reports/*.png reports/*.json reports/*.md mlruns.db mlartifacts

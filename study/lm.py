@@ -24,17 +24,25 @@ from study.config import RunConfig, cosine_lr, peak_lr, run_seeds
 from study.model import GPT, diagnostics, flops_per_token, param_counts
 
 
+H200_SXM_DENSE = {torch.bfloat16: 989.4e12, torch.float16: 989.4e12}  # FLOP/s, the H100 SXM's tensor cores
+
+
 def peak_flops(device: torch.device, precision: str) -> float | None:
     """Peak FLOP/s of one device, for MFU.
 
     GPUs/TPUs: Lightning's table of datasheet dense peaks
-    (``lightning.fabric.utilities.throughput.get_available_flops``; e.g. H100/H200 SXM bf16
-    989 TFLOP/s, A100 bf16 312 TFLOP/s, per the NVIDIA datasheets).  CPUs: measured here,
+    (``lightning.fabric.utilities.throughput.get_available_flops``; e.g. H100 SXM bf16
+    989.4 TFLOP/s, A100 bf16 312 TFLOP/s, per the NVIDIA datasheets), except the H200 SXM, which
+    Lightning 2.6 does not match (torch names it "NVIDIA H200") and lists with its sparse figures:
+    :data:`H200_SXM_DENSE` (the H200 datasheet's dense bf16/fp16 989 TFLOP/s).  CPUs: measured here,
     the best of five 1024^3 fp32 matrix products with torch's threads.
     """
     if device.type != "cpu":
         from lightning.fabric.utilities.throughput import get_available_flops
         dtype = torch.bfloat16 if "bf16" in str(precision) else (torch.float16 if "16" in str(precision) else torch.float32)
+        name = torch.cuda.get_device_name(device).lower() if device.type == "cuda" else ""
+        if "h200" in name and "nvl" not in name and dtype in H200_SXM_DENSE:
+            return H200_SXM_DENSE[dtype]
         return get_available_flops(device, dtype)
     a = torch.randn(1024, 1024)
     a @ a

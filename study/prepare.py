@@ -121,12 +121,17 @@ def corpus_runs(docs, arrays) -> list[list]:
 
 def yardsticks(cfg, data_dir: Path, meta: dict, train_tokens: np.ndarray) -> dict:
     """Unigram and bigram cross-entropy (nats/token) of the fixed validation windows that training
-    evaluates (model.block_size, train.val_tokens), overall and per corpus (study.yardsticks)."""
-    from study.data import fixed_val_windows
+    evaluates (model.block_size, train.val_tokens), overall and per corpus (study.yardsticks);
+    ``{"skipped": reason}`` when the validation split is too small for those windows (training with
+    these settings refuses the data too; other settings may fit)."""
+    from study.data import DataError, fixed_val_windows
     from study.yardsticks import ngram_yardsticks
 
     n_val = cfg.train.val_tokens // cfg.model.block_size
-    windows, corpus = fixed_val_windows(data_dir, cfg.model.block_size, n_val, meta["corpus_tokens"]["val"])
+    try:
+        windows, corpus = fixed_val_windows(data_dir, cfg.model.block_size, n_val, meta["corpus_tokens"]["val"])
+    except DataError as e:
+        return {"skipped": str(e), "block_size": cfg.model.block_size, "n_val_windows": n_val}
     out = ngram_yardsticks(train_tokens, windows.numpy(), corpus.numpy(),
                            [c for c, _ in meta["corpus_tokens"]["val"]], meta["vocab_size"])
     out.update(block_size=cfg.model.block_size, n_val_windows=n_val)
