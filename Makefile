@@ -67,4 +67,4 @@ gpu-check-cpu: $(STAMP)
 	$(PY) -m study.gpu_check --cpu $$(test -d .gpu/wheels && echo --simulate-image) --tokens runs/gpu-check-cpu/tokens --work runs/gpu-check-cpu/work --out runs/gpu-check-cpu
 
 clean:
-	rm -rf runs reports/*.png reports/*.json reports/*.md mlruns.db mlartifacts
+	rm -rf runs reports/*.png reports/figures reports/*.json reports/*.md mlruns.db mlartifacts

@@ -197,6 +197,14 @@ def test_yardsticks_shown_only_for_the_runs_own_data(nano_project, tmp_path, mon
     assert y["available"] and y["unigram"]["all"] == 6.1 and y["bigram"]["kjv"] == 4.7
     md = (tmp_path / "reports/comparison.md").read_text()
     assert "| *unigram yardstick* | | | | | 6.1000 |" in md and "| kjv |" in md and "| 4.7000 |" in md
+    (data / "meta.json").write_text(json.dumps({**meta, "yardsticks": {**meta["yardsticks"], "block_size": 128}}))
+    write_digest = hashlib.sha256((data / "meta.json").read_bytes()).hexdigest()[:16]
+    for s in SEEDS:  # the runs evaluated windows of 64 tokens (synthetic_runs), the yardsticks 128
+        for v in ("baseline", "nonlinear_q"):
+            cfg = json.loads((tmp_path / f"runs/{v}-s{s}/config.json").read_text())
+            (tmp_path / f"runs/{v}-s{s}/config.json").write_text(json.dumps({**cfg, "data_digest": write_digest}))
+    assert _compare(nano_project, monkeypatch, args) == 0
+    assert "the runs evaluated 128 windows of 64" in _summary(tmp_path)["yardsticks"]["note"]
     (data / "meta.json").write_text(json.dumps({**meta, "tokenizer": "gpt2"}))  # re-prepared since the runs
     assert _compare(nano_project, monkeypatch, args) == 0
     y = _summary(tmp_path)["yardsticks"]

@@ -63,7 +63,7 @@ def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path, profiles_too: b
     return {"study": cfg.study.name, "baseline": base_name, "seeds": list(cfg.study.seeds), "settings": settings,
             "variants": variants, "vs_baseline": verdict(ok, base_name) if base_name in ok else {},
             "frontier": frontier(base_name, ok, variants),
-            "yardsticks": yardsticks(root / cfg.data.dir / "meta.json", settings.get("data_digest")),
+            "yardsticks": yardsticks(root / cfg.data.dir / "meta.json", settings),
             "per_corpus": per_corpus(runs, base_name),
             "lr_sweep": profiles.lr_sweep_report(cfg, root, runs) if profiles_too else None,
             "scale_ladder": profiles.ladder_report(cfg, root) if profiles_too else None}
@@ -90,9 +90,10 @@ def frontier(base_name: str, ok: dict[str, dict[int, float]], variants: dict) ->
     return out
 
 
-def yardsticks(meta_path: Path, runs_digest: str | None) -> dict:
+def yardsticks(meta_path: Path, settings: dict) -> dict:
     """The prepared data's yardsticks (cross-entropy, nats, of simple models on the same fixed
-    validation windows: unigram, bigram; meta.json "yardsticks"), when they belong to the runs' data.
+    validation windows: unigram, bigram; meta.json "yardsticks"), when they belong to the runs' data
+    (``settings["data_digest"]``) and windows (model.block_size, train.val_tokens // block_size).
 
     Returns: {"available": bool, "note" (why not), "method", "unigram": {"all": nats, corpus: nats ...},
     "bigram": {...}}.
@@ -104,12 +105,28 @@ def yardsticks(meta_path: Path, runs_digest: str | None) -> dict:
 
     digest = hashlib.sha256(raw).hexdigest()[:16]
     y = json.loads(raw).get("yardsticks")
+    runs_digest = settings.get("data_digest")
     if not y:
         return {"available": False, "note": "the prepared data records no yardsticks (re-run `python -m study.prepare`)"}
+    if y.get("skipped"):
+        return {"available": False, "note": f"prepare skipped them: {y['skipped']}"}
+    block, val = (_int(settings.get(k)) for k in ("model.block_size", "train.val_tokens"))  # str from MLflow
+    windows = val // block if block and val else None
+    if block and y.get("block_size") not in (None, block) or windows and y.get("n_val_windows") not in (None, windows):
+        return {"available": False, "note": f"they were computed on windows of {y.get('block_size')} tokens "
+                                            f"({y.get('n_val_windows')} windows); the runs evaluated {windows} windows "
+                                            f"of {block}: re-run `python -m study.prepare` with the runs' settings"}
     if runs_digest and digest != runs_digest:
         return {"available": False, "note": f"the prepared data ({digest}) is not the data the runs trained on "
                                             f"({runs_digest}): re-run the study (`dvc repro`)"}
     return {"available": True, "note": None, **y}
+
+
+def _int(x) -> int | None:
+    try:
+        return int(x)
+    except (TypeError, ValueError):
+        return None
 
 
 def per_corpus(runs: dict[str, dict[int, dict]], base: str) -> dict | None:
