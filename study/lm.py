@@ -28,30 +28,42 @@ H200_SXM_DENSE = {torch.bfloat16: 989.4e12, torch.float16: 989.4e12}  # FLOP/s, 
 
 
 def peak_flops(device: torch.device, precision: str) -> float | None:
-    """Peak FLOP/s of one device, for MFU.
+    """Datasheet dense peak FLOP/s of one GPU/TPU for MFU, or None (CPUs, unknown devices).
 
-    GPUs/TPUs: Lightning's table of datasheet dense peaks
-    (``lightning.fabric.utilities.throughput.get_available_flops``; e.g. H100 SXM bf16
-    989.4 TFLOP/s, A100 bf16 312 TFLOP/s, per the NVIDIA datasheets), except the H200 SXM, which
+    Lightning's table (``lightning.fabric.utilities.throughput.get_available_flops``; e.g. H100 SXM
+    bf16 989.4 TFLOP/s, A100 bf16 312 TFLOP/s, per the NVIDIA datasheets), except the H200 SXM, which
     Lightning 2.6 does not match (torch names it "NVIDIA H200") and lists with its sparse figures:
-    :data:`H200_SXM_DENSE` (the H200 datasheet's dense bf16/fp16 989 TFLOP/s).  CPUs: measured here,
-    the best of five 1024^3 fp32 matrix products with torch's threads.
+    :data:`H200_SXM_DENSE` (the H200 datasheet's dense bf16/fp16 989 TFLOP/s).  CPUs have no MFU: a
+    CPU's attainable peak is no datasheet figure, and one timed on a shared machine is not stable.
     """
-    if device.type != "cpu":
-        from lightning.fabric.utilities.throughput import get_available_flops
-        dtype = torch.bfloat16 if "bf16" in str(precision) else (torch.float16 if "16" in str(precision) else torch.float32)
-        name = torch.cuda.get_device_name(device).lower() if device.type == "cuda" else ""
-        if "h200" in name and "nvl" not in name and dtype in H200_SXM_DENSE:
-            return H200_SXM_DENSE[dtype]
-        return get_available_flops(device, dtype)
-    a = torch.randn(1024, 1024)
-    a @ a
-    best = math.inf
-    for _ in range(5):
-        t = time.perf_counter()
-        a @ a
-        best = min(best, time.perf_counter() - t)
-    return 2 * 1024 ** 3 / best
+    if device.type == "cpu":
+        return None
+    from lightning.fabric.utilities.throughput import get_available_flops
+    dtype = torch.bfloat16 if "bf16" in str(precision) else (torch.float16 if "16" in str(precision) else torch.float32)
+    name = torch.cuda.get_device_name(device).lower() if device.type == "cuda" else ""
+    if "h200" in name and "nvl" not in name and dtype in H200_SXM_DENSE:
+        return H200_SXM_DENSE[dtype]
+    return get_available_flops(device, dtype)
+
+
+def throughput_monitor(window: int):
+    """Lightning's ThroughputMonitor for a GPU run: logs ``train/device/items_per_sec`` (tokens/s per
+    device), ``train/device/flops_per_sec`` and ``train/device/mfu`` (model FLOPs utilisation: achieved
+    training FLOP/s per device over the device's datasheet peak, :func:`peak_flops`), rolling over
+    ``window`` micro-batches, with the module's :attr:`GPTModule.flops_per_batch`."""
+    from lightning.pytorch.callbacks import ThroughputMonitor
+
+    class Monitor(ThroughputMonitor):
+        def setup(self, trainer, pl_module, stage):
+            super().setup(trainer, pl_module, stage)  # Lightning's own peak table ...
+            peak = peak_flops(trainer.strategy.root_device, trainer.precision)  # ... with the H200 SXM's
+            if peak:
+                self.available_flops = peak
+                for throughput in self._throughputs.values():
+                    throughput.available_flops = peak
+
+    return Monitor(batch_size_fn=lambda b: b.shape[0], length_fn=lambda b: b.shape[0] * (b.shape[1] - 1),
+                   window_size=max(2, window))
 
 
 class GPTModule(pl.LightningModule):
@@ -90,6 +102,7 @@ class GPTModule(pl.LightningModule):
         self._t_last: float | None = None
         self._tokens_since = 0
         self._compiled = None
+        self._batch_tokens = 0  # tokens (B x block_size) of the latest micro-batch, for flops_per_batch
         if cfg.trainer.compile:  # compile the inner model, not the LightningModule (self.log breaks it);
             # kept out of the module tree so checkpoints hold plain weights and load compiled or not
             object.__setattr__(self, "_compiled", torch.compile(self.model))
@@ -106,8 +119,17 @@ class GPTModule(pl.LightningModule):
         # kept on the device: read once per optimizer step (on_train_batch_end), not per micro-batch
         self._step_loss = loss.detach() if self._step_loss is None else self._step_loss + loss.detach()
         self._step_micro += 1
-        self._tokens_since += batch.shape[0] * (batch.shape[1] - 1) * self.trainer.world_size
+        self._batch_tokens = batch.shape[0] * (batch.shape[1] - 1)
+        self._tokens_since += self._batch_tokens * self.trainer.world_size
         return loss
+
+    @property
+    def flops_per_batch(self) -> int:
+        """Model FLOPs of the latest micro-batch on one device (read by Lightning's ThroughputMonitor):
+        training ``flops_per_token`` (6N + 12 L C T, forward + backward) x its tokens; a validation batch
+        runs the forward only, 1/3 of it (PaLM, arXiv 2204.02311, Appendix B)."""
+        fpt = self.counts["flops_per_token"]
+        return fpt * self._batch_tokens if self.training else fpt * self._batch_tokens // 3
 
     def _step_train_loss(self) -> float:
         """Mean train loss (nats) of the optimizer step just taken: its micro-batch losses (each the mean
@@ -121,7 +143,7 @@ class GPTModule(pl.LightningModule):
 
     def on_fit_start(self) -> None:
         self.peak_flops = peak_flops(self.device, self.trainer.precision)
-        if self.peak_flops and self.logger is not None:
+        if self.peak_flops and self.logger is not None:  # GPUs only: MFU is logged by the ThroughputMonitor
             self.logger.log_metrics({"peak_flops": self.peak_flops}, step=0)
 
     def on_train_start(self) -> None:
@@ -153,9 +175,6 @@ class GPTModule(pl.LightningModule):
             tokens_per_s = self._tokens_since / (now - self._t_last)
             logs = {"tokens_per_s": tokens_per_s, "tokens": float(step * self.cfg.train.batch_tokens),
                     "lr": self.lr_schedulers().get_last_lr()[0]}
-            if getattr(self, "peak_flops", None):
-                # model FLOPs utilisation: achieved training FLOP/s over the device's peak (all ranks)
-                logs["mfu"] = tokens_per_s * self.counts["flops_per_token"] / (self.peak_flops * self.trainer.world_size)
             self.log_dict(logs, on_step=True)
             self._t_last, self._tokens_since = now, 0
 
@@ -170,6 +189,7 @@ class GPTModule(pl.LightningModule):
     def validation_step(self, batch, batch_idx: int) -> None:
         """``batch`` = (tokens (B, block_size + 1), corpus index (B,)), or tokens alone."""
         tokens, corpus = batch if isinstance(batch, (list, tuple)) else (batch, None)
+        self._batch_tokens = tokens.shape[0] * (tokens.shape[1] - 1)  # for flops_per_batch
         losses = self._window_losses(tokens)  # (B,)
         self.val_loss.update(losses.mean(), weight=tokens.shape[0])
         if corpus is not None and self.corpora:
