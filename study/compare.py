@@ -25,6 +25,7 @@ from study.config import run_dir, run_name, run_stage
 from study import profiles
 from study.data import DataError
 from study.stats import fit_power_law, mean_ci, parameter_multiplier
+from study.tracking import log_verdict
 
 PALETTE = {"baseline": "#1f77b4", "identity_q": "#2ca02c", "nonlinear_q": "#d62728", "baseline_mlp4.75": "#9467bd",
            "residual_linear_q": "#ff7f0e", "nonlinear_q_nores": "#8c564b", "nonlinear_q_r4": "#e377c2",
@@ -270,6 +271,7 @@ def _report(cfg, root: Path) -> int:
         print(f"{v:>20s}: {c['pct_log_loss']:+.2f}% log-loss, {c['pct_perplexity']:+.2f}% perplexity "
               f"vs {summary['baseline']} (p={c['p_value']:.3g}, n={c['n_pairs']})")
     print(f"wrote {out / 'comparison.md'}")
+    log_verdict(root, cfg, out)  # the verdict in MLflow: run "compare" (tag kind=verdict) with the report's files
     return 0
 
 

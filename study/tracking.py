@@ -142,6 +142,7 @@ def log_verdict(root: Path, cfg, report_dir: Path) -> str:
     with store_lock(root, study):
         exp_id = ensure_experiment(client, root, study)
         for old in client.search_runs([exp_id], filter_string="tags.kind = 'verdict'"):
+            artifact_repo(root, study, old.info.artifact_uri).delete_artifacts()
             client.delete_run(old.info.run_id)
         run = client.create_run(exp_id, run_name="compare",
                                 tags={"kind": "verdict", "git_commit": git_commit(root),
@@ -158,7 +159,8 @@ def log_verdict(root: Path, cfg, report_dir: Path) -> str:
                         metrics.append(Metric(f"{key}/{v}", float(c[key]), 0, 0))
         if metrics:
             client.log_batch(run_id, metrics=metrics, tags=[RunTag("baseline", str(cfg.study.baseline))])
-        files = [report_dir / "comparison.md", summary_path] + sorted(report_dir.glob("*.png"))
+        figures = [p for p in sorted(report_dir.glob("*.png")) if not p.name.startswith("ui_")]  # not UI screenshots
+        files = [report_dir / "comparison.md", summary_path] + figures
         log_files(root, study, run_id, files)
     except BaseException:
         client.set_terminated(run_id, "FAILED")
