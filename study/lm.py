@@ -46,6 +46,11 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
     return get_available_flops(device, dtype)
 
 
+def wants_throughput_monitor(trainer_cfg) -> bool:
+    """Whether a run gets :func:`throughput_monitor`: on GPUs/TPUs, where a datasheet peak exists."""
+    return trainer_cfg.accelerator != "cpu"
+
+
 def throughput_monitor(window: int):
     """Lightning's ThroughputMonitor for a GPU run: logs ``train/device/items_per_sec`` (tokens/s per
     device), ``train/device/flops_per_sec`` and ``train/device/mfu`` (model FLOPs utilisation: achieved

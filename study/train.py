@@ -111,7 +111,7 @@ def train(cfg, root: Path) -> dict:
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
-    from study.lm import GPTModule, throughput_monitor
+    from study.lm import GPTModule, throughput_monitor, wants_throughput_monitor
     from study.progress import progress_callback, quiet_logs
     from study.tracking import (artifact_location, ensure_experiment, git_commit, log_files, log_text, run_params,
                                 step_aligned_logger, store_lock, tracking_uri)
@@ -184,7 +184,7 @@ def train(cfg, root: Path) -> dict:
                                      enable_version_counter=False)
         progress = progress_callback(name, steps, cfg.train.batch_tokens, enabled=cfg.trainer.progress_bar)
         callbacks = [checkpoint] + ([progress] if progress is not None else [])
-        if cfg.trainer.accelerator != "cpu":  # throughput and MFU against the datasheet peak (no MFU on CPUs)
+        if wants_throughput_monitor(cfg.trainer):  # throughput and MFU against the datasheet peak (no MFU on CPUs)
             callbacks.append(throughput_monitor(window=min(100, steps * accum // 4)))
         trainer = pl.Trainer(
             accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices, num_nodes=cfg.trainer.num_nodes,
