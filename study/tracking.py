@@ -127,7 +127,8 @@ def step_aligned_logger(**kwargs):
 
 
 def log_verdict(root: Path, cfg, report_dir: Path) -> str:
-    """Record compare's verdict in MLflow as its own run, name ``compare`` (tag ``kind=verdict``), in the
+    """Record compare's verdict in MLflow as its own run, name ``compare`` (tags ``kind=verdict`` and
+    ``group=verdict``, so readers of the training runs by group, as the notebook, leave it out), in the
     study's experiment: comparison.md, summary.json and the figures of ``report_dir`` as artifacts, the
     percent log-loss change and p-value of every variant against the baseline as metrics
     (``pct_log_loss/VARIANT``, ``p_value/VARIANT``).  A re-run of compare replaces the previous verdict
@@ -145,7 +146,7 @@ def log_verdict(root: Path, cfg, report_dir: Path) -> str:
             artifact_repo(root, study, old.info.artifact_uri).delete_artifacts()
             client.delete_run(old.info.run_id)
         run = client.create_run(exp_id, run_name="compare",
-                                tags={"kind": "verdict", "git_commit": git_commit(root),
+                                tags={"kind": "verdict", "group": "verdict", "git_commit": git_commit(root),
                                       "mlflow.note.content": "compare's verdict: comparison.md, summary.json, figures"})
     run_id = run.info.run_id
     try:

@@ -90,16 +90,19 @@ def start(port: int, root: Path, study, timeout: float = 120.0, **popen) -> subp
     env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="true")
     proc = subprocess.Popen(command(port, root, study), env=env, start_new_session=True, **popen)
     deadline = time.time() + timeout
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the MLflow server exited with code {proc.returncode}")
-        try:
-            with urllib.request.urlopen(f"http://{HOST}:{port}/health", timeout=2):
-                return proc
-        except OSError:
-            time.sleep(0.5)
-    stop(proc)
-    raise RuntimeError(f"the MLflow server did not answer on port {port} within {timeout:.0f} s")
+    try:
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the MLflow server exited with code {proc.returncode}")
+            try:
+                with urllib.request.urlopen(f"http://{HOST}:{port}/health", timeout=2):
+                    return proc
+            except OSError:
+                time.sleep(0.5)
+        raise RuntimeError(f"the MLflow server did not answer on port {port} within {timeout:.0f} s")
+    except BaseException:  # not answering, or interrupted while waiting: leave no server behind
+        stop(proc)
+        raise
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -263,22 +266,36 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.check:
         return _check(args, root, study)
+    import signal
+
+    def _terminate(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)  # `kill PID` of this process stops the server too
     try:
         proc = start(args.port, root, study)
     except RuntimeError as e:
         print(f"error: {e}: is port {args.port} in use? (UI_PORT=... or --port to change)", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        return 0
+    try:
+        return _serve(proc, args, root, study)
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stop(proc)
+
+
+def _serve(proc: subprocess.Popen, args, root: Path, study) -> int:
     url = runs_url(f"http://{HOST}:{args.port}", experiment_id(root, study))
     print(f"MLflow UI: {url}\n  (store {tracking_uri(root, study)}, artifacts {artifact_root(root, study)}; "
           f"Ctrl-C stops it)", flush=True)
-    if not args.no_open:
+    if not args.no_open and (sys.platform in ("darwin", "win32") or os.environ.get("DISPLAY")
+                             or os.environ.get("WAYLAND_DISPLAY")):  # a desktop: never a console browser
         import webbrowser
-        webbrowser.open(url)  # does nothing where no browser is available
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        stop(proc)
-        return 0
+        webbrowser.open(url)
+    return proc.wait()
 
 
 if __name__ == "__main__":
