@@ -36,7 +36,8 @@ def command(port: int, root: Path | None = None, study=None) -> list[str]:
     study = load_config([], root).study if study is None else study
     return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", tracking_uri(root, study),
             "--default-artifact-root", "mlflow-artifacts:/", "--artifacts-destination",
-            str(artifact_root(root, study)), "--host", HOST, "--port", str(port), "--workers", "1"]
+            str(artifact_root(root, study)), "--host", HOST, "--port", str(port), "--workers", "1",
+            "--uvicorn-opts", "--no-access-log"]
 
 
 VIEW_KEY = "runs"  # the shared view's key: experiment tag mlflow.sharedViewState.runs
@@ -88,6 +89,8 @@ def start(port: int, root: Path, study, timeout: float = 120.0, **popen) -> subp
         RuntimeError: it exited or did not answer within ``timeout`` seconds (stopped first).
     """
     env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="true")
+    env.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # the server's start-up chatter
+X
     proc = subprocess.Popen(command(port, root, study), env=env, start_new_session=True, **popen)
     deadline = time.time() + timeout
     try:
