@@ -90,7 +90,7 @@ def start(port: int, root: Path, study, timeout: float = 120.0, **popen) -> subp
     """
     env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="true")
     env.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # the server's start-up chatter
-X
+    env.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning,ignore:starlette.middleware.wsgi is deprecated")
     proc = subprocess.Popen(command(port, root, study), env=env, start_new_session=True, **popen)
     deadline = time.time() + timeout
     try:
