@@ -170,11 +170,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def check(root: Path, study, screenshot: Path, browser: str, timeout: float = 120.0) -> list[str]:
+def check(root: Path, study, screenshot: Path, browser: str, timeout: float = 120.0, base_url: str | None = None
+          ) -> list[str]:
     """Load the study's runs table in headless Chromium (``browser``: its executable) through Playwright
     and compare it with the store: every training run's row (found by run id) must show its name and
     its last val_loss (to 1e-6 relative; "-" for a run without one).  Saves a full-page screenshot to
-    ``screenshot``.  Returns the problems found (empty: the check holds).
+    ``screenshot``.  Starts its own server unless ``base_url`` names a running one.  Returns the problems
+    found (empty: the check holds).
 
     Raises:
         RuntimeError: no runs in the store, or the server does not start.
@@ -184,11 +186,14 @@ def check(root: Path, study, screenshot: Path, browser: str, timeout: float = 12
     runs = study_runs(root, study)
     if not runs:
         raise RuntimeError(f"no runs of experiment {study.name!r} in {tracking_uri(root, study)}: run the study first")
-    port = free_port()
-    proc = start(port, root, study, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = None
+    if base_url is None:
+        port = free_port()
+        proc = start(port, root, study, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        base_url = f"http://{HOST}:{port}"
     problems = []
     try:
-        url = runs_url(f"http://{HOST}:{port}", experiment_id(root, study))
+        url = runs_url(base_url, experiment_id(root, study))
         with sync_playwright() as p:
             b = p.chromium.launch(executable_path=browser)
             try:
@@ -223,7 +228,8 @@ def check(root: Path, study, screenshot: Path, browser: str, timeout: float = 12
             finally:
                 b.close()
     finally:
-        stop(proc)
+        if proc is not None:
+            stop(proc)
     return problems
 
 
