@@ -12,8 +12,6 @@ import pytest
 
 from study import ui
 
-pytestmark = pytest.mark.slow  # two trainings, an MLflow server and a browser: ~1.5 min on 2 cores
-
 
 def test_runs_url_opens_the_runs_table_with_val_loss():
     url = ui.runs_url("http://127.0.0.1:5000", "7")
@@ -23,8 +21,9 @@ def test_runs_url_opens_the_runs_table_with_val_loss():
     assert ui.runs_url("http://h:1", None) == "http://h:1/#/experiments"
 
 
+@pytest.mark.slow  # two trainings, an MLflow server and a browser: ~1.5 min on 2 cores
 @pytest.mark.skipif(shutil.which(ui.CHROMIUM) is None, reason=f"{ui.CHROMIUM} is not installed (make ui-check)")
-def test_browser_lists_every_run_with_its_val_loss_from_a_moved_store(run_in, nano_project, tmp_path):
+def test_browser_lists_every_run_with_its_val_loss_from_a_moved_store(run_in, nano_project, tmp_path, monkeypatch):
     pytest.importorskip("playwright")
     from study.config import load_config
 
@@ -45,9 +44,16 @@ def test_browser_lists_every_run_with_its_val_loss_from_a_moved_store(run_in, na
             assert r.read() == (tmp_path / "runs" / "baseline-s1" / "curve.csv").read_bytes()
         shot = tmp_path / "reports" / "ui_runs.png"
         problems = ui.check(nano_project, study, shot, shutil.which(ui.CHROMIUM), base_url=base)
+        # the check compares the page with the store: a store value the page does not show is reported
+        real = ui.study_runs(nano_project, study)
+        wrong = [dict(r, val_loss=r["val_loss"] + 0.01) if r["name"] == "baseline-s1" else r for r in real]
+        monkeypatch.setattr(ui, "study_runs", lambda root, study: wrong)
+        caught = ui.check(nano_project, study, tmp_path / "wrong.png", shutil.which(ui.CHROMIUM), base_url=base)
+        monkeypatch.undo()
     finally:
         ui.stop(proc)
     assert problems == []
+    assert len(caught) == 1 and caught[0].startswith("baseline-s1: val_loss shown as"), caught
     assert {r["name"] for r in ui.study_runs(nano_project, study)} == {"baseline-s1", "nonlinear_q-s1"}
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
