@@ -91,6 +91,9 @@ def step_progress_bar(label: str, max_steps: int):
         def get_metrics(self, trainer, pl_module):
             metrics = super().get_metrics(trainer, pl_module)
             metrics.pop("v_num", None)
+            curve = getattr(pl_module, "curve", None)
+            if curve:
+                metrics["val_loss"] = f"{curve[-1]['val_loss']:.3f}"  # the latest evaluation (nats)
             return metrics
 
     return StepProgressBar()
