@@ -67,8 +67,11 @@ def throughput_monitor(window: int):
                 for throughput in self._throughputs.values():
                     throughput.available_flops = peak
 
-    return Monitor(batch_size_fn=lambda b: b.shape[0], length_fn=lambda b: b.shape[0] * (b.shape[1] - 1),
-                   window_size=max(2, window))
+    def tokens(b):  # a training batch (B, block_size + 1), or a validation batch (tokens, corpus index)
+        return b[0] if isinstance(b, (list, tuple)) else b
+
+    return Monitor(batch_size_fn=lambda b: tokens(b).shape[0],
+                   length_fn=lambda b: tokens(b).shape[0] * (tokens(b).shape[1] - 1), window_size=max(2, window))
 
 
 class GPTModule(pl.LightningModule):
