@@ -29,7 +29,19 @@ def study(tmp_path_factory):
                            seeds=(1, 2), tokens=20480)
     r = dvc(project, "repro")
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    (project / "repro.log").write_text(r.stdout + r.stderr)  # untracked: kept for test_repro_log_shows_each_runs_progress
     return project
+
+
+def test_repro_log_shows_each_runs_progress(study):
+    """Not a terminal: every run prints its optimizer steps of the total as it goes, without Lightning's noise."""
+    import re
+
+    log = (study / "repro.log").read_text()
+    for run in ("baseline-s1", "baseline-s2", "nonlinear_q-s1", "nonlinear_q-s2"):
+        steps = [int(s) for s in re.findall(rf"^{run}: step (\d+)/10 \(", log, re.M)]
+        assert steps == list(range(1, 11)), (run, log[-3000:])
+    assert "Epoch 0/-2" not in log and "Tip:" not in log and "Create an account" not in log
 
 
 def test_report_figures_match_the_runs(study):
