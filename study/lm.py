@@ -28,22 +28,32 @@ H200_SXM_DENSE = {torch.bfloat16: 989.4e12, torch.float16: 989.4e12}  # FLOP/s, 
 
 
 def peak_flops(device: torch.device, precision: str) -> float | None:
-    """Datasheet dense peak FLOP/s of one GPU/TPU for MFU, or None (CPUs, unknown devices).
+    """Peak FLOP/s of one device, for MFU.
 
-    Lightning's table (``lightning.fabric.utilities.throughput.get_available_flops``; e.g. H100 SXM
-    bf16 989.4 TFLOP/s, A100 bf16 312 TFLOP/s, per the NVIDIA datasheets), except the H200 SXM, which
+    GPUs/TPUs: Lightning's table of datasheet dense peaks
+    (``lightning.fabric.utilities.throughput.get_available_flops``; e.g. H100 SXM bf16
+    989.4 TFLOP/s, A100 bf16 312 TFLOP/s, per the NVIDIA datasheets), except the H200 SXM, which
     Lightning 2.6 does not match (torch names it "NVIDIA H200") and lists with its sparse figures:
-    :data:`H200_SXM_DENSE` (the H200 datasheet's dense bf16/fp16 989 TFLOP/s).  CPUs have no MFU: a
-    CPU's attainable peak is no datasheet figure, and one timed on a shared machine is not stable.
+    :data:`H200_SXM_DENSE` (the H200 datasheet's dense bf16/fp16 989 TFLOP/s).  CPUs: measured here,
+    the best of five 1024^3 fp32 matrix products with torch's threads, for ``study.bench`` only, which
+    states the method beside its figures: training runs log no MFU on CPUs (a peak timed on a shared
+    machine is not a stable figure; one run logged MFU 1.06 against it).
     """
-    if device.type == "cpu":
-        return None
-    from lightning.fabric.utilities.throughput import get_available_flops
-    dtype = torch.bfloat16 if "bf16" in str(precision) else (torch.float16 if "16" in str(precision) else torch.float32)
-    name = torch.cuda.get_device_name(device).lower() if device.type == "cuda" else ""
-    if "h200" in name and "nvl" not in name and dtype in H200_SXM_DENSE:
-        return H200_SXM_DENSE[dtype]
-    return get_available_flops(device, dtype)
+    if device.type != "cpu":
+        from lightning.fabric.utilities.throughput import get_available_flops
+        dtype = torch.bfloat16 if "bf16" in str(precision) else (torch.float16 if "16" in str(precision) else torch.float32)
+        name = torch.cuda.get_device_name(device).lower() if device.type == "cuda" else ""
+        if "h200" in name and "nvl" not in name and dtype in H200_SXM_DENSE:
+            return H200_SXM_DENSE[dtype]
+        return get_available_flops(device, dtype)
+    a = torch.randn(1024, 1024)
+    a @ a
+    best = math.inf
+    for _ in range(5):
+        t = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - t)
+    return 2 * 1024 ** 3 / best
 
 
 def wants_throughput_monitor(trainer_cfg) -> bool:
@@ -61,7 +71,8 @@ def throughput_monitor(window: int):
     class Monitor(ThroughputMonitor):
         def setup(self, trainer, pl_module, stage):
             super().setup(trainer, pl_module, stage)  # Lightning's own peak table ...
-            peak = peak_flops(trainer.strategy.root_device, trainer.precision)  # ... with the H200 SXM's
+            device = trainer.strategy.root_device
+            peak = peak_flops(device, trainer.precision) if device.type != "cpu" else None  # ... with the H200's
             if peak:
                 self.available_flops = peak
                 for throughput in self._throughputs.values():
@@ -150,8 +161,9 @@ class GPTModule(pl.LightningModule):
         return total / count
 
     def on_fit_start(self) -> None:
-        self.peak_flops = peak_flops(self.device, self.trainer.precision)
-        if self.peak_flops and self.logger is not None:  # GPUs only: MFU is logged by the ThroughputMonitor
+        # GPUs only (no MFU on CPUs, see peak_flops); MFU itself is logged by the ThroughputMonitor
+        self.peak_flops = peak_flops(self.device, self.trainer.precision) if self.device.type != "cpu" else None
+        if self.peak_flops and self.logger is not None:
             self.logger.log_metrics({"peak_flops": self.peak_flops}, step=0)
 
     def on_train_start(self) -> None:
