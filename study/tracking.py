@@ -134,6 +134,7 @@ def log_verdict(root: Path, cfg, report_dir: Path) -> str:
     (``pct_log_loss/VARIANT``, ``p_value/VARIANT``).  A re-run of compare replaces the previous verdict
     run (one per experiment).  Returns the run id."""
     import json
+    import time
 
     from mlflow import MlflowClient
     from mlflow.entities import Metric, RunTag
@@ -157,7 +158,7 @@ def log_verdict(root: Path, cfg, report_dir: Path) -> str:
             for v, c in (summary.get("vs_baseline") or {}).items():
                 for key in ("pct_log_loss", "p_value"):
                     if isinstance(c.get(key), (int, float)):
-                        metrics.append(Metric(f"{key}/{v}", float(c[key]), 0, 0))
+                        metrics.append(Metric(f"{key}/{v}", float(c[key]), int(time.time() * 1000), 0))
         if metrics:
             client.log_batch(run_id, metrics=metrics, tags=[RunTag("baseline", str(cfg.study.baseline))])
         figures = [p for p in sorted(report_dir.glob("*.png")) if not p.name.startswith("ui_")]  # not UI screenshots
