@@ -21,6 +21,7 @@ from pathlib import Path
 
 from study.analysis.report import verdict_lines, write_report
 from study.config import run_stage
+from study.tracking import log_verdict
 
 
 def _report(cfg, root: Path) -> int:
@@ -28,6 +29,7 @@ def _report(cfg, root: Path) -> int:
     for line in verdict_lines(summary):
         print(line)
     print(f"wrote {root / cfg.study.reports_dir / 'comparison.md'}")
+    log_verdict(root, cfg, root / cfg.study.reports_dir)  # the verdict in MLflow: run "compare" (tag kind=verdict)
     return 0
 
 

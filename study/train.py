@@ -28,8 +28,7 @@ import sys
 import time
 from pathlib import Path
 
-from study.config import (config_hash, flatten, max_steps, micro_batches, peak_lr, run_dir, run_label,
-                          run_seeds, run_stage, to_dict)
+from study.config import config_hash, max_steps, micro_batches, peak_lr, run_dir, run_label, run_seeds, run_stage
 from study.data import DataError, TokenDataModule, check_prepared
 
 
@@ -127,11 +126,12 @@ def train(cfg, root: Path) -> dict:
     """
     import lightning.pytorch as pl
     import torch
-    from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.loggers import MLFlowLogger
+    from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
-    from study.lm import GPTModule
-    from study.tracking import artifact_location, git_commit, store_lock, tracking_uri
+    from study.lm import GPTModule, throughput_monitor, wants_throughput_monitor
+    from study.progress import progress_callback, quiet_logs
+    from study.tracking import (artifact_location, ensure_experiment, git_commit, log_files, log_text, run_params,
+                                step_aligned_logger, store_lock, tracking_uri)
 
     from study.profiles import resolve
 
@@ -168,8 +168,12 @@ def train(cfg, root: Path) -> dict:
             (out_dir / stale).unlink(missing_ok=True)
         ckpt_dir.mkdir(parents=True, exist_ok=True)
 
+    quiet_logs()
     with store_lock(root, cfg.study):  # two runs creating the store, experiment or run at once would race
-        logger = MLFlowLogger(experiment_name=cfg.study.name, run_name=name,
+        if rank == 0:
+            from mlflow import MlflowClient
+            ensure_experiment(MlflowClient(tracking_uri(root, cfg.study)), root, cfg.study)
+        logger = step_aligned_logger(experiment_name=cfg.study.name, run_name=name,
                               tracking_uri=tracking_uri(root, cfg.study),
                               artifact_location=artifact_location(root, cfg.study), run_id=state.get("mlflow_run_id"),
                               tags={"variant": cfg.variant.name, "seed": str(cfg.seed), "git_commit": git_commit(root),
@@ -177,7 +181,10 @@ def train(cfg, root: Path) -> dict:
                                     "group": cfg.study.group or "main"})
         run_id = logger.run_id
     if not state:
-        logger.log_hyperparams(flatten(to_dict(cfg)))
+        logger.log_hyperparams(run_params(cfg))  # what shapes the run; the whole config is config.yaml
+        if rank == 0:
+            from omegaconf import OmegaConf
+            log_text(root, cfg.study, run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
         state = {"config_hash": digest, "mlflow_run_id": run_id, "completed": False, "seconds": 0.0}
         if rank == 0:
             write_json(state_path, state)
@@ -192,6 +199,10 @@ def train(cfg, root: Path) -> dict:
         # saved (atomically, by Lightning) at the end of every evaluation: the curve row is in it
         checkpoint = ModelCheckpoint(dirpath=ckpt_dir, filename="last", monitor=None, save_top_k=1,
                                      enable_version_counter=False)
+        progress = progress_callback(name, steps, cfg.train.batch_tokens, enabled=cfg.trainer.progress_bar)
+        callbacks = [checkpoint] + ([progress] if progress is not None else [])
+        if wants_throughput_monitor(cfg.trainer):  # throughput and MFU against the datasheet peak (no MFU on CPUs)
+            callbacks.append(throughput_monitor(window=min(100, steps * accum // 4)))
         trainer = pl.Trainer(
             accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices, num_nodes=cfg.trainer.num_nodes,
             strategy=make_strategy(cfg.trainer), precision=cfg.trainer.precision,
@@ -199,9 +210,10 @@ def train(cfg, root: Path) -> dict:
             val_check_interval=cfg.train.eval_every * accum, check_val_every_n_epoch=None,
             limit_val_batches=n_val // val_micro, num_sanity_val_steps=0, log_every_n_steps=cfg.train.log_every,
             use_distributed_sampler=False,  # litdata splits the train windows; every rank evaluates all val windows
-            logger=logger, callbacks=[checkpoint], enable_progress_bar=cfg.trainer.progress_bar,
+            logger=logger, callbacks=callbacks, enable_progress_bar=isinstance(progress, ProgressBar),
             enable_model_summary=False, deterministic=cfg.trainer.accelerator == "cpu",
             default_root_dir=str(out_dir))
+        logger.step_of = lambda: trainer.global_step  # metric steps = optimizer steps, as in curve.csv
         t0 = time.time()
         start_step = 0
         if resume is not None:
@@ -221,7 +233,7 @@ def train(cfg, root: Path) -> dict:
         raise
     trained_tokens = (trainer.global_step - start_step) * cfg.train.batch_tokens
     state.update(completed=True, seconds=state.get("seconds", 0.0) + seconds)
-    trainer.save_checkpoint(ckpt_dir / "last.ckpt")  # on every rank: it ends with a barrier
+    trainer.save_checkpoint(ckpt_dir / "last.ckpt", weights_only=False)  # on every rank: it ends with a barrier
     lr, min_lr = peak_lr(cfg)
     final = module.curve[-1] if module.curve else {}
     val_loss = final.get("val_loss", float("nan"))
@@ -263,6 +275,7 @@ def train(cfg, root: Path) -> dict:
         write_json(out_dir / "config.json", recorded_config(cfg, data_digest))
         write_json(out_dir / "metrics.json", metrics)
         write_json(state_path, state)
+        log_files(root, cfg.study, logger.run_id, [out_dir / "curve.csv", out_dir / "metrics.json"])
     return metrics
 
 
