@@ -8,7 +8,7 @@ export DO_NOT_TRACK := true
 export TIKTOKEN_CACHE_DIR := $(CURDIR)/.tiktoken
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install study lr-sweep scale-ladder test test-fast ui bench gpu-prep gpu-check-cpu clean
+.PHONY: install study lr-sweep scale-ladder test test-fast ui ui-check bench gpu-prep gpu-check-cpu clean
 
 install: $(STAMP)
 
@@ -51,6 +51,12 @@ UI_PORT ?= 5000
 ui: $(STAMP)
 	$(PY) -m study.ui --port $(UI_PORT)
 
+# The runs table in a real browser: installs Debian's chromium-headless-shell if missing (apt-get, as root
+# or through sudo), starts the UI on the study's store, checks every run is listed with its val_loss and
+# saves reports/ui_runs.png.  Playwright (dev extra) drives it; its own browser download is not used.
+ui-check: $(STAMP)
+	$(PY) -m study.ui --check --install
+
 bench: $(STAMP)
 	$(PY) -m study.bench
 
@@ -67,4 +73,4 @@ gpu-check-cpu: $(STAMP)
 	$(PY) -m study.gpu_check --cpu $$(test -d .gpu/wheels && echo --simulate-image) --tokens runs/gpu-check-cpu/tokens --work runs/gpu-check-cpu/work --out runs/gpu-check-cpu
 
 clean:
-	rm -rf runs reports/*.png reports/*.json reports/*.md mlruns.db mlartifacts
+	rm -rf runs reports/*.png reports/figures reports/*.json reports/*.md mlruns.db mlruns.db.lock mlartifacts

@@ -177,8 +177,8 @@ class StudyConfig:
     """The study: which variants x seeds, and where outputs and tracking live."""
 
     name: str = "nonlinear-queries"
-    variants: list = field(default_factory=lambda: ["baseline", "identity_q", "nonlinear_q", "baseline_mlp4.75"])
-    seeds: list = field(default_factory=lambda: [1, 2, 3])
+    variants: list = field(default_factory=lambda: ["baseline", "nonlinear_q", "baseline_mlp4.75"])
+    seeds: list = field(default_factory=lambda: [1, 2, 3, 4])
     baseline: str = "baseline"
     runs_dir: str = "runs"
     reports_dir: str = "reports"

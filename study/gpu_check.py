@@ -490,7 +490,7 @@ class Runner:
             # dropped at an epoch's end
             resumed_reads_expected=[(t["steps"] - resume_step) * per_step, (t["steps"] - resume_step + 2) * per_step],
         )
-        logged = logged_metrics(self.work / "mlruns.db", metrics["mlflow_run_id"], ("tokens_per_s", "mfu"))
+        logged = logged_metrics(self.work / "mlruns.db", metrics["mlflow_run_id"], ("tokens_per_s", "train/device/mfu"))
         out["logged_median"] = {k: median(v) for k, v in logged.items()}  # MLflow, every log_every steps
         first_row, last_row = curve[0], curve[-1]
         checks = self.results["checks"]
@@ -704,7 +704,7 @@ def markdown(res: dict) -> str:
             lm = tr.get("logged_median", {})
             if lm:
                 lines.append(f"Logged to MLflow every {tr['log_every']} steps (median): "
-                             f"{_fmt(lm.get('tokens_per_s'))} tokens/s, MFU {_fmt(lm.get('mfu'), '.1%')}.")
+                             f"{_fmt(lm.get('tokens_per_s'))} tokens/s, MFU {_fmt(lm.get('train/device/mfu'), '.1%')}.")
         if tr.get("error"):
             lines.append(f"\nError: {tr['error']}")
         lines.append("")

@@ -35,7 +35,9 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
     989.4 TFLOP/s, A100 bf16 312 TFLOP/s, per the NVIDIA datasheets), except the H200 SXM, which
     Lightning 2.6 does not match (torch names it "NVIDIA H200") and lists with its sparse figures:
     :data:`H200_SXM_DENSE` (the H200 datasheet's dense bf16/fp16 989 TFLOP/s).  CPUs: measured here,
-    the best of five 1024^3 fp32 matrix products with torch's threads.
+    the best of five 1024^3 fp32 matrix products with torch's threads, for ``study.bench`` only, which
+    states the method beside its figures: training runs log no MFU on CPUs (a peak timed on a shared
+    machine is not a stable figure; one run logged MFU 1.06 against it).
     """
     if device.type != "cpu":
         from lightning.fabric.utilities.throughput import get_available_flops
@@ -52,6 +54,35 @@ def peak_flops(device: torch.device, precision: str) -> float | None:
         a @ a
         best = min(best, time.perf_counter() - t)
     return 2 * 1024 ** 3 / best
+
+
+def wants_throughput_monitor(trainer_cfg) -> bool:
+    """Whether a run gets :func:`throughput_monitor`: on GPUs/TPUs, where a datasheet peak exists."""
+    return trainer_cfg.accelerator != "cpu"
+
+
+def throughput_monitor(window: int):
+    """Lightning's ThroughputMonitor for a GPU run: logs ``train/device/items_per_sec`` (tokens/s per
+    device), ``train/device/flops_per_sec`` and ``train/device/mfu`` (model FLOPs utilisation: achieved
+    training FLOP/s per device over the device's datasheet peak, :func:`peak_flops`), rolling over
+    ``window`` micro-batches, with the module's :attr:`GPTModule.flops_per_batch`."""
+    from lightning.pytorch.callbacks import ThroughputMonitor
+
+    class Monitor(ThroughputMonitor):
+        def setup(self, trainer, pl_module, stage):
+            super().setup(trainer, pl_module, stage)  # Lightning's own peak table ...
+            device = trainer.strategy.root_device
+            peak = peak_flops(device, trainer.precision) if device.type != "cpu" else None  # ... with the H200's
+            if peak:
+                self.available_flops = peak
+                for throughput in self._throughputs.values():
+                    throughput.available_flops = peak
+
+    def tokens(b):  # a training batch (B, block_size + 1), or a validation batch (tokens, corpus index)
+        return b[0] if isinstance(b, (list, tuple)) else b
+
+    return Monitor(batch_size_fn=lambda b: tokens(b).shape[0],
+                   length_fn=lambda b: tokens(b).shape[0] * (tokens(b).shape[1] - 1), window_size=max(2, window))
 
 
 class GPTModule(pl.LightningModule):
@@ -90,6 +121,7 @@ class GPTModule(pl.LightningModule):
         self._t_last: float | None = None
         self._tokens_since = 0
         self._compiled = None
+        self._batch_tokens = 0  # tokens (B x block_size) of the latest micro-batch, for flops_per_batch
         if cfg.trainer.compile:  # compile the inner model, not the LightningModule (self.log breaks it);
             # kept out of the module tree so checkpoints hold plain weights and load compiled or not
             object.__setattr__(self, "_compiled", torch.compile(self.model))
@@ -106,8 +138,17 @@ class GPTModule(pl.LightningModule):
         # kept on the device: read once per optimizer step (on_train_batch_end), not per micro-batch
         self._step_loss = loss.detach() if self._step_loss is None else self._step_loss + loss.detach()
         self._step_micro += 1
-        self._tokens_since += batch.shape[0] * (batch.shape[1] - 1) * self.trainer.world_size
+        self._batch_tokens = batch.shape[0] * (batch.shape[1] - 1)
+        self._tokens_since += self._batch_tokens * self.trainer.world_size
         return loss
+
+    @property
+    def flops_per_batch(self) -> int:
+        """Model FLOPs of the latest micro-batch on one device (read by Lightning's ThroughputMonitor):
+        training ``flops_per_token`` (6N + 12 L C T, forward + backward) x its tokens; a validation batch
+        runs the forward only, 1/3 of it (PaLM, arXiv 2204.02311, Appendix B)."""
+        fpt = self.counts["flops_per_token"]
+        return fpt * self._batch_tokens if self.training else fpt * self._batch_tokens // 3
 
     def _step_train_loss(self) -> float:
         """Mean train loss (nats) of the optimizer step just taken: its micro-batch losses (each the mean
@@ -120,7 +161,8 @@ class GPTModule(pl.LightningModule):
         return total / count
 
     def on_fit_start(self) -> None:
-        self.peak_flops = peak_flops(self.device, self.trainer.precision)
+        # GPUs only (no MFU on CPUs, see peak_flops); MFU itself is logged by the ThroughputMonitor
+        self.peak_flops = peak_flops(self.device, self.trainer.precision) if self.device.type != "cpu" else None
         if self.peak_flops and self.logger is not None:
             self.logger.log_metrics({"peak_flops": self.peak_flops}, step=0)
 
@@ -153,9 +195,6 @@ class GPTModule(pl.LightningModule):
             tokens_per_s = self._tokens_since / (now - self._t_last)
             logs = {"tokens_per_s": tokens_per_s, "tokens": float(step * self.cfg.train.batch_tokens),
                     "lr": self.lr_schedulers().get_last_lr()[0]}
-            if getattr(self, "peak_flops", None):
-                # model FLOPs utilisation: achieved training FLOP/s over the device's peak (all ranks)
-                logs["mfu"] = tokens_per_s * self.counts["flops_per_token"] / (self.peak_flops * self.trainer.world_size)
             self.log_dict(logs, on_step=True)
             self._t_last, self._tokens_since = now, 0
 
@@ -170,6 +209,7 @@ class GPTModule(pl.LightningModule):
     def validation_step(self, batch, batch_idx: int) -> None:
         """``batch`` = (tokens (B, block_size + 1), corpus index (B,)), or tokens alone."""
         tokens, corpus = batch if isinstance(batch, (list, tuple)) else (batch, None)
+        self._batch_tokens = tokens.shape[0] * (tokens.shape[1] - 1)  # for flops_per_batch
         losses = self._window_losses(tokens)  # (B,)
         self.val_loss.update(losses.mean(), weight=tokens.shape[0])
         if corpus is not None and self.corpora:

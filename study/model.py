@@ -270,11 +270,23 @@ class GPT(nn.Module):
 def diagnostics(model: GPT, idx: torch.Tensor) -> dict[str, float]:
     """Per-layer diagnostics on token ids idx (B, T), for logging at each evaluation.
 
-    Returns ``{"L{i}/attn_entropy": mean entropy (nats) of the causal attention
-    distributions over heads and positions}`` and, for every nonlinear
-    projection p in q/k/v, ``{"L{i}/f_ratio_{p}": mean over tokens of
-    ||f(x)|| / ||x||}`` with x the block's normalised input (B, T, C): how far the
-    projection moved from the identity.
+    x is the block's normalised input ln_1(.) (B, T, C) and, for a nonlinear projection p in q/k/v,
+    f(x) = LN(W2 act(W1 RMSNorm(x))) its branch, p(x) = x + f(x) (or f(x) without the residual).
+    Means over the batch's tokens:
+
+    ``L{i}/attn_entropy``
+        entropy (nats) of the causal attention distributions, over heads and positions.
+    ``L{i}/f_ratio_{p}``
+        ||f(x)|| / ||x||.  Both vectors leave a LayerNorm (f ends in one), so each norm is
+        sqrt(C) x the RMS of its LayerNorm's gain (f's a little less while its pre-norm variance is
+        near LayerNorm's eps, as at initialisation): once training starts the ratio is ~1 (1.00-1.05
+        observed) and tracks the ratio of the two gains, not how far p moved from the identity.
+    ``L{i}/branch_share_{p}``
+        ||f(x)|| / ||p(x)||: the nonlinear branch's share of the projection's output (1 without
+        the residual; ~0.71 at initialisation, where f(x) is about orthogonal to x and as long).
+    ``L{i}/turn_{p}``
+        1 - cos(p(x), x): how far the branch turns the output away from the identity map
+        (0: p(x) is parallel to x; 1: orthogonal).
     """
     out = {}
     B, T = idx.size()
@@ -286,8 +298,11 @@ def diagnostics(model: GPT, idx: torch.Tensor) -> dict[str, float]:
         h = block.ln_1(x)
         for name, proj in attn.proj.items():
             if isinstance(proj, NonlinearProjection):
-                ratio = proj.branch(h).norm(dim=-1) / h.norm(dim=-1).clamp_min(1e-12)  # (B, T)
-                out[f"L{i}/f_ratio_{name}"] = ratio.mean().item()
+                f = proj.branch(h)  # (B, T, C)
+                p = h + f if proj.residual else f
+                out[f"L{i}/f_ratio_{name}"] = (f.norm(dim=-1) / h.norm(dim=-1).clamp_min(1e-12)).mean().item()
+                out[f"L{i}/branch_share_{name}"] = (f.norm(dim=-1) / p.norm(dim=-1).clamp_min(1e-12)).mean().item()
+                out[f"L{i}/turn_{name}"] = (1 - F.cosine_similarity(p, h, dim=-1)).mean().item()
         q, k, _ = attn.qkv(h)
         # (B, T, C) -> (B, n_head, T, head_dim)
         q = q.view(B, T, attn.n_head, attn.head_dim).transpose(1, 2)

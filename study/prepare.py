@@ -51,7 +51,7 @@ def _optimize(arrays, out_dir: Path, chunk_bytes: str, fn=_emit) -> None:
     from litdata import TokensLoader, optimize
 
     optimize(fn=fn, inputs=arrays, output_dir=str(out_dir), chunk_bytes=chunk_bytes,
-             item_loader=TokensLoader(), num_workers=1, mode="overwrite")
+             item_loader=TokensLoader(), num_workers=1, mode="overwrite", verbose=False)
     stable_index(out_dir)
 
 

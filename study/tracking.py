@@ -1,23 +1,42 @@
-"""MLflow settings in one place: the project's SQLite store and artifact folder.
+"""MLflow settings in one place: the project's SQLite store, its artifacts, params and the verdict run.
 
 MLflow 3 refuses the plain file store by default, so every caller uses an
-SQLite tracking URI (``sqlite:///<root>/mlruns.db``) and an explicit artifact
-location, with telemetry off.  ``MLFLOW_TRACKING_URI``, when set, replaces the
-SQLite store: any store MLflow supports (``sqlite:///``, ``postgresql://``,
-``mysql://``, ``mssql://``, a tracking server ``http(s)://``, ``databricks``;
-the file store ``file:PATH`` only with ``MLFLOW_ALLOW_FILE_STORE=true``, MLflow
-3's own opt-in); anything else is refused in one line.
+SQLite tracking URI (``sqlite:///<root>/mlruns.db``) with telemetry off.
+
+Artifacts are stored relative to the project: every experiment's artifact
+location is the proxied URI ``mlflow-artifacts:/<experiment name>`` (no host, no
+absolute path in the store), which ``mlflow server --artifacts-destination
+<root>/mlartifacts`` (``make ui``, :mod:`study.ui`) serves from the folder the
+project is in now.  Writers and readers outside the server map the same URI to
+``<root>/<study.artifact_dir>/...`` with :func:`artifact_repo`, so moving or
+copying the project folder keeps every artifact readable.
+
+``MLFLOW_TRACKING_URI``, when set, replaces the SQLite store: any store MLflow
+supports (``sqlite:///``, ``postgresql://``, ``mysql://``, ``mssql://``, a
+tracking server ``http(s)://``, ``databricks``; the file store ``file:PATH`` only
+with ``MLFLOW_ALLOW_FILE_STORE=true``, MLflow 3's own opt-in); anything else is
+refused in one line.
 """
 from __future__ import annotations
 
 import os
 import subprocess
+import urllib.parse
 from pathlib import Path
 
 from study.config import StudyConfig
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")
+
+PROXY_SCHEME = "mlflow-artifacts"
+# Config keys (dotted prefixes) that do not change a run's numbers: which runs exist (study.*, the
+# profiles), cosmetics and how prepare runs.  Left out of a run's MLflow params; kept in step with
+# study.config.config_hash, which hashes what changes a run's numbers.
+NOT_RUN_SHAPING = ("defaults", "study", "lr_sweep", "scale_ladder", "trainer.progress_bar", "data.num_proc",
+                   "data.hf_cache_dir")
+# The MLflow 3 UI opens an experiment on its runs table (not the GenAI traces page) with this tag.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
 
 def tracking_uri(root: Path, study: StudyConfig) -> str:
@@ -51,8 +70,137 @@ def tracking_uri(root: Path, study: StudyConfig) -> str:
 
 
 def artifact_location(root: Path, study: StudyConfig) -> str:
-    """``file:///ABSOLUTE/PATH/mlartifacts`` for the project at ``root``."""
-    return (root / study.artifact_dir).resolve().as_uri()
+    """The experiment's artifact location, relative to the project: ``mlflow-artifacts:/<study.name>``.
+
+    Resolved to ``<root>/<study.artifact_dir>/<study.name>`` by :func:`artifact_repo` and by the UI
+    server (``--artifacts-destination``); ``root`` is accepted for symmetry with :func:`tracking_uri`."""
+    return f"{PROXY_SCHEME}:/{urllib.parse.quote(study.name, safe='')}"
+
+
+def artifact_root(root: Path, study: StudyConfig) -> Path:
+    """The folder that ``mlflow-artifacts:/`` stands for: ``<root>/<study.artifact_dir>`` (absolute)."""
+    return (root / study.artifact_dir).resolve()
+
+
+def artifact_repo(root: Path, study: StudyConfig, artifact_uri: str):
+    """An MLflow artifact repository for a run's ``artifact_uri``: ``mlflow-artifacts:/X`` is the local
+    folder ``artifact_root(root, study)/X`` (as the UI server maps it); any other URI is MLflow's own."""
+    from mlflow.store.artifact.artifact_repository_registry import get_artifact_repository
+    from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
+
+    parsed = urllib.parse.urlparse(artifact_uri)
+    if parsed.scheme == PROXY_SCHEME:
+        path = urllib.parse.unquote(parsed.path).lstrip("/")
+        return LocalArtifactRepository(str(artifact_root(root, study) / path))
+    return get_artifact_repository(artifact_uri)
+
+
+def log_files(root: Path, study: StudyConfig, run_id: str, paths: list[Path], artifact_path: str | None = None) -> None:
+    """Copy ``paths`` (files that exist) into the artifacts of MLflow run ``run_id``."""
+    from mlflow import MlflowClient
+
+    run = MlflowClient(tracking_uri=tracking_uri(root, study)).get_run(run_id)
+    repo = artifact_repo(root, study, run.info.artifact_uri)
+    for p in paths:
+        if Path(p).is_file():
+            repo.log_artifact(str(p), artifact_path)
+
+
+def log_text(root: Path, study: StudyConfig, run_id: str, text: str, name: str) -> None:
+    """Write ``text`` as the artifact ``name`` of MLflow run ``run_id``."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / name
+        path.write_text(text)
+        log_files(root, study, run_id, [path])
+
+
+def run_params(cfg) -> dict:
+    """The resolved config as flat MLflow params, only the keys that shape a run (not
+    :data:`NOT_RUN_SHAPING`): ``{"model.n_layer": 4, "train.lr": 0.002, "seed": 1, ...}``."""
+    from study.config import flatten, to_dict
+
+    return {k: v for k, v in flatten(to_dict(cfg)).items()
+            if not any(k == p or k.startswith(p + ".") for p in NOT_RUN_SHAPING)}
+
+
+def ensure_experiment(client, root: Path, study: StudyConfig) -> str:
+    """The id of the study's experiment, created with :func:`artifact_location` and the runs-table
+    kind tag if missing (call under :func:`store_lock`)."""
+    exp = client.get_experiment_by_name(study.name)
+    if exp is None:
+        return client.create_experiment(study.name, artifact_location=artifact_location(root, study),
+                                        tags=EXPERIMENT_KIND)
+    if exp.tags.get("mlflow.experimentKind") is None:
+        client.set_experiment_tag(exp.experiment_id, "mlflow.experimentKind", EXPERIMENT_KIND["mlflow.experimentKind"])
+    return exp.experiment_id
+
+
+def step_aligned_logger(**kwargs):
+    """Lightning's MLFlowLogger whose metric steps are the optimizer step count (``trainer.global_step``)
+    once ``logger.step_of = lambda: trainer.global_step`` is set: Lightning itself logs the metrics of a
+    validation inside training at ``global_step - 1``, while curve.csv and the report count steps after
+    the optimizer step (32, 64, ... 256).  Lightning's constant ``epoch`` metric is left out."""
+    from lightning.pytorch.loggers import MLFlowLogger
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only
+
+    class StepAlignedMLFlowLogger(MLFlowLogger):
+        step_of = None
+
+        @rank_zero_only
+        def log_metrics(self, metrics, step=None):
+            metrics = {k: v for k, v in metrics.items() if k != "epoch"}  # one endless epoch: always 0
+            if metrics:
+                super().log_metrics(metrics, self.step_of() if self.step_of is not None else step)
+
+    return StepAlignedMLFlowLogger(**kwargs)
+
+
+def log_verdict(root: Path, cfg, report_dir: Path) -> str:
+    """Record compare's verdict in MLflow as its own run, name ``compare`` (tags ``kind=verdict`` and
+    ``group=verdict``, so readers of the training runs by group, as the notebook, leave it out), in the
+    study's experiment: comparison.md, summary.json and the figures of ``report_dir`` as artifacts, the
+    percent log-loss change and p-value of every variant against the baseline as metrics
+    (``pct_log_loss/VARIANT``, ``p_value/VARIANT``).  A re-run of compare replaces the previous verdict
+    run (one per experiment).  Returns the run id."""
+    import json
+    import time
+
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric, RunTag
+
+    study = cfg.study
+    client = MlflowClient(tracking_uri=tracking_uri(root, study))
+    with store_lock(root, study):
+        exp_id = ensure_experiment(client, root, study)
+        for old in client.search_runs([exp_id], filter_string="tags.kind = 'verdict'"):
+            artifact_repo(root, study, old.info.artifact_uri).delete_artifacts()
+            client.delete_run(old.info.run_id)
+        run = client.create_run(exp_id, run_name="compare",
+                                tags={"kind": "verdict", "group": "verdict", "git_commit": git_commit(root),
+                                      "mlflow.note.content": "compare's verdict: comparison.md, summary.json, figures"})
+    run_id = run.info.run_id
+    try:
+        summary_path = report_dir / "summary.json"
+        metrics = []
+        if summary_path.is_file():
+            summary = json.loads(summary_path.read_text())
+            for v, c in (summary.get("vs_baseline") or {}).items():
+                for key in ("pct_log_loss", "p_value"):
+                    if isinstance(c.get(key), (int, float)):
+                        metrics.append(Metric(f"{key}/{v}", float(c[key]), int(time.time() * 1000), 0))
+        if metrics:
+            client.log_batch(run_id, metrics=metrics, tags=[RunTag("baseline", str(cfg.study.baseline))])
+        figures = [p for p in sorted(report_dir.glob("*.png")) + sorted((report_dir / "figures").glob("*.png"))
+                   if not p.name.startswith("ui_")]  # the report's figures, not UI screenshots
+        files = [report_dir / "comparison.md", summary_path] + figures
+        log_files(root, study, run_id, files)
+    except BaseException:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    client.set_terminated(run_id, "FINISHED")
+    return run_id
 
 
 def git_commit(root: Path) -> str:

@@ -5,6 +5,8 @@ Trains one (variant, seed) run on the prepared token data and writes
   metrics.json     final val_loss (nats) and val_perplexity, parameter and FLOP
                    counts, tokens seen, wall time (s), throughput (tokens/s), status
   curve.csv        step, tokens, train_loss, val_loss, lr (one row per evaluation)
+  config.json      the resolved config it trained with and the prepared data's digest (compare
+                   pairs only runs that agree on everything but the variant)
   checkpoints/     last.ckpt (resumable) and run.json (resume key and the settings it covers,
                    MLflow run id)
   .lock            held by the one process that writes this folder (filelock)
@@ -37,8 +39,8 @@ import time
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-from study.config import (ConfigError, StudyError, diff_keys, flatten, max_steps, micro_batches, peak_lr,
-                          resume_config, run_dir, run_label, run_seeds, run_stage, to_dict)
+from study.config import (ConfigError, StudyError, diff_keys, max_steps, micro_batches, peak_lr, resume_config,
+                          run_dir, run_label, run_seeds, run_stage, to_dict)
 from study.data import DataError, TokenDataModule, check_prepared, split_windows
 
 
@@ -280,6 +282,21 @@ def settle_previous_run(uri: str, run_id: str, resuming: bool, state: dict) -> d
     return state
 
 
+def prepared_digest(data_dir: Path) -> str:
+    """The prepared data's identity: sha256 of its meta.json, first 16 hex digits."""
+    import hashlib
+
+    return hashlib.sha256((data_dir / "meta.json").read_bytes()).hexdigest()[:16]
+
+
+def recorded_config(cfg, data_digest: str) -> dict:
+    """config.json of a run: the resolved config it trained with (without the study, lr_sweep,
+    scale_ladder and defaults sections, which say which runs exist) plus the prepared data's digest;
+    compare pairs only runs whose config.json agree on everything but the variant."""
+    d = {k: v for k, v in to_dict(cfg).items() if k not in ("study", "lr_sweep", "scale_ladder", "defaults")}
+    return {**d, "data_digest": data_digest}
+
+
 def train(cfg, root: Path) -> dict:
     """Train one run; return the content of its metrics.json.
 
@@ -314,11 +331,12 @@ def restore_env(name: str):
 def _train(cfg, root: Path, stack: ExitStack) -> dict:
     import lightning.pytorch as pl
     import torch
-    from lightning.pytorch.callbacks import ModelCheckpoint
-    from lightning.pytorch.loggers import MLFlowLogger
+    from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
-    from study.lm import GPTModule
-    from study.tracking import artifact_location, git_commit, store_lock, tracking_uri
+    from study.lm import GPTModule, throughput_monitor, wants_throughput_monitor
+    from study.progress import progress_callback, quiet_logs
+    from study.tracking import (artifact_location, ensure_experiment, git_commit, log_files, log_text, run_params,
+                                step_aligned_logger, store_lock, tracking_uri)
 
     from study.profiles import resolve
 
@@ -373,14 +391,18 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
         if rank == 0:
             shutil.rmtree(ckpt_dir, ignore_errors=True)
     if rank == 0:
-        for stale in ("metrics.json", "curve.csv"):
+        for stale in ("metrics.json", "curve.csv", "config.json"):
             (out_dir / stale).unlink(missing_ok=True)
         ckpt_dir.mkdir(parents=True, exist_ok=True)
 
+    quiet_logs()
     with store_lock(root, cfg.study):  # two runs creating the store, experiment or run at once would race
         if rank == 0 and previous_run_id:
             state = settle_previous_run(uri, previous_run_id, resuming=resume is not None, state=state)
-        logger = MLFlowLogger(experiment_name=cfg.study.name, run_name=name,
+        if rank == 0:
+            from mlflow import MlflowClient
+            ensure_experiment(MlflowClient(uri), root, cfg.study)
+        logger = step_aligned_logger(experiment_name=cfg.study.name, run_name=name,
                               tracking_uri=uri,
                               artifact_location=artifact_location(root, cfg.study), run_id=state.get("mlflow_run_id"),
                               tags={"variant": cfg.variant.name, "seed": str(cfg.seed), "git_commit": git_commit(root),
@@ -388,7 +410,10 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
                                     "group": cfg.study.group or "main"})
         run_id = logger.run_id
     if not state.get("mlflow_run_id"):
-        logger.log_hyperparams(flatten(to_dict(cfg)))
+        logger.log_hyperparams(run_params(cfg))  # what shapes the run; the whole config is config.yaml
+        if rank == 0:
+            from omegaconf import OmegaConf
+            log_text(root, cfg.study, run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
         state = {"config_hash": digest, "mlflow_run_id": run_id, "completed": False,
                  "seconds": state.get("seconds", 0.0), "resume": record}
         if rank == 0:
@@ -404,6 +429,10 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
         # saved (atomically, by Lightning) at the end of every evaluation: the curve row is in it
         checkpoint = ModelCheckpoint(dirpath=ckpt_dir, filename="last", monitor=None, save_top_k=1,
                                      enable_version_counter=False)
+        progress = progress_callback(name, steps, cfg.train.batch_tokens, enabled=cfg.trainer.progress_bar)
+        callbacks = [checkpoint, _loop_state_callback(accum)] + ([progress] if progress is not None else [])
+        if wants_throughput_monitor(cfg.trainer):  # throughput and MFU against the datasheet peak (no MFU on CPUs)
+            callbacks.append(throughput_monitor(window=min(100, steps * accum // 4)))
         trainer = pl.Trainer(
             accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices, num_nodes=cfg.trainer.num_nodes,
             strategy=make_strategy(cfg.trainer), precision=cfg.trainer.precision,
@@ -411,10 +440,10 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
             val_check_interval=cfg.train.eval_every * accum, check_val_every_n_epoch=None,
             limit_val_batches=n_val // val_micro, num_sanity_val_steps=0, log_every_n_steps=cfg.train.log_every,
             use_distributed_sampler=False,  # litdata splits the train windows; every rank evaluates all val windows
-            logger=logger, callbacks=[checkpoint, _loop_state_callback(accum)],
-            enable_progress_bar=cfg.trainer.progress_bar,
+            logger=logger, callbacks=callbacks, enable_progress_bar=isinstance(progress, ProgressBar),
             enable_model_summary=False, deterministic=cfg.trainer.accelerator == "cpu",
             default_root_dir=str(out_dir))
+        logger.step_of = lambda: trainer.global_step  # metric steps = optimizer steps, as in curve.csv
         t0 = time.time()
         start_step = 0
         if resume is not None:
@@ -441,7 +470,7 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
         raise
     trained_tokens = (trainer.global_step - start_step) * cfg.train.batch_tokens
     state.update(completed=True, seconds=state.get("seconds", 0.0) + seconds)
-    trainer.save_checkpoint(ckpt_dir / "last.ckpt")  # on every rank: it ends with a barrier
+    trainer.save_checkpoint(ckpt_dir / "last.ckpt", weights_only=False)  # on every rank: it ends with a barrier
     lr, min_lr = peak_lr(cfg)
     final = module.curve[-1] if module.curve else {}
     val_loss = final.get("val_loss", float("nan"))
@@ -474,12 +503,16 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
         client = logger.experiment
         client.log_metric(logger.run_id, "final_val_loss", val_loss if math.isfinite(val_loss) else float("nan"))
         client.log_metric(logger.run_id, "tokens_per_s_mean", metrics["tokens_per_s"] or 0.0)
+        data_digest = prepared_digest(data_dir)
+        client.set_tag(logger.run_id, "data_digest", data_digest)
         if module.diverged:
             client.set_tag(logger.run_id, "diverged", module.diverged)
             client.set_terminated(logger.run_id, "FAILED")
         write_curve(out_dir / "curve.csv", module.curve)
+        write_json(out_dir / "config.json", recorded_config(cfg, data_digest))
         write_json(out_dir / "metrics.json", metrics)
         write_json(state_path, state)
+        log_files(root, cfg.study, logger.run_id, [out_dir / "curve.csv", out_dir / "metrics.json"])
     return metrics
 
 

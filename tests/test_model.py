@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -211,11 +212,22 @@ def test_diagnostics_by_hand():
     model = GPT(m, variant_cfg("nonlinear_q")).eval()
     idx = torch.randint(0, m.vocab_size, (2, 16))
     d = diagnostics(model, idx)
-    assert set(d) == {"L0/f_ratio_q", "L1/f_ratio_q", "L0/attn_entropy", "L1/attn_entropy"}
+    assert set(d) == {f"L{i}/{k}" for i in (0, 1) for k in ("f_ratio_q", "branch_share_q", "turn_q", "attn_entropy")}
     x = model.transformer.wte(idx) + model.transformer.wpe(torch.arange(16))
     h = model.transformer.h[0].ln_1(x)
     f = model.transformer.h[0].attn.proj["q"].branch(h)
     assert d["L0/f_ratio_q"] == pytest.approx((f.norm(dim=-1) / h.norm(dim=-1)).mean().item(), rel=1e-5)
+    # the branch's share of q = x + f(x), and 1 - cos(q, x), by hand (numpy, float64)
+    hn, fn = h.detach().double().numpy(), f.detach().double().numpy()
+    q = hn + fn
+    share = np.linalg.norm(fn, axis=-1) / np.linalg.norm(q, axis=-1)
+    cos = (q * hn).sum(-1) / (np.linalg.norm(q, axis=-1) * np.linalg.norm(hn, axis=-1))
+    assert d["L0/branch_share_q"] == pytest.approx(share.mean(), rel=1e-5)
+    assert d["L0/turn_q"] == pytest.approx((1 - cos).mean(), rel=1e-4)
+    # both leave a LayerNorm: ||f(x)|| <= sqrt(C) x its gain's RMS (equal once f's pre-norm variance >> eps)
+    C = m.n_embd
+    assert np.linalg.norm(fn, axis=-1).max() <= math.sqrt(C) * 1.0001
+    assert math.sqrt(C) * 0.98 < np.linalg.norm(hn, axis=-1).min() <= np.linalg.norm(hn, axis=-1).max() <= math.sqrt(C)
     # entropy of a causal softmax lies between 0 and the uniform bound mean(log(t)), t = 1..T
     upper = sum(math.log(t) for t in range(1, 17)) / 16
     assert 0 < d["L0/attn_entropy"] <= upper + 1e-6

@@ -29,7 +29,19 @@ def study(tmp_path_factory):
                            seeds=(1, 2), tokens=20480)
     r = dvc(project, "repro")
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
+    (project / "repro.log").write_text(r.stdout + r.stderr)  # untracked: kept for test_repro_log_shows_each_runs_progress
     return project
+
+
+def test_repro_log_shows_each_runs_progress(study):
+    """Not a terminal: every run prints its optimizer steps of the total as it goes, without Lightning's noise."""
+    import re
+
+    log = (study / "repro.log").read_text()
+    for run in ("baseline-s1", "baseline-s2", "nonlinear_q-s1", "nonlinear_q-s2"):
+        steps = [int(s) for s in re.findall(rf"^{run}: step (\d+)/10 \(", log, re.M)]
+        assert steps == list(range(1, 11)), (run, log[-3000:])
+    assert "Epoch 0/-2" not in log and "Tip:" not in log and "Create an account" not in log
 
 
 def test_report_figures_match_the_runs(study):
@@ -55,7 +67,7 @@ def test_report_figures_match_the_runs(study):
     md = (study / "reports/comparison.md").read_text()
     assert f"{c['pct_log_loss']:+.2f}%" in md and "nonlinear_q" in md
     for png in ("val_loss_curves.png", "final_val_loss.png"):
-        data = (study / "reports" / png).read_bytes()
+        data = (study / "reports/figures" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     # every run sees the same fixed validation windows and the same number of evaluations
     curves = [(study / f"runs/{v}-s{s}/curve.csv").read_text().splitlines() for v, s in runs]
@@ -68,15 +80,16 @@ def test_runs_are_tracked_in_mlflow(study):
     client = MlflowClient(tracking_uri=f"sqlite:///{study / 'mlruns.db'}")
     exp = client.get_experiment_by_name("e2e")
     runs = client.search_runs([exp.experiment_id])
+    verdict = [r for r in runs if r.data.tags.get("kind") == "verdict"]
+    assert [v.info.run_name for v in verdict] == ["compare"]  # compare's report, findable in the UI
+    runs = [r for r in runs if r not in verdict]
     assert sorted(r.info.run_name for r in runs) == ["baseline-s1", "baseline-s2", "nonlinear_q-s1", "nonlinear_q-s2"]
     for r in runs:
         assert r.info.status == "FINISHED"
         assert r.data.params["variant.query"] in ("linear", "nonlinear")
         assert r.data.params["train.tokens"] == "20480"
-        assert {"val_loss", "val_perplexity", "train_loss", "tokens_per_s", "lr", "mfu", "peak_flops"} <= set(r.data.metrics)
-        # MFU = tokens/s x FLOPs per token / peak FLOP/s, each logged beside it
-        mfu = r.data.metrics["tokens_per_s"] * r.data.metrics["flops_per_token"] / r.data.metrics["peak_flops"]
-        assert 0 < r.data.metrics["mfu"] < 1 and r.data.metrics["mfu"] == pytest.approx(mfu, rel=1e-4)
+        assert {"val_loss", "val_perplexity", "train_loss", "tokens_per_s", "lr"} <= set(r.data.metrics)
+        assert not {"mfu", "peak_flops", "train/device/mfu"} & set(r.data.metrics)  # no MFU on CPUs
         assert r.data.tags["variant"] in ("baseline", "nonlinear_q") and len(r.data.tags["git_commit"]) >= 40
         metrics = json.loads((study / f"runs/{r.info.run_name}/metrics.json").read_text())
         assert r.data.metrics["val_loss"] == pytest.approx(metrics["val_loss"], rel=1e-6)
@@ -129,7 +142,7 @@ def test_mlflow_ui_serves_the_runs(study):
         with urllib.request.urlopen(req, timeout=10) as r:
             runs = json.loads(r.read())["runs"]
         assert {r["info"]["run_name"] for r in runs} == {"baseline-s1", "baseline-s2", "nonlinear_q-s1",
-                                                          "nonlinear_q-s2"}
+                                                          "nonlinear_q-s2", "compare"}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)

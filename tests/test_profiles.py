@@ -10,16 +10,11 @@ import pytest
 from scipy import stats
 
 from tests.conftest import NANO_STUDY
+from tests.synthetic_runs import write_run
 
 
-def _write_run(d: Path, variant: str, seed: int, loss: float, *, tokens=1000, lr=3e-3, params=1000, fpt=6000,
-               status="ok", group=""):
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "metrics.json").write_text(json.dumps({
-        "variant": variant, "seed": seed, "status": status, "reason": None if status == "ok" else "test",
-        "val_loss": loss if status == "ok" else None, "tokens": tokens, "tokenizer": "bpe", "lr": lr,
-        "non_embedding_params": params, "total_params": params + 10, "flops_per_token": fpt, "group": group}))
-    (d / "curve.csv").write_text(f"step,tokens,train_loss,val_loss,lr\n1,{tokens},{loss},{loss},{lr}\n")
+def _write_run(d: Path, variant: str, seed: int, loss: float, **kw):
+    return write_run(d, variant, seed, loss, **kw)
 
 
 def sweep_loss(variant: str, lr: float) -> float:
@@ -59,7 +54,7 @@ def test_lr_sweep_report(nano_project, tmp_path, monkeypatch):
         assert c["pct_log_loss"] == pytest.approx(100 * (np.mean(loss["nonlinear_q"]) - base) / base, rel=1e-9)
     md = (tmp_path / "reports/comparison.md").read_text()
     assert "## Learning-rate sweep: shared lr against tuned lr" in md and "grid edge" in md
-    assert (tmp_path / "reports/lr_sweep.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "reports/figures/lr_sweep.png").read_bytes()[:4] == b"\x89PNG"
 
     # a tuned run trained at an lr that is no longer the sweep's best is stale: compare refuses it
     _write_run(runs / "lr_sweep/lr0.001/baseline-s1", "baseline", 1, 3.0, tokens=500, lr=1e-3)
@@ -76,10 +71,11 @@ def test_scale_ladder_report(nano_project, tmp_path, monkeypatch):
     for model, (params, tokens) in sizes.items():
         fpt = 6 * params
         for s, off in zip(seeds, (-0.01, 0.0, 0.01)):
+            shape = {"name": model, "n_layer": 4, "n_head": 4, "n_embd": int(model.split("-")[1])}
             _write_run(runs / f"scale_ladder/{model}/baseline-s{s}", "baseline", s, law(fpt * tokens) + off,
-                       tokens=tokens, params=params, fpt=fpt)
+                       tokens=tokens, params=params, fpt=fpt, model=shape)
             _write_run(runs / f"scale_ladder/{model}/nonlinear_q-s{s}", "nonlinear_q", s,
-                       law(1.5 * fpt * tokens) + off, tokens=tokens, params=params, fpt=fpt)
+                       law(1.5 * fpt * tokens) + off, tokens=tokens, params=params, fpt=fpt, model=shape)
         for v in ("baseline", "nonlinear_q"):
             for s in seeds:  # the study's own runs (compare always reports them)
                 _write_run(runs / f"{v}-s{s}", v, s, 4.0 + 0.01 * s)
@@ -102,7 +98,7 @@ def test_scale_ladder_report(nano_project, tmp_path, monkeypatch):
     assert t["n_points"] == 9 and t["ci95"][0] <= t["slope_pct_per_decade"] <= t["ci95"][1]
     md = (tmp_path / "reports/comparison.md").read_text()
     assert "## Scale ladder: the effect against model size" in md and "| ladder-128 | 4 x 128 |" in md
-    assert (tmp_path / "reports/scale_ladder.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "reports/figures/scale_ladder.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_resolve_tokens_per_param_and_tuned_lr(nano_project, tmp_path):

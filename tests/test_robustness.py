@@ -124,7 +124,7 @@ def test_same_seed_gives_identical_curves(run_in, tmp_path):
 def test_divergence_stops_the_run_and_compare_reports_it(run_in, tmp_path, nano_project, monkeypatch):
     from mlflow import MlflowClient
 
-    from study.compare import summarize
+    from study.analysis.summary import summarize
     from study.config import load_config
 
     m = run_in("variant=baseline", "seed=1", "train.lr=30", "train.min_lr=30", "train.warmup_tokens=0",

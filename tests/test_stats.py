@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from scipy import stats as ss
 
-from study.stats import adjust, mean_ci, paired, pct_log_loss, pct_perplexity
+from study.analysis.stats import adjust, mean_ci, paired, pct_log_loss, pct_perplexity
 
 
 def test_paper_percentages():
@@ -48,7 +48,7 @@ def test_mean_ci_and_bh():
 
 
 def test_parameter_multiplier_on_an_exact_power_law():
-    from study.stats import parameter_multiplier
+    from study.analysis.stats import parameter_multiplier
 
     # L(N) = 10 N^-0.1 exactly, same for every seed but for a seed offset that cancels in the means
     law = lambda n: 10 * n ** -0.1  # noqa: E731
@@ -61,3 +61,20 @@ def test_parameter_multiplier_on_an_exact_power_law():
     assert r["ci95"][0] <= r["multiplier"] <= r["ci95"][1]
     worse = parameter_multiplier(family, {s: law(0.5e6) for s in (1, 2, 3)}, 1_000_000)
     assert worse["multiplier"] == pytest.approx(0.5, rel=0.02)
+
+
+@pytest.mark.parametrize("n", [2, 3, 8])
+def test_power_by_simulation(n):
+    """The detectable effect at 80% power, checked by simulating the paired t-test (n = 2: df = 1,
+    where scipy's noncentral t gives NaN in the far tail)."""
+    from study.analysis.stats import min_detectable_effect, power_paired, seeds_needed
+
+    sd = 0.05
+    mde = min_detectable_effect(n, sd)
+    assert power_paired(n, sd, mde) == pytest.approx(0.80, abs=1e-9)
+    sims = np.random.default_rng(n).normal(mde, sd, size=(200_000, n))
+    t = sims.mean(1) / (sims.std(1, ddof=1) / math.sqrt(n))
+    assert np.mean(np.abs(t) > ss.t.ppf(0.975, n - 1)) == pytest.approx(0.80, abs=0.005)
+    need = seeds_needed(sd, mde)
+    assert need == n  # the detectable effect at n needs exactly n seeds
+    assert seeds_needed(sd, 1e-6) is None  # beyond 100,000 seeds: no number is printed

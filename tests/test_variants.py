@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.synthetic_runs import write_run
+
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = sorted(p.stem for p in (ROOT / "conf/variant").glob("*.yaml"))
 
@@ -38,13 +40,7 @@ def test_compare_reports_the_frontier(nano_project, tmp_path, monkeypatch):
     for seed, off in ((1, -0.01), (2, 0.0), (3, 0.01)):
         for v, n in {**law, "nonlinear_q": 1.0e5}.items():
             loss = 10 * (2.0e5 if v == "nonlinear_q" else n) ** -0.1 + off  # worth 2x its size
-            d = runs / f"{v}-s{seed}"
-            d.mkdir(parents=True)
-            (d / "metrics.json").write_text(json.dumps({
-                "variant": v, "seed": seed, "status": "ok", "reason": None, "val_loss": loss, "tokens": 1000,
-                "tokenizer": "bpe", "non_embedding_params": int(n), "total_params": int(n) + 10,
-                "flops_per_token": 6 * int(n)}))
-            (d / "curve.csv").write_text(f"step,tokens,train_loss,val_loss,lr\n1,1000,{loss},{loss},0.001\n")
+            write_run(runs / f"{v}-s{seed}", v, seed, loss, params=int(n), fpt=6 * int(n))
     monkeypatch.chdir(nano_project)
     rc = main([f"study.runs_dir={runs}", f"study.reports_dir={tmp_path / 'reports'}", "study.seeds=[1,2,3]",
                "study.variants=[baseline_mlp3.5,baseline,baseline_mlp5,nonlinear_q]"])
@@ -56,7 +52,7 @@ def test_compare_reports_the_frontier(nano_project, tmp_path, monkeypatch):
     assert f["multipliers"]["nonlinear_q"]["multiplier"] == pytest.approx(2.0, rel=0.05)
     md = (tmp_path / "reports/comparison.md").read_text()
     assert "## Parameter frontier" in md and "| nonlinear_q | 2.0" in md
-    assert (tmp_path / "reports/frontier.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "reports/figures/frontier.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_compiled_model_trains_and_its_checkpoint_loads_uncompiled(run_in, tmp_path, nano_project):

@@ -1,0 +1,14 @@
+"""Every reader of runs goes through this package: compare, both profiles' reports, the notebook.
+
+Imports flow one way, stages (compare, profiles, the notebook) -> analysis -> stats: each module
+below imports only modules listed after it, and none imports a stage.
+  report.py    all of it in one call: load, summarise, write comparison.md, summary.json, figures
+  figures.py   the figures (matplotlib; only those that apply are written)
+  tables.py    comparison.md (markdown)
+  summary.py   summary.json: per-variant losses, verdict, power, frontier, yardsticks, per corpus
+  profiles.py  the lr sweep's and the scale ladder's verdicts
+  runs.py      load runs and the settings they recorded (run folders or the MLflow store)
+  sweep.py     the lr sweep's points and best lr (also read while training: study.profiles.resolve)
+  pairing.py   check that runs pair: the same settings but the variant (one-line PairingError)
+  stats.py     paired t, Benjamini-Hochberg, power, frontier fits and multipliers (scipy.stats)
+"""

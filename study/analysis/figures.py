@@ -1,0 +1,265 @@
+"""The report's figures (matplotlib, Agg), drawn from the summary and the runs' curves.
+
+Every figure is written only when what it shows exists (a profile's figure only when the profile
+ran, the frontier only when fitted, the per-corpus chart only when the runs logged per-corpus
+losses); :func:`write_all` removes a stale figure that no longer applies.  Token axes are in
+millions of training tokens from 0.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from study.analysis.stats import PAPER_PCT_LOG_LOSS
+
+PALETTE = {"baseline": "#1f77b4", "identity_q": "#2ca02c", "nonlinear_q": "#d62728", "baseline_mlp4.75": "#9467bd",
+           "residual_linear_q": "#ff7f0e", "nonlinear_q_nores": "#8c564b", "nonlinear_q_r4": "#e377c2",
+           "nonlinear_q_r1": "#7f7f7f", "nonlinear_q_relu2": "#bcbd22", "nonlinear_q_silu": "#17becf",
+           "nonlinear_k": "#aec7e8", "nonlinear_v": "#ffbb78", "identity_q_mlp4.5": "#98df8a",
+           "baseline_mlp3.5": "#c5b0d5", "baseline_mlp4.5": "#c49c94", "baseline_mlp5": "#f7b6d2"}
+#: every figure this module can write (file names under the figures folder)
+ALL = ("val_loss_curves.png", "train_loss_curves.png", "final_val_loss.png", "paired_differences.png",
+       "per_corpus.png", "frontier.png", "lr_sweep.png", "scale_ladder.png")
+
+
+def color(variant: str) -> str:
+    """The colour of a variant, the same in every figure (and the notebook)."""
+    if variant in PALETTE:
+        return PALETTE[variant]
+    import matplotlib
+    return matplotlib.colors.to_hex(matplotlib.colormaps["tab20"](sum(map(ord, variant)) % 20))
+
+
+def _plt():
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def panel(width: float = 7.0):
+    """(fig, ax): one panel, 4.5 inches high."""
+    return _plt().subplots(figsize=(width, 4.5))
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    _plt().close(fig)
+    return path
+
+
+def finish(ax, title: str, ylabel: str, xlabel: str | None = None, xlog: bool = False, grid: str = "both") -> None:
+    """Labels, title, legend and grid of one panel (log x axis when ``xlog``)."""
+    if xlog:
+        ax.set_xscale("log")
+    if xlabel:
+        ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3, axis=grid, which="both" if xlog else "major")
+
+
+def tokens_axis(ax) -> None:
+    """x axis in millions of training tokens, from 0, without an offset or a "1e6" factor."""
+    ax.set_xlim(left=0)
+    ax.ticklabel_format(axis="x", style="plain", useOffset=False)
+    ax.set_xlabel("training tokens (millions)")
+
+
+def curves(runs: dict[str, dict[int, dict]], key: str, ax) -> None:
+    """Mean over seeds of ``key`` (nats) against tokens, band = min..max over seeds, one line per variant."""
+    for v, r in runs.items():
+        cs = [m["curve"] for m in r.values() if m["status"] == "ok" and m["curve"]]
+        cs = [c for c in cs if all(key in row for row in c)]
+        if not cs:
+            continue
+        n = min(len(c) for c in cs)
+        tokens = np.array([row["tokens"] for row in cs[0][:n]]) / 1e6
+        vals = np.array([[row[key] for row in c[:n]] for c in cs], dtype=float)
+        keep = np.isfinite(vals).all(0)
+        ax.plot(tokens[keep], vals.mean(0)[keep], color=color(v), label=f"{v} (n={len(cs)})")
+        ax.fill_between(tokens[keep], vals.min(0)[keep], vals.max(0)[keep], color=color(v), alpha=0.2, linewidth=0)
+    tokens_axis(ax)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+
+
+def loss_curves(runs, out: Path, key: str, title: str, name: str) -> Path:
+    fig, ax = panel()
+    curves(runs, key, ax)
+    ax.set_ylabel(f"{'validation' if key == 'val_loss' else 'training'} loss (nats)")
+    ax.set_title(title)
+    return _save(fig, out / name)
+
+
+def final_losses(summary: dict, runs, out: Path) -> Path:
+    """Each seed's final loss per variant, a line joining the runs of one seed (the pairs)."""
+    fig, ax = panel()
+    names = list(summary["variants"])
+    seeds = sorted({s for r in runs.values() for s in r})
+    for s in seeds:
+        pts = [(i, runs[v][s]["val_loss"]) for i, v in enumerate(names)
+               if s in runs[v] and runs[v][s]["status"] == "ok" and runs[v][s]["val_loss"] is not None]
+        if pts:
+            ax.plot(*zip(*pts), "-", color="grey", alpha=0.5, lw=1)
+            ax.annotate(f"s{s}", pts[-1], xytext=(4, 0), textcoords="offset points", fontsize=7, color="grey")
+    for i, v in enumerate(names):
+        ys = [m["val_loss"] for m in runs[v].values() if m["status"] == "ok" and m["val_loss"] is not None]
+        ax.scatter([i] * len(ys), ys, color=color(v), s=30, zorder=3)
+    ax.set_xticks(range(len(names)), names, rotation=20)
+    ax.set_ylabel("final validation loss (nats)")
+    ax.set_title("Final validation loss per seed (lines join the runs of one seed)")
+    ax.grid(alpha=0.3, axis="y")
+    return _save(fig, out / "final_val_loss.png")
+
+
+def paired_differences(summary: dict, out: Path) -> Path:
+    """The verdict: each seed's paired difference against the baseline (percent log-loss) and the
+    mean with its 95% paired-t interval; the paper's -2.40% for scale."""
+    fig, ax = panel()
+    vs = summary["vs_baseline"]
+    for i, (v, c) in enumerate(vs.items()):
+        pd = c["pct_diffs"]
+        ax.scatter([i + 0.08 * (k - (len(pd) - 1) / 2) for k in range(len(pd))], pd, color=color(v), alpha=0.6, s=22)
+        lo, hi = c["pct_log_loss_ci95"]
+        m = c["pct_log_loss"]
+        if math.isfinite(lo):
+            ax.errorbar([i + 0.3], [m], yerr=[[m - lo], [hi - m]], fmt="o", color=color(v), capsize=6, markersize=7)
+        elif math.isfinite(m):
+            ax.scatter([i + 0.3], [m], color=color(v), marker="D")
+            ax.annotate(c.get("undefined") or "no interval", (i + 0.3, m), xytext=(4, 4), textcoords="offset points",
+                        fontsize=7)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.axhline(PAPER_PCT_LOG_LOSS, color="grey", ls="--", lw=0.8, label=f"paper's {PAPER_PCT_LOG_LOSS:+.2f}%")
+    ax.set_xticks(range(len(vs)), list(vs), rotation=20)
+    finish(ax, "Paired differences by seed; mean with 95% t interval (right)",
+           f"log-loss change vs {summary['baseline']} (%)", grid="y")
+    return _save(fig, out / "paired_differences.png")
+
+
+def per_corpus(summary: dict, out: Path) -> Path:
+    """Final validation loss per corpus and variant (mean over seeds), with the yardsticks as dashed lines."""
+    corpora = summary["per_corpus"]["corpora"]
+    names = list(summary["variants"])
+    y = summary.get("yardsticks") or {}
+    fig, ax = panel(width=max(7, 1.8 * len(corpora) + 3))
+    w = 0.6 / len(names)
+    for k, v in enumerate(names):
+        vals = [(summary["variants"][v].get("val_loss_per_corpus") or {}).get(c, np.nan) for c in corpora]
+        ax.scatter(np.arange(len(corpora)) + (k - (len(names) - 1) / 2) * w, vals, color=color(v), s=40, label=v,
+                   zorder=3)
+    for name, ls in (("unigram", "--"), ("bigram", ":")):
+        if y.get("available") and name in y:
+            ax.hlines([y[name].get(c, np.nan) for c in corpora], np.arange(len(corpora)) - 0.4,
+                      np.arange(len(corpora)) + 0.4, colors="black", linestyles=ls, label=f"{name} yardstick")
+    ax.set_xticks(range(len(corpora)), corpora)
+    finish(ax, "Validation loss per corpus (mean over seeds)", "final validation loss (nats)", grid="y")
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))  # outside: the yardsticks span the panel
+    return _save(fig, out / "per_corpus.png")
+
+
+def frontier(summary: dict, out: Path) -> Path:
+    """Final loss against non-embedding parameters, the baseline family's fitted power law over its range."""
+    f = summary["frontier"]
+    fig, ax = panel()
+    for v, s in summary["variants"].items():
+        if math.isfinite(s["val_loss_mean"]):
+            ax.scatter([s["non_embedding_params"]], [s["val_loss_mean"]], color=color(v), s=50, label=v, zorder=3)
+    sizes = [summary["variants"][v]["non_embedding_params"] for v in f["family"]]
+    n = np.geomspace(min(sizes), max(sizes), 100)  # the fitted range only: no extrapolation
+    ax.plot(n, np.exp(f["intercept"] + f["slope"] * np.log(n)), color="grey", ls="--",
+            label=f"baseline frontier fit ({f['sizes']} sizes)")
+    finish(ax, "Parameter frontier of the baseline family", "final validation loss (nats)",
+           "non-embedding parameters", xlog=True)
+    return _save(fig, out / "frontier.png")
+
+
+def lr_sweep(summary: dict, out: Path) -> Path:
+    sw = summary["lr_sweep"]
+    fig, ax = panel()
+    for v, r in sw["variants"].items():
+        pts = [(p["lr"], p["val_loss"]) for p in r["points"] if p["status"] == "ok"]
+        ax.plot(*zip(*pts), "o-", color=color(v), label=f"{v} (best {r['best_lr']:g})")
+        ax.scatter([r["best_lr"]], [r["best_val_loss"]], color=color(v), s=160, marker="*", zorder=3)
+    ax.axvline(sw["shared_lr"], color="grey", ls=":", label=f"shared lr {sw['shared_lr']:g}")
+    finish(ax, f"lr sweep (seed {sw['seed']}, {sw['tokens']:,} tokens per point)", "final validation loss (nats)",
+           "peak learning rate", xlog=True)
+    return _save(fig, out / "lr_sweep.png")
+
+
+def scale_ladder(summary: dict, out: Path) -> Path:
+    plt = _plt()
+    la, base = summary["scale_ladder"], summary["baseline"]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    ax = axes[0]
+    variants = list(la["sizes"][0]["variants"])
+    for v in variants:
+        c = np.array([s["variants"][v]["train_flops"] for s in la["sizes"]])
+        m = np.array([s["variants"][v]["val_loss_mean"] for s in la["sizes"]])
+        ci = np.array([s["variants"][v]["val_loss_ci95"] for s in la["sizes"]], dtype=float)
+        err = np.nan_to_num(np.abs(ci.T - m), nan=0.0)
+        ax.errorbar(c, m, yerr=err, fmt="o", color=color(v), capsize=4, label=v)
+        if v in la["fits"]:
+            fit = la["fits"][v]
+            grid = np.geomspace(c.min(), c.max(), 50)
+            ax.plot(grid, np.exp(fit["intercept"] + fit["slope"] * np.log(grid)), "--", color=color(v), lw=1)
+    finish(ax, "Loss against compute" + ("" if la["fits"] else " (not fitted: fewer than 3 sizes)"),
+           "final validation loss (nats)", "training FLOPs", xlog=True)
+    n = [s["non_embedding_params"] for s in la["sizes"]]
+    others = [v for v in variants if v != base]
+    for k, v in enumerate(others):
+        shift = 1 + 0.03 * (k - (len(others) - 1) / 2)
+        pct = [s["vs_baseline"][v] for s in la["sizes"]]
+        y = np.array([c["pct_log_loss"] for c in pct], dtype=float)
+        lo = np.array([c["pct_log_loss_ci95"][0] for c in pct], dtype=float)
+        hi = np.array([c["pct_log_loss_ci95"][1] for c in pct], dtype=float)
+        axes[1].errorbar(np.array(n) * shift, y, yerr=np.nan_to_num([y - lo, hi - y]), fmt="o-", color=color(v),
+                         capsize=4, label=v)
+        mm = [s["compute_multiplier"].get(v, {}) for s in la["sizes"]]
+        y = np.array([x.get("multiplier", np.nan) for x in mm], dtype=float)
+        lo = np.array([(x.get("ci95") or [np.nan])[0] for x in mm], dtype=float)
+        hi = np.array([(x.get("ci95") or [np.nan, np.nan])[1] for x in mm], dtype=float)
+        axes[2].errorbar(np.array(n) * shift, y, yerr=np.nan_to_num([y - lo, hi - y]), fmt="o-", color=color(v),
+                         capsize=4, label=v)
+    axes[1].axhline(0, color="black", lw=0.8)
+    finish(axes[1], "Effect at each size", f"log-loss change vs {base} (%), 95% CI", "non-embedding parameters",
+           xlog=True)
+    if any(s["compute_multiplier"] for s in la["sizes"]):
+        axes[2].axhline(1, color="black", lw=0.8)
+        finish(axes[2], f"{base} compute to reach the variant's loss / its own", "compute multiplier, 95% CI",
+               "non-embedding parameters", xlog=True)
+    else:
+        axes[2].clear()
+        axes[2].text(0.5, 0.5, "compute multiplier not fitted:\nfewer than 3 sizes", transform=axes[2].transAxes,
+                     ha="center", color="grey")
+        axes[2].set_axis_off()
+    return _save(fig, out / "scale_ladder.png")
+
+
+def write_all(summary: dict, runs: dict[str, dict[int, dict]], out: Path) -> list[str]:
+    """Write every figure that applies into ``out`` (created), delete those that no longer do;
+    return the names written."""
+    out.mkdir(parents=True, exist_ok=True)
+    written = [loss_curves(runs, out, "val_loss", "Validation loss, mean over seeds (band: min..max)",
+                           "val_loss_curves.png"),
+               loss_curves(runs, out, "train_loss", "Training loss (mean between evaluations), "
+                           "mean over seeds", "train_loss_curves.png"),
+               final_losses(summary, runs, out)]
+    if summary["vs_baseline"]:
+        written.append(paired_differences(summary, out))
+    if summary.get("per_corpus"):
+        written.append(per_corpus(summary, out))
+    if (summary.get("frontier") or {}).get("fitted"):
+        written.append(frontier(summary, out))
+    if summary.get("lr_sweep"):
+        written.append(lr_sweep(summary, out))
+    if summary.get("scale_ladder"):
+        written.append(scale_ladder(summary, out))
+    names = [p.name for p in written]
+    for stale in set(ALL) - set(names):
+        (out / stale).unlink(missing_ok=True)
+    return names

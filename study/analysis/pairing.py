@@ -1,0 +1,101 @@
+"""Which runs may be compared: those that agree on every setting but the variant.
+
+Runs pair when their recorded settings (``run["settings"]``, see :mod:`study.analysis.runs`)
+agree on everything but the variant section (its projections, widths and its own lr: the tuned
+profile's runs differ only there) and the seed: model shape, block size, tokens, data (the
+prepared-data digest), training and optimizer settings.  Runs of one seed must moreover share the
+resolved data and init seeds (``train.data_seed`` / ``train.init_seed``, None = seed), so that the
+pair sees the same batches from the same initialisation.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+from study.config import StudyError
+
+#: settings that may differ between paired runs: the variant itself and the seed (paired by it)
+VARIANT_KEYS = ("variant.",)
+SEED_KEYS = ("seed", "train.data_seed", "train.init_seed")
+#: how a run executes, not what it computes (also left out of the config hash, study/config.py)
+RUNTIME_KEYS = ("trainer.progress_bar", "trainer.threads", "data.num_proc", "data.hf_cache_dir")
+
+
+class PairingError(StudyError):
+    """Runs that do not pair: the message names the run and the settings that differ."""
+
+
+def ignored(key: str, extra: tuple[str, ...] = ()) -> bool:
+    """Whether a flat setting key is allowed to differ between paired runs."""
+    return (key.startswith(VARIANT_KEYS) or key in SEED_KEYS or key in RUNTIME_KEYS
+            or any(key == e or key.startswith(e + ".") for e in extra))
+
+
+def comparable(settings: dict, extra: tuple[str, ...] = ()) -> dict:
+    """The settings that must agree, as a dict (the others dropped)."""
+    return {k: v for k, v in settings.items() if not ignored(k, extra)}
+
+
+def _fmt(v) -> str:
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+def seeds_of(settings: dict, seed: int) -> tuple:
+    """(data seed, init seed) a run resolved: train.data_seed / train.init_seed, None = the seed."""
+    data, init = settings.get("train.data_seed"), settings.get("train.init_seed")
+    return (seed if data in (None, "None") else data, seed if init in (None, "None") else init)
+
+
+def check(runs: dict[str, dict[int, dict]], where: str, ignore: tuple[str, ...] = ()) -> dict:
+    """Check that ``runs`` ({variant: {seed: run}}) pair; return the settings they share.
+
+    The reference is the settings most runs share (ties: the earliest run); a run that differs is
+    named with every key that differs, in one line.
+
+    Args:
+        where: how the error names the group ("the study's runs", "the runs of tuned" ...).
+        ignore: further keys (or key prefixes) that may differ, e.g. ("train.lr_from_sweep",).
+
+    Returns: the shared comparable settings (flat dict), empty when ``runs`` is.
+
+    Raises:
+        PairingError: a run differs in a setting other than the variant, or two variants of one
+            seed used different data or init seeds.
+    """
+    flat = [(v, s, r) for v, by_seed in runs.items() for s, r in sorted(by_seed.items())]
+    if not flat:
+        return {}
+    keyed = [(v, s, r, comparable(r["settings"], ignore)) for v, s, r in flat]
+    counts = Counter(tuple(sorted((k, _fmt(x)) for k, x in c.items())) for *_, c in keyed)
+    top = max(counts.values())
+    ref = next(c for *_, c in keyed if counts[tuple(sorted((k, _fmt(x)) for k, x in c.items()))] == top)
+    ref_name = next(r["name"] for *_, r, c in keyed if c == ref)
+    bad = []
+    for v, s, r, c in keyed:
+        keys = sorted(k for k in set(c) | set(ref) if _fmt(c.get(k)) != _fmt(ref.get(k)))
+        if keys:
+            shown = ", ".join(f"{k} {_fmt(c.get(k))} (vs {_fmt(ref.get(k))})" for k in keys[:6])
+            bad.append(f"{r['name']} differs in {shown}{' ...' if len(keys) > 6 else ''}")
+    if bad:
+        raise PairingError(f"{where} do not pair: {bad[0]}{f' (and {len(bad) - 1} more run(s))' if len(bad) > 1 else ''}"
+                           f" from {ref_name}; runs compare only when they agree on everything but the variant: "
+                           f"re-run the odd run(s) with the study's settings (`dvc repro`), or move them out of the "
+                           f"study's folder")
+    by_seed: dict[int, dict] = {}
+    for v, s, r in flat:
+        by_seed.setdefault(s, {})[v] = (seeds_of(r["settings"], s), r["name"])
+    for s, found in by_seed.items():
+        if len({x for x, _ in found.values()}) > 1:
+            shown = ", ".join(f"{name} {x}" for x, name in found.values())
+            raise PairingError(f"{where} do not pair at seed {s}: (data seed, init seed) differ: {shown}; paired runs "
+                               f"must see the same batches from the same initialisation")
+    return ref
+
+
+def shared_settings(groups: list[dict]) -> dict:
+    """The settings every group of runs shares (their intersection), for the report's header."""
+    if not groups:
+        return {}
+    out = dict(groups[0])
+    for g in groups[1:]:
+        out = {k: v for k, v in out.items() if k in g and _fmt(g[k]) == _fmt(v)}
+    return out

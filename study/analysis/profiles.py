@@ -1,0 +1,137 @@
+"""The two fairness profiles' analyses (summary.json "lr_sweep" and "scale_ladder").
+
+The profiles themselves (which runs exist, and how a run resolves its budget and lr) are
+:mod:`study.profiles`; this module only reads their finished runs, checks that they pair, and
+computes their verdicts.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from study.analysis.pairing import check
+from study.analysis.runs import RunsError, final_losses, load_runs, read_run
+from study.analysis.sweep import best_lr, sweep_results
+from study.analysis.stats import effect_trend, fit_power_law, mean_ci, not_fitted, paired, parameter_multiplier, verdict
+
+SWEEP, TUNED, LADDER = "lr_sweep", "tuned", "scale_ladder"
+
+
+def lr_sweep_report(cfg, root: Path, main_runs: dict[str, dict[int, dict]]) -> dict | None:
+    """The lr-sweep profile's part of summary.json (None while the profile is off).
+
+    Returns: {"lrs", "seed", "tokens", "shared_lr", "variants": {v: {"points": [{lr, val_loss, status}],
+    "best_lr", "best_val_loss", "at_edge", "shared_val_loss_mean", "tuned_val_loss_mean", "tuning_gain"
+    (tuned - shared, paired by seed)}}, "shared": verdict at train.lr, "tuned": verdict at each
+    variant's best lr}.
+
+    Raises:
+        RunsError: a sweep point or tuned run is missing, or a tuned run used another lr than the
+            sweep's current best (stale: re-run ``dvc repro``).
+        PairingError: the sweep points, or the tuned runs and the study's runs, differ in a setting
+            other than the variant and its lr.
+    """
+    sw, base = cfg.lr_sweep, cfg.study.baseline
+    if not sw.variants:
+        return None
+    tuned_runs = load_runs(cfg, root, list(sw.variants), list(cfg.study.seeds), TUNED)
+    both = {f"{v} ({kind})": r for kind, runs in (("shared lr", main_runs), ("tuned lr", tuned_runs))
+            for v, r in runs.items() if v in sw.variants}
+    check(both, "the tuned runs and the study's runs", ignore=("train.lr_from_sweep",))
+    shared_ok = final_losses({v: main_runs[v] for v in sw.variants})
+    tuned_ok = final_losses(tuned_runs)
+    variants, points_runs = {}, {}
+    for v in sw.variants:
+        points = sweep_results(cfg, root, v)
+        points_runs.update({f"{v} (lr {p['lr']:g})": {sw.seed: read_run(Path(p["run"]), root)} for p in points})
+        best = best_lr(points)
+        used = {m["lr"] for m in tuned_runs[v].values()}
+        if any(not math.isclose(x, best["lr"], rel_tol=1e-9) for x in used):
+            raise RunsError(f"the tuned runs of {v!r} used lr {sorted(used)} but the sweep's best is now {best['lr']}: "
+                            f"they are stale; re-run `dvc repro`")
+        variants[v] = {"points": [{k: p[k] for k in ("lr", "val_loss", "status")} for p in points],
+                       "best_lr": best["lr"], "best_val_loss": best["val_loss"], "at_edge": best["at_edge"],
+                       "shared_val_loss_mean": float(np.mean(list(shared_ok[v].values()))) if shared_ok[v] else None,
+                       "tuned_val_loss_mean": float(np.mean(list(tuned_ok[v].values()))) if tuned_ok[v] else None,
+                       "tuning_gain": paired(tuned_ok[v], shared_ok[v])}
+    check(points_runs, "the lr sweep's runs")
+    return {"lrs": [float(x) for x in sw.lrs], "seed": sw.seed, "tokens": sw.tokens, "shared_lr": cfg.train.lr,
+            "variants": variants, "shared": verdict(shared_ok, base), "tuned": verdict(tuned_ok, base)}
+
+
+def _trend(sizes: list[dict], variant: str, base: str) -> dict:
+    pts = []
+    for size in sizes:
+        ok = size["_ok"]
+        for s in sorted(set(ok.get(variant, {})) & set(ok.get(base, {}))):
+            pts.append((math.log10(size["non_embedding_params"]), 100.0 * (ok[variant][s] - ok[base][s]) / ok[base][s]))
+    return effect_trend(pts)
+
+
+def ladder_report(cfg, root: Path) -> dict | None:
+    """The scale-ladder profile's part of summary.json (None while the profile is off).
+
+    Returns: {"tokens_per_param", "sizes": [{"model", "n_layer", "n_head", "n_embd", "non_embedding_params"
+    (the baseline's), "tokens", "variants": {v: {"n_seeds", "val_loss_mean", "val_loss_ci95",
+    "non_embedding_params", "flops_per_token", "train_flops" (= flops_per_token x tokens)}},
+    "vs_baseline": paired verdicts with power, "compute_multiplier": {v: ...}}], "fits": {v: {"slope",
+    "intercept"}} of log L = intercept + slope log C (C: training FLOPs; only over >= 3 sizes),
+    "fit_note" (why no fit), "trend": {v: effect_trend}}.  The compute multiplier of v at one size is
+    C_base(L_v) / C_v, C_base(L) read off the baseline's fit over all sizes, with a t interval over
+    per-seed multipliers (:func:`study.analysis.stats.parameter_multiplier`, compute in place of
+    parameters).  Model shapes are read from the runs' recorded settings.
+
+    Raises:
+        RunsError: a ladder run is missing.
+        PairingError: the runs of one size do not pair, or sizes differ in a setting other than the
+            model and its token budget.
+    """
+    la, base = cfg.scale_ladder, cfg.study.baseline
+    if not la.models:
+        return None
+    sizes, groups = [], {}
+    for model in la.models:
+        runs = load_runs(cfg, root, list(la.variants), list(cfg.study.seeds), f"{LADDER}/{model}")
+        groups.update({f"{v} ({model})": r for v, r in runs.items()})
+        ok = final_losses(runs)
+        rec = next(iter(runs[base].values()))["settings"]
+        size = {"model": model, "n_layer": rec["model.n_layer"], "n_head": rec["model.n_head"],
+                "n_embd": rec["model.n_embd"], "variants": {}, "_ok": ok}
+        for v, r in runs.items():
+            one = next(iter(r.values()))
+            mean, lo, hi = mean_ci(list(ok[v].values())) if ok[v] else (float("nan"),) * 3
+            size["variants"][v] = {"n_seeds": len(ok[v]), "val_loss_mean": mean, "val_loss_ci95": [lo, hi],
+                                   "non_embedding_params": one["non_embedding_params"],
+                                   "flops_per_token": one["flops_per_token"], "tokens": one["tokens"],
+                                   "train_flops": float(one["flops_per_token"]) * one["tokens"],
+                                   "diverged": {str(s): x["reason"] for s, x in r.items() if x["status"] != "ok"}}
+        size["non_embedding_params"] = size["variants"][base]["non_embedding_params"]
+        size["tokens"] = size["variants"][base]["tokens"]
+        size["vs_baseline"] = verdict(ok, base)
+        sizes.append(size)
+    check(groups, "the scale ladder's sizes", ignore=("model", "train.tokens"))
+    fits = {}
+    fit_note = not_fitted(len({s["variants"][base]["train_flops"] for s in sizes}))
+    if fit_note is None:
+        for v in la.variants:
+            pts = [(s["variants"][v]["train_flops"], s["variants"][v]["val_loss_mean"]) for s in sizes
+                   if math.isfinite(s["variants"][v]["val_loss_mean"])]
+            if not_fitted(len({c for c, _ in pts})) is None:
+                slope, intercept = fit_power_law([c for c, _ in pts], [x for _, x in pts])
+                fits[v] = {"slope": slope, "intercept": intercept}
+    family = {s["variants"][base]["train_flops"]: s["_ok"][base] for s in sizes if s["_ok"][base]}
+    for s in sizes:
+        s["compute_multiplier"] = {}
+        for v in la.variants:
+            if v == base or not s["_ok"][v] or not_fitted(len(family)):
+                continue
+            mlt = parameter_multiplier(family, s["_ok"][v], s["variants"][v]["train_flops"])
+            s["compute_multiplier"][v] = {"multiplier": mlt["multiplier"], "ci95": mlt["ci95"],
+                                          "equivalent_flops": mlt["equivalent_params"], "ci_note": mlt["ci_note"]}
+    trend = {v: _trend(sizes, v, base) for v in la.variants if v != base}
+    for s in sizes:
+        s.pop("_ok")
+    return {"tokens_per_param": la.tokens_per_param, "sizes": sizes, "fits": fits, "fit_note": fit_note,
+            "trend": trend}

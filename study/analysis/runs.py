@@ -1,0 +1,163 @@
+"""Load finished runs and the settings they recorded, from run folders or from the MLflow store.
+
+A run, as every reader of runs (compare, both profiles, the notebook) sees it, is one dict:
+the run's ``metrics.json`` (``val_loss`` in nats, ``status`` "ok"/"diverged", ``tokens``,
+``non_embedding_params``, ``flops_per_token``, ``lr`` ..., optionally ``val_loss_per_corpus``
+{corpus: nats}) plus
+  "curve"     [{"tokens", "train_loss", "val_loss", "val_loss/<corpus>" ...}] one row per evaluation
+              (nats; train_loss = mean since the previous evaluation)
+  "settings"  the resolved config the run trained with, flattened ({"model.n_layer": 4, ...}, the
+              study/lr_sweep/scale_ladder/defaults sections left out) plus "data_digest" (sha256 of
+              the prepared data's meta.json, 16 hex)
+  "name"      where it came from: the run folder relative to the project, or the MLflow run name.
+
+``study.train`` writes ``config.json`` (the settings) next to ``metrics.json``; a run folder
+without it was trained before runs recorded their settings and is refused (re-run it).
+"""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from study.analysis.pairing import check
+from study.config import flatten, run_dir
+from study.data import DataError
+
+#: sections of the resolved config that say which runs exist, not how one run trained
+NOT_SETTINGS = ("study", "lr_sweep", "scale_ladder", "defaults")
+
+
+class RunsError(DataError):
+    """A run is missing or unreadable; the message names it and the command that makes it."""
+
+
+def settings_of(config: dict) -> dict:
+    """The flat settings of a recorded config (config.json): every key but :data:`NOT_SETTINGS`."""
+    return flatten({k: v for k, v in config.items() if k not in NOT_SETTINGS})
+
+
+def _train_cmd(variant: str, seed, group: str) -> str:
+    return f"`python -m study.train variant={variant} seed={seed}{' study.group=' + group if group else ''}`"
+
+
+def read_run(d: Path, root: Path | None = None) -> dict:
+    """One run folder -> a run dict (see the module docstring).
+
+    Raises:
+        RunsError: metrics.json, curve.csv or config.json is missing or unreadable.
+    """
+    name = str(d.relative_to(root)) if root is not None and d.is_relative_to(root) else str(d)
+    try:
+        m = json.loads((d / "metrics.json").read_text())
+        with open(d / "curve.csv") as f:
+            m["curve"] = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
+    except (OSError, ValueError) as e:
+        raise RunsError(f"{name}: unreadable metrics.json or curve.csv ({e}); re-run "
+                        f"{_train_cmd(d.name.rsplit('-s', 1)[0], d.name.rsplit('-s', 1)[-1], '')}") from e
+    try:
+        config = json.loads((d / "config.json").read_text())
+    except OSError:
+        raise RunsError(f"{name} has no config.json (the settings it trained with): it predates runs that record "
+                        f"them, so it cannot be checked to pair with the others; re-run it (`dvc repro`)") from None
+    except ValueError as e:
+        raise RunsError(f"{name}/config.json is not valid JSON ({e}); re-run the run (`dvc repro`)") from e
+    digest = config.pop("data_digest", None)
+    m["settings"] = {**settings_of(config), "data_digest": digest}
+    m["name"] = name
+    return m
+
+
+def load_runs(cfg, root: Path, variants=None, seeds=None, group: str = "", pair: bool = True) -> dict[str, dict[int, dict]]:
+    """{variant: {seed: run}} for the run folders of one group, checked to pair (see :func:`check`).
+
+    Args:
+        variants, seeds: default study.variants and study.seeds.
+        group: sub-folder of runs_dir ("" = the study's own runs; "tuned", "scale_ladder/MODEL" ...).
+        pair: check that the runs agree on every setting but the variant (default True).
+
+    Raises:
+        RunsError: a run has no metrics.json or config.json (with the command that makes it).
+        PairingError: a run differs from the others in a setting other than the variant.
+    """
+    runs: dict[str, dict[int, dict]] = {}
+    missing = []
+    for variant in (cfg.study.variants if variants is None else variants):
+        for seed in (cfg.study.seeds if seeds is None else seeds):
+            d = run_dir(root, cfg, variant, seed, group)
+            if not (d / "metrics.json").is_file():
+                missing.append(_train_cmd(variant, seed, group))
+                continue
+            runs.setdefault(variant, {})[seed] = read_run(d, root)
+    if missing:
+        raise RunsError(f"{len(missing)} run(s) {'of ' + group + ' ' if group else 'of the study '}have no "
+                        f"metrics.json; run `dvc repro` or {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+    if pair:
+        check(runs, f"the runs of {group}" if group else "the study's runs")
+    return runs
+
+
+def final_losses(runs: dict[str, dict[int, dict]]) -> dict[str, dict[int, float]]:
+    """{variant: {seed: final val_loss (nats)}} of the runs that did not diverge."""
+    return {v: {s: m["val_loss"] for s, m in r.items() if m["status"] == "ok" and m["val_loss"] is not None}
+            for v, r in runs.items()}
+
+
+# -- the MLflow store ------------------------------------------------------------------------------
+def load_mlflow(cfg, root: Path, group: str = "main", pair: bool = True) -> dict[str, dict[int, dict]]:
+    """{variant: {seed: run}} from the project's MLflow store (experiment study.name), one group.
+
+    Only runs whose status is FINISHED count (killed, failed and diverged runs end KILLED/FAILED);
+    where a (variant, seed) finished more than once the newest run stands for it.  Settings are the
+    run's parameters (the flattened resolved config) and its ``data_digest`` tag; the curve is
+    rebuilt from the ``val_loss``, ``val_loss/<corpus>`` and ``train_loss`` histories.
+
+    Raises:
+        RunsError: the experiment does not exist.
+        PairingError: the runs do not pair (see :func:`check`).
+    """
+    from mlflow import MlflowClient
+
+    from study.tracking import tracking_uri
+
+    client = MlflowClient(tracking_uri=tracking_uri(root, cfg.study))
+    exp = client.get_experiment_by_name(cfg.study.name)
+    if exp is None:
+        raise RunsError(f"no MLflow experiment {cfg.study.name!r} in {tracking_uri(root, cfg.study)}: run the study "
+                        f"first (`dvc repro`)")
+    found = client.search_runs([exp.experiment_id], filter_string="attributes.status = 'FINISHED'",
+                               order_by=["attributes.start_time DESC"])
+    runs: dict[str, dict[int, dict]] = {}
+    for r in found:
+        tags, params, metrics = r.data.tags, r.data.params, r.data.metrics
+        if tags.get("group", "main") != group or "variant" not in tags:
+            continue
+        variant, seed = tags["variant"], int(tags["seed"])
+        if seed in runs.get(variant, {}):
+            continue  # an older run of the same (variant, seed)
+        batch = int(params["train.batch_tokens"])
+        val = {m.step: m.value for m in client.get_metric_history(r.info.run_id, "val_loss")}
+        corpora = sorted(k for k in metrics if k.startswith("val_loss/"))
+        per = {k: {m.step: m.value for m in client.get_metric_history(r.info.run_id, k)} for k in corpora}
+        train = sorted((m.step, m.value) for m in client.get_metric_history(r.info.run_id, "train_loss"))
+        curve, prev = [], -1
+        for step in sorted(val):
+            seen = [x for s, x in train if prev < s <= step]
+            curve.append({"step": float(step), "tokens": float(step * batch), "val_loss": val[step],
+                          "train_loss": sum(seen) / len(seen) if seen else float("nan"),
+                          **{k: per[k].get(step, float("nan")) for k in corpora}})
+            prev = step
+        final = metrics.get("final_val_loss", metrics.get("val_loss"))
+        runs.setdefault(variant, {})[seed] = {
+            "variant": variant, "seed": seed, "status": "ok", "reason": None, "val_loss": final,
+            "tokens": int(params["train.tokens"]), "non_embedding_params": int(metrics["non_embedding_params"]),
+            "flops_per_token": metrics.get("flops_per_token"), "run_id": r.info.run_id,
+            "val_loss_per_corpus": {k.split("/", 1)[1]: per[k][max(per[k])] for k in corpora if per[k]} or None,
+            "curve": curve, "name": r.info.run_name,
+            "settings": {**{k: v for k, v in params.items() if k.split(".", 1)[0] not in NOT_SETTINGS},
+                         "data_digest": tags.get("data_digest")}}
+    order = {v: i for i, v in enumerate(cfg.study.variants)}
+    runs = {v: dict(sorted(runs[v].items())) for v in sorted(runs, key=lambda v: (order.get(v, len(order)), v))}
+    if pair:
+        check(runs, f"the MLflow runs of experiment {cfg.study.name!r}")
+    return runs

@@ -1,0 +1,235 @@
+"""comparison.md: the summary (:mod:`study.analysis.summary`) as markdown tables.
+
+Nothing is computed here; every figure printed is a field of summary.json.  Undefined values
+print as "n/a" with the reason beside them, never as "nan" or "p = 0".
+"""
+from __future__ import annotations
+
+import math
+
+from study.config import run_name
+
+
+def fmt(x, spec=".4f") -> str:
+    """A number, or "n/a" for None/NaN/inf."""
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def pct_ci(c: dict) -> str:
+    """"+1.23% [-0.50, +2.96]": a paired comparison's percent log-loss change and its 95% interval."""
+    lo, hi = c["pct_log_loss_ci95"]
+    if c.get("undefined"):
+        return f"{fmt(c['pct_log_loss'], '+.2f')}% (no interval: {c['undefined']})"
+    return f"{fmt(c['pct_log_loss'], '+.2f')}% [{fmt(lo, '+.2f')}, {fmt(hi, '+.2f')}]"
+
+
+def p_text(c: dict, key: str = "p_value") -> str:
+    """The p-value, or why the test is undefined (zero variance, one pair): never "nan" or "0"."""
+    if c.get("undefined"):
+        return f"undefined ({c['undefined']})"
+    return fmt(c.get(key), ".3g")
+
+
+def detectable(c: dict) -> str:
+    """The smallest percent log-loss change detectable at 80% power with these pairs, or why none."""
+    pw = c["power"]
+    mde = pw["min_detectable_pct"]
+    return f"{fmt(mde, '.2f')}%" if mde is not None and math.isfinite(mde) else f"n/a ({pw['note']})"
+
+
+def header(summary: dict) -> list[str]:
+    """The title and the settings the runs recorded (not conf/study.yaml's)."""
+    s = summary.get("settings") or {}
+    lines = [f"# {summary['study']}: comparison of attention variants", ""]
+    if not s:
+        return lines + ["The runs recorded no settings.", ""]
+
+    def g(key, spec=""):
+        v = s.get(key)
+        return "n/a" if v is None else (format(v, spec) if spec and isinstance(v, (int, float)) else str(v))
+    lines += [f"Settings as recorded by every run (`config.json`; the runs pair only because they agree on all of "
+              f"these): model `{g('model.name')}` ({g('model.n_layer')} layers, {g('model.n_head')} heads, n_embd "
+              f"{g('model.n_embd')}, block_size {g('model.block_size')}, vocab_size {g('model.vocab_size')}); data: "
+              f"tokenizer `{g('data.tokenizer')}`, corpora {g('data.corpora')}, prepared-data digest "
+              f"`{g('data_digest')}`; training: {g('train.tokens', ',')} tokens per run in steps of "
+              f"{g('train.batch_tokens', ',')} tokens, warmup {g('train.warmup_tokens', ',')} tokens, weight decay "
+              f"{g('train.weight_decay')}, betas ({g('train.beta1')}, {g('train.beta2')}), grad clip "
+              f"{g('train.grad_clip')}, precision `{g('trainer.precision')}`; seeds {summary['seeds']}. Losses are "
+              f"final validation cross-entropy in nats on the same {g('train.val_tokens', ',')} fixed validation "
+              f"tokens for every run. Each variant's peak lr is in the first table; all recorded settings are listed "
+              f"at the end.", ""]
+    return lines
+
+
+def variants_table(summary: dict) -> list[str]:
+    b = summary["baseline"]
+    lines = ["## Final validation loss per variant", "",
+             "Mean over seeds with its Student-t 95% interval (unpaired: for the comparison use the paired table "
+             "below).", "",
+             "| variant | non-embedding params | vs baseline params | peak lr | seeds | val loss mean | sd | 95% CI "
+             "| perplexity |", "|---|---|---|---|---|---|---|---|---|"]
+    bp = summary["variants"].get(b, {}).get("non_embedding_params")
+    for v, s in summary["variants"].items():
+        rel = f"{100 * (s['non_embedding_params'] / bp - 1):+.2f}%" if bp else "n/a"
+        lines.append(f"| {v} | {s['non_embedding_params']:,} | {rel} | {fmt(s.get('lr'), 'g')} | {s['n_seeds']} | "
+                     f"{fmt(s['val_loss_mean'])} | {fmt(s['val_loss_sd'])} | [{fmt(s['val_loss_ci95'][0])}, "
+                     f"{fmt(s['val_loss_ci95'][1])}] | {fmt(s['val_perplexity_mean'], '.2f')} |")
+    y = summary.get("yardsticks") or {}
+    if y.get("available"):
+        for name in ("unigram", "bigram"):
+            if name in y:
+                lines.append(f"| *{name} yardstick* | | | | | {fmt(y[name].get('all'))} | | | "
+                             f"{fmt(math.exp(y[name]['all']) if y[name].get('all') is not None else None, '.2f')} |")
+        lines += ["", f"Yardsticks: cross-entropy of a {' and a '.join(k for k in ('unigram', 'bigram') if k in y)} "
+                  f"model of the training tokens on the same validation windows ({y.get('method', 'see meta.json')})."]
+    elif y:
+        lines += ["", f"Yardsticks: not shown ({y.get('note')})."]
+    return lines
+
+
+def verdict_tables(summary: dict) -> list[str]:
+    b = summary["baseline"]
+    lines = ["", f"## Against `{b}`, paired by seed", "",
+             "Mean difference = variant - baseline (nats; negative is better), with the paired-t 95% confidence "
+             "interval; p from the two-sided paired t-test, p (BH) adjusted over the variants by "
+             "Benjamini-Hochberg. Percent log-loss change = (L - L_base) / L_base; percent perplexity change = "
+             "exp(L - L_base) - 1 (the paper's two figures). Zero-variance differences (identical losses, or the "
+             "same shift at every seed) have no t-test: they are flagged, not given a p-value.", "",
+             "| variant | pairs | mean diff | 95% CI | p | p (BH) | log-loss change [95% CI] | perplexity change |",
+             "|---|---|---|---|---|---|---|---|"]
+    for v, c in summary["vs_baseline"].items():
+        lines.append(f"| {v} | {c['n_pairs']} | {fmt(c['mean_diff'], '+.4f')} | [{fmt(c['ci95'][0], '+.4f')}, "
+                     f"{fmt(c['ci95'][1], '+.4f')}] | {p_text(c)} | {p_text(c, 'p_value_bh')} | {pct_ci(c)} | "
+                     f"{fmt(c['pct_perplexity'], '+.2f')}% |")
+    lines += ["", "### Power", "",
+              "What these seeds can detect: the smallest true difference the two-sided paired t-test (alpha 0.05) "
+              "finds with 80% power at this number of pairs and the measured sd of the paired differences "
+              "(noncentral t), and the number of seeds needed to detect the paper's -2.40% log-loss at that sd.", "",
+              "| variant | pairs | paired sd (nats) | detectable at 80% power | seeds for -2.40% |", "|---|---|---|---|---|"]
+    for v, c in summary["vs_baseline"].items():
+        pw = c["power"]
+        mde, need = pw["min_detectable_diff"], pw["seeds_for_paper"]
+        detect = (f"{fmt(mde)} nats ({detectable(c)} of the loss)" if mde is not None and math.isfinite(mde)
+                  else detectable(c))
+        lines.append(f"| {v} | {pw['n_pairs']} | {fmt(pw['sd_diff'])} | {detect} | "
+                     f"{need if need is not None else 'n/a (' + str(pw['note']) + ')'} |")
+    return lines
+
+
+def corpus_table(summary: dict) -> list[str]:
+    pc, b = summary.get("per_corpus"), summary["baseline"]
+    if not pc:
+        return []
+    y = summary.get("yardsticks") or {}
+    marks = [k for k in ("unigram", "bigram") if y.get("available") and k in y]
+    names = list(summary["variants"])
+    lines = ["", "## Per corpus", "",
+             "Final validation loss (nats, mean over seeds) on each corpus's validation windows"
+             + (", beside the yardsticks" if marks else "") + "; the change against the baseline is paired by seed "
+             "(percent log-loss, 95% t interval).", "",
+             "| corpus | " + " | ".join(names) + "".join(f" | {k}" for k in marks) + " |",
+             "|---|" + "---|" * (len(names) + len(marks))]
+    for c in pc["corpora"]:
+        cells = [fmt((summary["variants"][v].get("val_loss_per_corpus") or {}).get(c)) for v in names]
+        lines.append(f"| {c} | " + " | ".join(cells) + "".join(f" | {fmt(y[k].get(c))}" for k in marks) + " |")
+    lines += ["", "| corpus | " + " | ".join(v for v in names if v != b) + " |", "|---|" + "---|" * (len(names) - 1)]
+    for c in pc["corpora"]:
+        lines.append(f"| {c} | " + " | ".join(pct_ci(pc["vs_baseline"][c][v]) for v in names if v != b) + " |")
+    return lines
+
+
+def frontier_section(summary: dict) -> list[str]:
+    f = summary.get("frontier") or {}
+    lines = ["", "## Parameter frontier", ""]
+    if not f.get("fitted"):
+        return lines + [f"Frontier {f.get('reason', 'not fitted')}. Baseline family in this study: "
+                        f"{f.get('family', [])}; the `frontier` profile (README) trains five sizes."]
+    lines += [f"Baseline family {f['family']}: fitted log L = {f['intercept']:.4f} {f['slope']:+.4f} log N "
+              f"(N = non-embedding parameters) over {f['sizes']} sizes. A variant's multiplier is the baseline size "
+              f"that would reach its mean loss divided by its own size (> 1: worth more parameters than it has); "
+              f"95% interval: Student t over the seeds' own log multipliers (each seed's frontier and loss).", "",
+              "| variant | multiplier | 95% CI | equivalent baseline params |", "|---|---|---|---|"]
+    for v, m in f["multipliers"].items():
+        ci = f"[{fmt(m['ci95'][0], '.3f')}, {fmt(m['ci95'][1], '.3f')}]" if not m.get("ci_note") else m["ci_note"]
+        lines.append(f"| {v} | {fmt(m['multiplier'], '.3f')} | {ci} | {fmt(m['equivalent_params'], ',.0f')} |")
+    return lines
+
+
+def lr_sweep_section(sw: dict, base: str) -> list[str]:
+    lines = ["", "## Learning-rate sweep: shared lr against tuned lr", "",
+             f"Each variant was trained once (seed {sw['seed']}, {sw['tokens']:,} tokens) at every peak lr of the "
+             f"grid; min_lr keeps the schedule's ratio. Final val loss (nats), best marked *:", "",
+             "| variant | " + " | ".join(f"lr {x:g}" for x in sw["lrs"]) + " | best lr |",
+             "|---|" + "---|" * (len(sw["lrs"]) + 1)]
+    for v, r in sw["variants"].items():
+        cells = [("*" if p["lr"] == r["best_lr"] else "") + (fmt(p["val_loss"]) if p["status"] == "ok" else "diverged")
+                 for p in r["points"]]
+        edge = " (grid edge: the optimum may lie outside)" if r["at_edge"] else ""
+        lines.append(f"| {v} | " + " | ".join(cells) + f" | {r['best_lr']:g}{edge} |")
+    lines += ["", f"The two verdicts against `{base}`, each over all study seeds, paired by seed: percent log-loss "
+              f"change with its 95% interval, p (paired t). Shared: every variant at train.lr = {sw['shared_lr']:g}. "
+              f"Tuned: every variant, the baseline included, at its own best lr.", "",
+              "| variant | shared lr: change [95% CI] | p | tuned lr | tuned: change [95% CI] | p | "
+              "tuned: detectable at 80% power | tuning gain of the variant itself |", "|---|---|---|---|---|---|---|---|"]
+    for v, c in sw["shared"].items():
+        t, r = sw["tuned"][v], sw["variants"][v]
+        lines.append(f"| {v} | {pct_ci(c)} | {p_text(c)} | {r['best_lr']:g} (baseline "
+                     f"{sw['variants'][base]['best_lr']:g}) | {pct_ci(t)} | {p_text(t)} | {detectable(t)} | "
+                     f"{pct_ci(r['tuning_gain'])} |")
+    lines += ["", "What tuning alone changed, per variant (its tuned-lr runs against its shared-lr runs, paired by "
+              "seed; identical runs where the best lr is the shared one):", ""]
+    lines += [f"- {v}: lr {sw['shared_lr']:g} -> {r['best_lr']:g}: {pct_ci(r['tuning_gain'])}"
+              for v, r in sw["variants"].items()]
+    return lines
+
+
+def ladder_section(la: dict, base: str) -> list[str]:
+    lines = ["", "## Scale ladder: the effect against model size", "",
+             f"Every size trained on tokens = {la['tokens_per_param']:g} x the baseline's non-embedding "
+             f"parameters (the same tokens for every variant of a size). Change = percent log-loss change against "
+             f"`{base}` at that size, paired by seed, with its 95% interval. Compute multiplier = the baseline "
+             f"training compute that would reach the variant's loss (on the baseline's power-law fit of loss "
+             f"against training FLOPs over all sizes) divided by the variant's own; 95% t interval over the seeds' "
+             f"own log multipliers.", "",
+             "| size | n_layer x n_embd | non-embedding params | tokens | variant | val loss | change [95% CI] | p | "
+             "detectable at 80% power | compute multiplier [95% CI] |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in la["sizes"]:
+        for v, c in s["vs_baseline"].items():
+            m = s["compute_multiplier"].get(v)
+            if m is None:
+                mult = f"n/a ({la.get('fit_note') or 'no fit'})"
+            else:
+                mult = (f"{fmt(m['multiplier'], '.3f')} " + (f"[{fmt(m['ci95'][0], '.3f')}, {fmt(m['ci95'][1], '.3f')}]"
+                                                            if not m.get("ci_note") else f"({m['ci_note']})"))
+            lines.append(f"| {s['model']} | {s['n_layer']} x {s['n_embd']} | {s['non_embedding_params']:,} | "
+                         f"{s['tokens']:,} | {v} | {fmt(s['variants'][v]['val_loss_mean'])} vs "
+                         f"{fmt(s['variants'][base]['val_loss_mean'])} | {pct_ci(c)} | {p_text(c)} | {detectable(c)} | {mult} |")
+    lines += ["", "Fits of log L = a + b log C (C: training FLOPs = FLOPs per token x tokens):", ""]
+    lines += ([f"- {v}: b = {f['slope']:+.4f}, a = {f['intercept']:.4f}" for v, f in la["fits"].items()]
+              or [f"- {la.get('fit_note') or 'not fitted'}"])
+    lines += ["", "Trend with scale: slope of the per-seed percent change against log10(parameters), "
+              "with its 95% interval (negative: the variant's advantage grows with size):", ""]
+    lines += [f"- {v}: {fmt(t['slope_pct_per_decade'], '+.2f')} points per decade "
+              f"[{fmt(t['ci95'][0], '+.2f')}, {fmt(t['ci95'][1], '+.2f')}], p {fmt(t['p_value'], '.3g')} "
+              f"({t['n_points']} seed pairs){' - ' + t['note'] if t.get('note') else ''}" for v, t in la["trend"].items()]
+    return lines
+
+
+def markdown(summary: dict, figures: list[str] = ()) -> str:
+    """comparison.md from summary.json's content; ``figures``: the names of the figures written."""
+    lines = header(summary) + variants_table(summary) + verdict_tables(summary) + corpus_table(summary)
+    lines += frontier_section(summary)
+    diverged = [(v, s, r) for v, x in summary["variants"].items() for s, r in x["diverged"].items()]
+    lines += ["", "## Diverged runs", ""]
+    lines += [f"- {run_name(v, s)}: {r}" for v, s, r in diverged] or ["None."]
+    if summary.get("lr_sweep"):
+        lines += lr_sweep_section(summary["lr_sweep"], summary["baseline"])
+    if summary.get("scale_ladder"):
+        lines += ladder_section(summary["scale_ladder"], summary["baseline"])
+    if figures:
+        lines += ["", "## Figures", ""] + [f"- `figures/{f}`" for f in figures]
+    if summary.get("settings"):
+        lines += ["", "## Recorded settings", "", "Shared by every run of the study (the variant's own section aside):",
+                  "", "| key | value |", "|---|---|"]
+        lines += [f"| {k} | {v} |" for k, v in sorted(summary["settings"].items())]
+    return "\n".join(lines + [""])

@@ -1,0 +1,143 @@
+"""Quiet, informative training logs: known noise filtered out, progress in optimizer steps of the total.
+
+:func:`quiet_logs` drops what a run of this study cannot act on (Lightning's litlogger/litmodels tips,
+"Checkpoint directory ... exists and is not empty" for the study's own checkpoint folder, known
+deprecation warnings of the pinned libraries, MLflow's store set-up chatter).
+:func:`progress_callback` shows ``step/max_steps`` (optimizer steps, whatever the gradient accumulation):
+a tqdm bar on a terminal, and one plain line every tenth of the run where stderr is not a terminal
+(``dvc repro``, CI logs), so every run's progress appears in those logs as it goes.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import warnings
+
+from lightning.pytorch.callbacks import Callback
+
+# Messages (regular expressions, matched at the start) of warnings that are expected in this study.
+KNOWN_WARNINGS = (
+    r"Checkpoint directory .* exists and is not empty",  # ckpt dir holds run.json; resume is decided by its hash
+    r"`isinstance\(treespec, LeafSpec\)` is deprecated",  # Lightning 2.6 on torch 2.13
+    r"Your `IterableDataset` has `__len__` defined",  # litdata's StreamingDataset, one loader worker per rank
+    r"The '(train|val)_dataloader' does not have many workers",
+    r".*LeafSpec.* is deprecated",
+)
+# Info lines (prefixes) of Lightning's rank-zero logger that carry nothing for this study.
+DROPPED_INFO = ("💡 Tip", "GPU available", "TPU available", "HPU available", "`Trainer.fit` stopped",
+                "`weights_only` was not set")
+
+
+class _DropLines(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(DROPPED_INFO)
+
+
+def quiet_logs() -> None:
+    """Filter the known warnings and info lines above (idempotent; call before the Trainer exists)."""
+    for pattern in KNOWN_WARNINGS:
+        warnings.filterwarnings("ignore", message=pattern)
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        log = logging.getLogger(name)
+        if not any(isinstance(f, _DropLines) for f in log.filters):
+            log.addFilter(_DropLines())
+    os.environ.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # read when mlflow is imported
+    for name in ("mlflow", "alembic"):  # "Creating initial MLflow database tables..." and the like
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _fmt_eta(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}" if seconds >= 60 else f"{seconds} s"
+
+
+def progress_callback(label: str, max_steps: int, tokens_per_step: int, enabled: bool = True, stream=None):
+    """The progress callback of one run, or None when ``enabled`` is false (``trainer.progress_bar``).
+
+    On a terminal: a tqdm bar ``LABEL  step/max_steps`` with train_loss and val_loss; elsewhere a
+    :class:`ProgressLines` callback.  Give the Trainer ``enable_progress_bar=isinstance(cb, ProgressBar)``.
+    """
+    if not enabled:
+        return None
+    stream = sys.stderr if stream is None else stream
+    if getattr(stream, "isatty", lambda: False)():
+        return step_progress_bar(label, max_steps)
+    return ProgressLines(label, max_steps, tokens_per_step, stream=stream)
+
+
+def step_progress_bar(label: str, max_steps: int):
+    """Lightning's TQDMProgressBar counting optimizer steps of ``max_steps`` (not micro-batches of an
+    endless epoch: no ``Epoch 0/-2``), described by the run's label, without Lightning's ``v_num``."""
+    from lightning.pytorch.callbacks import TQDMProgressBar
+
+    class StepProgressBar(TQDMProgressBar):
+        def on_train_epoch_start(self, trainer, *_):
+            bar = self.train_progress_bar
+            bar.reset(total=max_steps)
+            bar.n = bar.last_print_n = trainer.global_step
+            bar.set_description(label)
+            bar.refresh()
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            n = trainer.global_step
+            bar = self.train_progress_bar
+            if n != bar.n and (n % self.refresh_rate == 0 or n == max_steps):
+                bar.n = n
+                bar.set_postfix(self.get_metrics(trainer, pl_module))
+                bar.refresh()
+
+        def get_metrics(self, trainer, pl_module):
+            metrics = super().get_metrics(trainer, pl_module)
+            metrics.pop("v_num", None)
+            curve = getattr(pl_module, "curve", None)
+            if curve:
+                metrics["val_loss"] = f"{curve[-1]['val_loss']:.3f}"  # the latest evaluation (nats)
+            return metrics
+
+    return StepProgressBar()
+
+
+class ProgressLines(Callback):
+    """One line per tenth of the run (and at the end) for logs that are not a terminal::
+
+        baseline-s1: step 64/256 (25%), 262,144 tokens, train_loss 5.123, val_loss 5.301, 14,210 tokens/s, eta 41 s
+
+    ``every`` optimizer steps (default max_steps // 10, at least 1); train_loss is the last logged
+    step's mean loss (nats), val_loss the latest evaluation (nats), tokens/s since the previous line.
+    """
+
+    def __init__(self, label: str, max_steps: int, tokens_per_step: int, every: int | None = None, stream=None):
+        super().__init__()
+        self.label, self.max_steps, self.tokens_per_step = label, max_steps, tokens_per_step
+        self.every = every or max(1, max_steps // 10)
+        self.stream = stream
+        self._last: tuple[float, int] | None = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._last = (time.perf_counter(), trainer.global_step)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step
+        if trainer.global_rank != 0 or self._last is None or step == self._last[1]:
+            return
+        if step % self.every and step != self.max_steps:
+            return
+        now = time.perf_counter()
+        t0, s0 = self._last
+        rate = (step - s0) / (now - t0) if now > t0 else 0.0
+        parts = [f"{self.label}: step {step}/{self.max_steps} ({100 * step / self.max_steps:.0f}%)",
+                 f"{step * self.tokens_per_step:,} tokens"]
+        m = trainer.callback_metrics
+        if "train_loss" in m:
+            parts.append(f"train_loss {float(m['train_loss']):.3f}")
+        curve = getattr(pl_module, "curve", None)
+        if curve:
+            parts.append(f"val_loss {curve[-1]['val_loss']:.3f}")
+        if rate > 0:
+            parts.append(f"{rate * self.tokens_per_step:,.0f} tokens/s")
+            if step < self.max_steps:
+                parts.append(f"eta {_fmt_eta((self.max_steps - step) / rate)}")
+        print(", ".join(parts), file=self.stream or sys.stderr, flush=True)
+        self._last = (now, step)

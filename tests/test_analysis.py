@@ -1,0 +1,321 @@
+"""The report cannot mislead (issue 12): each fault found by a user is a test with the right value.
+
+Synthetic run folders (tests/synthetic_runs.py) go through `python -m study.compare`'s main; the
+expected numbers are computed here with scipy/numpy, independently of study.analysis.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from tests.synthetic_runs import write_run
+
+SEEDS = (1, 2, 3)
+BASE = {1: 4.00, 2: 4.10, 3: 3.95}
+
+
+def _study(tmp_path: Path, variants=("baseline", "nonlinear_q"), seeds=SEEDS) -> list[str]:
+    return [f"study.runs_dir={tmp_path / 'runs'}", f"study.reports_dir={tmp_path / 'reports'}",
+            f"study.seeds={list(seeds)}", f"study.variants=[{','.join(variants)}]"]
+
+
+def _compare(nano_project, monkeypatch, args):
+    from study.compare import main
+
+    monkeypatch.chdir(nano_project)
+    return main(args)
+
+
+def _summary(tmp_path):
+    return json.loads((tmp_path / "reports/summary.json").read_text())
+
+
+# -- pairing ----------------------------------------------------------------------------------------
+def test_an_adhoc_run_with_other_tokens_is_refused_by_name(nano_project, tmp_path, monkeypatch, capsys):
+    """README's one-run example with train.tokens=8192 replaced runs/nonlinear_q-s1: compare names it."""
+    for s in SEEDS:
+        write_run(tmp_path / f"runs/baseline-s{s}", "baseline", s, BASE[s], tokens=20480)
+        write_run(tmp_path / f"runs/nonlinear_q-s{s}", "nonlinear_q", s, BASE[s] - 0.03, tokens=20480)
+    write_run(tmp_path / "runs/nonlinear_q-s1", "nonlinear_q", 1, 3.5, tokens=8192, train={"lr": 2e-3})
+    assert _compare(nano_project, monkeypatch, _study(tmp_path)) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ")
+    assert "nonlinear_q-s1" in err and "train.tokens 8192 (vs 20480)" in err and "train.lr 0.002 (vs 0.003)" in err
+
+
+def test_block_size_mismatch_is_refused_and_the_header_states_recorded_settings(nano_project, tmp_path, monkeypatch,
+                                                                                capsys):
+    """Baselines at block_size 16, nonlinear_q at 64: refused (it printed +0.03%, p = 0.615 before)."""
+    for s in SEEDS:
+        write_run(tmp_path / f"runs/baseline-s{s}", "baseline", s, BASE[s], tokens=8192, model={"block_size": 16})
+        write_run(tmp_path / f"runs/nonlinear_q-s{s}", "nonlinear_q", s, BASE[s] + 0.001 * s, tokens=8192,
+                  model={"block_size": 64})
+    assert _compare(nano_project, monkeypatch, _study(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert "model.block_size" in err and "do not pair" in err
+    # the same runs at one block size pair; the header states what they recorded, not conf/study.yaml's
+    for s in SEEDS:
+        write_run(tmp_path / f"runs/baseline-s{s}", "baseline", s, BASE[s], tokens=8192, model={"block_size": 16})
+        write_run(tmp_path / f"runs/nonlinear_q-s{s}", "nonlinear_q", s, BASE[s] + 0.001 * s, tokens=8192,
+                  model={"block_size": 16})
+    assert _compare(nano_project, monkeypatch, _study(tmp_path)) == 0
+    md = (tmp_path / "reports/comparison.md").read_text()
+    assert "block_size 16" in md and "8,192 tokens per run" in md and "`0123456789abcdef`" in md
+    assert _summary(tmp_path)["settings"]["model.block_size"] == 16
+
+
+def test_other_prepared_data_or_data_seed_do_not_pair(tmp_path):
+    from study.analysis.pairing import PairingError, check
+    from study.analysis.runs import RunsError, read_run
+
+    runs = {v: {s: read_run(write_run(tmp_path / f"{v}-s{s}", v, s, 4.0)) for s in (1, 2)}
+            for v in ("baseline", "nonlinear_q")}
+    assert check(runs, "x")["train.tokens"] == 1000
+    runs["nonlinear_q"][2] = read_run(write_run(tmp_path / "odd", "nonlinear_q", 2, 4.0, digest="ffffffffffffffff"))
+    with pytest.raises(PairingError, match=r"odd differs in data_digest 'ffffffffffffffff' \(vs '0123456789abcdef'\)"):
+        check(runs, "x")
+    runs["nonlinear_q"][2] = read_run(write_run(tmp_path / "odd", "nonlinear_q", 2, 4.0, train={"data_seed": 7}))
+    with pytest.raises(PairingError, match="at seed 2.*data seed"):
+        check(runs, "x")
+    # a run folder that recorded no settings is refused, not guessed
+    (tmp_path / "odd/config.json").unlink()
+    with pytest.raises(RunsError, match="no config.json"):
+        read_run(tmp_path / "odd")
+
+
+# -- statistics at small n ----------------------------------------------------------------------------
+def test_verdict_power_and_figures_against_scipy(nano_project, tmp_path, monkeypatch):
+    var = {1: 3.97, 2: 4.02, 3: 3.94}
+    for s in SEEDS:
+        write_run(tmp_path / f"runs/baseline-s{s}", "baseline", s, BASE[s], per_corpus={"sotu": BASE[s] + 0.2,
+                                                                                         "kjv": BASE[s] - 0.5})
+        write_run(tmp_path / f"runs/nonlinear_q-s{s}", "nonlinear_q", s, var[s],
+                  per_corpus={"sotu": var[s] + 0.2, "kjv": var[s] - 0.5})
+    assert _compare(nano_project, monkeypatch, _study(tmp_path)) == 0
+    c = _summary(tmp_path)["vs_baseline"]["nonlinear_q"]
+    b, v = np.array([BASE[s] for s in SEEDS]), np.array([var[s] for s in SEEDS])
+    d = v - b
+    assert c["p_value"] == pytest.approx(stats.ttest_rel(v, b).pvalue, rel=1e-9)
+    assert c["pct_diffs"] == pytest.approx(list(100 * d / b.mean()))
+    half = stats.t.ppf(0.975, 2) * d.std(ddof=1) / math.sqrt(3)
+    assert c["ci95"] == pytest.approx([d.mean() - half, d.mean() + half])
+    # power: the detectable effect has 80% power by the noncentral t, and by simulation
+    pw, sd = c["power"], d.std(ddof=1)
+    mde = pw["min_detectable_diff"]
+    tc = stats.t.ppf(0.975, 2)
+    nc = mde * math.sqrt(3) / sd
+    assert stats.nct.sf(tc, 2, nc) + stats.nct.cdf(-tc, 2, nc) == pytest.approx(0.80, abs=1e-6)
+    rng = np.random.default_rng(0)
+    sims = rng.normal(mde, sd, size=(200_000, 3))
+    t = sims.mean(1) / (sims.std(1, ddof=1) / math.sqrt(3))
+    assert np.mean(np.abs(t) > tc) == pytest.approx(0.80, abs=0.005)
+    assert pw["min_detectable_pct"] == pytest.approx(100 * mde / b.mean())
+    # seeds for the paper's -2.40%: the first n whose power reaches 80%
+    eff, n = 0.024 * b.mean(), pw["seeds_for_paper"]
+
+    def power(n):
+        tc, nc = stats.t.ppf(0.975, n - 1), eff * math.sqrt(n) / sd
+        return stats.nct.sf(tc, n - 1, nc) + stats.nct.cdf(-tc, n - 1, nc)
+    assert power(n) >= 0.8 and (n == 2 or power(n - 1) < 0.8)
+    md = (tmp_path / "reports/comparison.md").read_text()
+    assert "### Power" in md and f"| nonlinear_q | 3 | {sd:.4f} | {mde:.4f} nats" in md and f"| {n} |" in md
+    # figures: the verdict and per-corpus figures exist; the profiles' and an unfitted frontier's do not
+    figs = sorted(p.name for p in (tmp_path / "reports/figures").iterdir())
+    assert figs == ["final_val_loss.png", "paired_differences.png", "per_corpus.png", "train_loss_curves.png",
+                    "val_loss_curves.png"]
+    pc = _summary(tmp_path)["per_corpus"]["vs_baseline"]["kjv"]["nonlinear_q"]
+    kb, kv = b - 0.5, v - 0.5
+    assert pc["pct_log_loss"] == pytest.approx(100 * (kv - kb).mean() / kb.mean())
+
+
+@pytest.mark.parametrize("shift, why", [(0.0, "identical losses"), (0.01, "constant shift across seeds")])
+def test_zero_variance_is_flagged_not_p_nan_or_zero(nano_project, tmp_path, monkeypatch, shift, why):
+    for s in SEEDS:
+        write_run(tmp_path / f"runs/baseline-s{s}", "baseline", s, BASE[s])
+        write_run(tmp_path / f"runs/nonlinear_q-s{s}", "nonlinear_q", s, BASE[s] + shift)
+    assert _compare(nano_project, monkeypatch, _study(tmp_path)) == 0
+    c = _summary(tmp_path)["vs_baseline"]["nonlinear_q"]
+    assert c["undefined"] == why and c["p_value"] is None and c["p_value_bh"] is None and c["ci95"] == [None, None]
+    assert c["mean_diff"] == pytest.approx(shift, abs=1e-12)
+    md = (tmp_path / "reports/comparison.md").read_text()
+    row = next(line for line in md.splitlines() if line.startswith("| nonlinear_q | 3 |"))
+    assert f"undefined ({why})" in row and "nan" not in row.lower() and "| 0 |" not in row
+
+
+def test_frontier_needs_three_sizes(nano_project, tmp_path, monkeypatch):
+    """The default study's two baseline sizes: 'not fitted' (it drew b = -0.30 through two points)."""
+    for s in SEEDS:
+        for v, loss, n in (("baseline", BASE[s], 1000), ("baseline_mlp4.75", BASE[s] - 0.05, 1125),
+                           ("identity_q", BASE[s] - 0.1, 900)):
+            write_run(tmp_path / f"runs/{v}-s{s}", v, s, loss, params=n)
+    assert _compare(nano_project, monkeypatch, _study(tmp_path, ("baseline", "identity_q", "baseline_mlp4.75"))) == 0
+    f = _summary(tmp_path)["frontier"]
+    assert f["fitted"] is False and f["sizes"] == 2 and "not fitted" in f["reason"] and "multipliers" not in f
+    assert "Frontier not fitted: 2 size(s)" in (tmp_path / "reports/comparison.md").read_text()
+    assert not (tmp_path / "reports/figures/frontier.png").exists()
+
+
+def test_multiplier_interval_is_a_t_interval_over_seeds_not_a_bootstrap():
+    """Three seeds: the interval is exp(mean +- t sd/sqrt(n)) of the per-seed log multipliers."""
+    from study.analysis.stats import parameter_multiplier
+
+    sizes = (1e5, 1.2e5, 1.6e5)
+    noise = {1: (0.01, -0.02, 0.0, 0.03), 2: (0.0, 0.01, -0.01, -0.02), 3: (-0.02, 0.0, 0.02, 0.01)}
+    family = {n: {s: 10 * n ** -0.1 + noise[s][k] for s in SEEDS} for k, n in enumerate(sizes)}
+    variant = {s: 10 * 1.5e5 ** -0.1 + noise[s][3] for s in SEEDS}
+    r = parameter_multiplier(family, variant, 100_000)
+    logs = []
+    for s in SEEDS:  # each seed's own frontier, by numpy
+        b, a = np.polyfit(np.log(sizes), np.log([family[n][s] for n in sizes]), 1)
+        logs.append(math.log(math.exp((math.log(variant[s]) - a) / b) / 100_000))
+    half = stats.t.ppf(0.975, 2) * np.std(logs, ddof=1) / math.sqrt(3)
+    assert r["ci95"] == pytest.approx([math.exp(np.mean(logs) - half), math.exp(np.mean(logs) + half)], rel=1e-9)
+    assert r["ci_note"] is None
+
+
+# -- yardsticks, curves ----------------------------------------------------------------------------
+def test_yardsticks_shown_only_for_the_runs_own_data(nano_project, tmp_path, monkeypatch):
+    data = tmp_path / "tokens"
+    data.mkdir()
+    meta = {"tokenizer": "bpe", "yardsticks": {"unigram": {"all": 6.1, "sotu": 6.0, "kjv": 5.9},
+                                               "bigram": {"all": 4.9, "sotu": 4.8, "kjv": 4.7}, "method": "test"}}
+    (data / "meta.json").write_text(json.dumps(meta))
+    digest = hashlib.sha256((data / "meta.json").read_bytes()).hexdigest()[:16]
+    for s in SEEDS:
+        for v, off in (("baseline", 0.0), ("nonlinear_q", -0.02 * s)):
+            write_run(tmp_path / f"runs/{v}-s{s}", v, s, BASE[s] + off, digest=digest,
+                      per_corpus={"sotu": BASE[s] + off, "kjv": BASE[s] + off - 0.3})
+    args = _study(tmp_path) + [f"data.dir={data}"]
+    assert _compare(nano_project, monkeypatch, args) == 0
+    y = _summary(tmp_path)["yardsticks"]
+    assert y["available"] and y["unigram"]["all"] == 6.1 and y["bigram"]["kjv"] == 4.7
+    md = (tmp_path / "reports/comparison.md").read_text()
+    assert "| *unigram yardstick* | | | | | 6.1000 |" in md and "| kjv |" in md and "| 4.7000 |" in md
+    (data / "meta.json").write_text(json.dumps({**meta, "yardsticks": {**meta["yardsticks"], "block_size": 128}}))
+    write_digest = hashlib.sha256((data / "meta.json").read_bytes()).hexdigest()[:16]
+    for s in SEEDS:  # the runs evaluated windows of 64 tokens (synthetic_runs), the yardsticks 128
+        for v in ("baseline", "nonlinear_q"):
+            cfg = json.loads((tmp_path / f"runs/{v}-s{s}/config.json").read_text())
+            (tmp_path / f"runs/{v}-s{s}/config.json").write_text(json.dumps({**cfg, "data_digest": write_digest}))
+    assert _compare(nano_project, monkeypatch, args) == 0
+    assert "the runs evaluated 128 windows of 64" in _summary(tmp_path)["yardsticks"]["note"]
+    (data / "meta.json").write_text(json.dumps({**meta, "tokenizer": "gpt2"}))  # re-prepared since the runs
+    assert _compare(nano_project, monkeypatch, args) == 0
+    y = _summary(tmp_path)["yardsticks"]
+    assert not y["available"] and "not the data the runs trained on" in y["note"]
+
+
+def test_curves_are_in_millions_of_tokens_from_zero(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from study.analysis.figures import curves
+    from study.analysis.runs import read_run
+
+    runs = {"baseline": {1: read_run(write_run(tmp_path / "b", "baseline", 1, 4.0, tokens=3_000_000))}}
+    fig, ax = plt.subplots()
+    curves(runs, "val_loss", ax)
+    fig.canvas.draw()
+    assert ax.get_xlim()[0] == 0
+    assert list(ax.lines[0].get_xdata()) == pytest.approx([1.0, 2.0, 3.0])
+    assert ax.xaxis.get_offset_text().get_text() == "" and "millions" in ax.get_xlabel()
+    plt.close(fig)
+
+
+# -- the record a run leaves -------------------------------------------------------------------------
+def test_a_run_records_its_settings_and_data_digest(run_in, tmp_path, nano_project):
+    from study.analysis.runs import read_run
+
+    m = run_in("variant=nonlinear_q", "seed=1", "train.tokens=4096", "train.eval_every=1")
+    d = tmp_path / "runs/nonlinear_q-s1"
+    config = json.loads((d / "config.json").read_text())
+    assert not {"study", "lr_sweep", "scale_ladder", "defaults"} & set(config)
+    assert config["train"]["tokens"] == 4096 and config["variant"]["name"] == "nonlinear_q" and config["seed"] == 1
+    meta = nano_project / "data/tokens/meta.json"
+    assert config["data_digest"] == hashlib.sha256(meta.read_bytes()).hexdigest()[:16]
+    run = read_run(d)
+    assert run["settings"]["model.block_size"] == config["model"]["block_size"] and run["val_loss"] == m["val_loss"]
+    from mlflow import MlflowClient
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
+    assert client.get_run(m["mlflow_run_id"]).data.tags["data_digest"] == config["data_digest"]
+
+
+def test_mlflow_reader_pairs_and_counts_only_finished_runs(nano_project, tmp_path):
+    """The notebook's reader: KILLED runs are ignored; a finished run at other settings is refused by name."""
+    from mlflow import MlflowClient
+
+    from study.analysis.pairing import PairingError
+    from study.analysis.runs import load_mlflow
+    from study.config import load_config
+
+    db = tmp_path / "m.db"
+    cfg = load_config([f"study.tracking_db={db}", "study.name=nb", f"study.artifact_dir={tmp_path / 'art'}"],
+                      nano_project)
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    exp = client.create_experiment("nb", artifact_location=(tmp_path / "art").as_uri())
+
+    started = []
+
+    def run(variant, seed, loss, tokens="20480", status="FINISHED"):
+        started.append(1_700_000_000_000 + 1000 * len(started))  # ordered start times: the newest is known
+        r = client.create_run(exp, start_time=started[-1], run_name=f"{variant}-s{seed}", tags={"variant": variant, "seed": str(seed),
+                                                                        "group": "main", "data_digest": "abc"})
+        for k, v in {"train.tokens": tokens, "train.batch_tokens": "2048", "model.block_size": "64",
+                     "variant.name": variant, "seed": str(seed), "study.name": "nb"}.items():
+            client.log_param(r.info.run_id, k, v)
+        for step, x in ((5, loss + 0.5), (10, loss)):
+            client.log_metric(r.info.run_id, "val_loss", x, step=step)
+            client.log_metric(r.info.run_id, "train_loss", x + 0.1, step=step)
+        client.log_metric(r.info.run_id, "final_val_loss", loss)
+        client.log_metric(r.info.run_id, "non_embedding_params", 1000)
+        client.set_terminated(r.info.run_id, status)
+
+    for s in (1, 2):
+        run("baseline", s, 4.0 + 0.1 * s)
+        run("nonlinear_q", s, 3.9 + 0.1 * s)
+    run("nonlinear_q", 1, 3.0, tokens="8192", status="KILLED")  # a killed ad-hoc run: not counted
+    runs = load_mlflow(cfg, nano_project)
+    assert runs["nonlinear_q"][1]["val_loss"] == pytest.approx(4.0)
+    assert [r["tokens"] for r in runs["nonlinear_q"][1]["curve"]] == [10240.0, 20480.0]
+    run("nonlinear_q", 1, 3.0, tokens="8192")  # the same, finished: the newest stands for the run, and is refused
+    with pytest.raises(PairingError, match=r"nonlinear_q-s1 differs in train.tokens '8192' \(vs '20480'\)"):
+        load_mlflow(cfg, nano_project)
+
+
+# -- the profiles through the same checks ------------------------------------------------------------
+def test_two_ladder_sizes_are_not_fitted_and_a_size_at_another_lr_is_refused(nano_project, tmp_path, monkeypatch,
+                                                                          capsys):
+    runs = tmp_path / "runs"
+    for s in SEEDS:
+        for v in ("baseline", "nonlinear_q"):
+            write_run(runs / f"{v}-s{s}", v, s, BASE[s] - 0.01 * (v == "nonlinear_q") * s)
+            for model, n in (("ladder-64", 64), ("ladder-96", 96)):
+                write_run(runs / f"scale_ladder/{model}/{v}-s{s}", v, s, BASE[s] - n / 1000 - 0.002 * s * (v != "baseline"),
+                          tokens=100 * n, params=1000 * n, fpt=6000 * n,
+                          model={"name": model, "n_layer": 4, "n_head": 4, "n_embd": n})
+    args = _study(tmp_path) + ["scale_ladder.models=[ladder-64,ladder-96]"]
+    assert _compare(nano_project, monkeypatch, args) == 0
+    la = _summary(tmp_path)["scale_ladder"]
+    assert la["fits"] == {} and "not fitted: 2 size(s)" in la["fit_note"]
+    assert all(s["compute_multiplier"] == {} for s in la["sizes"])
+    b = np.array([BASE[s] - 0.064 for s in SEEDS])
+    v = b - 0.002 * np.array(SEEDS)
+    assert la["sizes"][0]["vs_baseline"]["nonlinear_q"]["p_value"] == pytest.approx(stats.ttest_rel(v, b).pvalue)
+    md = (tmp_path / "reports/comparison.md").read_text()
+    assert "| ladder-64 | 4 x 64 |" in md and "n/a (not fitted: 2 size(s)" in md
+    assert (tmp_path / "reports/figures/scale_ladder.png").exists()
+    assert not (tmp_path / "reports/figures/lr_sweep.png").exists()
+    # one ladder size trained at another lr than the other: the sizes do not pair
+    write_run(runs / "scale_ladder/ladder-96/nonlinear_q-s2", "nonlinear_q", 2, 3.9, tokens=9600, params=96000,
+              fpt=576000, model={"name": "ladder-96", "n_layer": 4, "n_head": 4, "n_embd": 96}, train={"lr": 1e-3})
+    capsys.readouterr()
+    assert _compare(nano_project, monkeypatch, args) == 2
+    err = capsys.readouterr().err
+    assert "scale_ladder/ladder-96/nonlinear_q-s2 differs in train.lr 0.001 (vs 0.003)" in err
