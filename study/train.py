@@ -28,7 +28,8 @@ import sys
 import time
 from pathlib import Path
 
-from study.config import config_hash, max_steps, micro_batches, peak_lr, run_dir, run_label, run_seeds, run_stage
+from study.config import (config_hash, max_steps, micro_batches, peak_lr, run_dir, run_label, run_seeds, run_stage,
+                          to_dict)
 from study.data import DataError, TokenDataModule, check_prepared
 
 
