@@ -71,7 +71,8 @@ def test_report_figures_match_the_runs(study):
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     # every run sees the same fixed validation windows and the same number of evaluations
     curves = [(study / f"runs/{v}-s{s}/curve.csv").read_text().splitlines() for v, s in runs]
-    assert len({len(c) for c in curves}) == 1 and curves[0][0] == "step,tokens,train_loss,val_loss,lr"
+    assert len({len(c) for c in curves}) == 1
+    assert curves[0][0] == "step,tokens,train_loss,val_loss,lr,val_loss/kjv,val_loss/shakespeare,val_loss/sotu"
 
 
 def test_runs_are_tracked_in_mlflow(study):
