@@ -91,6 +91,18 @@ def run_cli(project: Path, *args: str, timeout: int = 900) -> subprocess.Complet
                           capture_output=True, text=True, timeout=timeout)
 
 
+def start_until_checkpoint(cmd: list[str], project: Path, ckpt: Path, timeout: float = 300) -> subprocess.Popen:
+    """Start a training command in ``project`` and return once it has written ``ckpt`` (or ended)."""
+    import time
+
+    proc = subprocess.Popen(cmd, cwd=project, env=env_for(project), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + timeout
+    while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    return proc
+
+
 @pytest.fixture(scope="session")
 def nano_project(tmp_path_factory) -> Path:
     """A project copy with the nano study's token data already prepared (shared, read-only use)."""

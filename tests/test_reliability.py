@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import BIN, env_for, run_cli
+from conftest import BIN, env_for, run_cli, start_until_checkpoint
 
 
 def _store(db: Path):
@@ -232,11 +232,7 @@ def test_killed_runs_end_killed_never_running(nano_project, tmp_path, monkeypatc
     runs, db = tmp_path / "runs", tmp_path / "m.db"
     folder = runs / "identity_q-s4"
     ckpt = folder / "checkpoints/last.ckpt"
-    proc = subprocess.Popen(_train_cmd(runs, db), cwd=nano_project, env=env_for(nano_project),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
+    proc = start_until_checkpoint(_train_cmd(runs, db), nano_project, ckpt)
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) == 128 + signal.SIGTERM
     client, killed = _store(db)

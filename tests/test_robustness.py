@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import env_for
+from conftest import env_for, start_until_checkpoint
 
 # -- bad input: one table ---------------------------------------------------------------------------
 # (id, command, overrides, expected words in the one-line error)
@@ -155,11 +155,7 @@ def test_killed_run_resumes_exactly(nano_project, tmp_path):
     assert ref.returncode == 0, ref.stderr[-2000:]
     runs, db = tmp_path / "runs", tmp_path / "m.db"
     ckpt = runs / "nonlinear_q-s2/checkpoints/last.ckpt"
-    proc = subprocess.Popen(_train_cmd(runs, db), cwd=nano_project, env=env_for(nano_project),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.05)
+    proc = start_until_checkpoint(_train_cmd(runs, db), nano_project, ckpt)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     assert ckpt.exists(), "no checkpoint before the kill"
