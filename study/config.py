@@ -34,6 +34,9 @@ GROUPS = ("model", "variant", "data", "trainer")
 PROJECTION_MODES = ("linear", "identity", "residual_linear", "nonlinear")
 ACTIVATIONS = ("gelu", "relu2", "silu")
 TOKENIZERS = ("gpt2", "bpe")
+# Lightning 2.6's precision names (lightning.fabric.connector._PRECISION_INPUT), checked before Lightning is imported
+PRECISIONS = frozenset({"64", "32", "16", "bf16", "64-true", "32-true", "16-true", "bf16-true", "16-mixed",
+                        "bf16-mixed", "transformer-engine", "transformer-engine-float16"})
 
 
 class StudyError(Exception):
@@ -51,6 +54,9 @@ def run_stage(body, argv: list[str] | None = None) -> int:
     import sys
 
     argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("--help", "-h") for a in argv):  # the stage's own docstring, then how overrides work
+        print((sys.modules[body.__module__].__doc__ or "").strip() + "\n\n" + (__doc__ or "").strip())
+        return 0
     try:
         root = project_root()
         return body(load_config(argv, root), root)
@@ -135,7 +141,7 @@ class DataConfig:
 class TrainConfig:
     """Optimisation. Budgets are in tokens; the step count is derived from them."""
 
-    tokens: int = 1_000_000  # training tokens per run (the equal budget)
+    tokens: int = 1_048_576  # training tokens per run (the equal budget; whole steps of batch_tokens)
     batch_tokens: int = 4096  # tokens per optimizer step, over all devices and accumulation
     micro_batch_size: int = 32  # sequences per device per forward pass
     lr: float = 2e-3
@@ -393,6 +399,25 @@ def validate(cfg: RunConfig) -> None:
     if t.val_tokens < m.block_size:
         raise ConfigError(f"train.val_tokens={t.val_tokens} is less than one window of "
                           f"model.block_size={m.block_size}: raise val_tokens")
+    if t.tokens % t.batch_tokens and t.tokens_per_param is None:
+        raise ConfigError(f"train.tokens={t.tokens} is not a multiple of train.batch_tokens={t.batch_tokens}: "
+                          f"use {t.tokens // t.batch_tokens * t.batch_tokens or t.batch_tokens} (whole optimizer steps; "
+                          f"the recorded budget must be the one trained)")
+    if t.val_tokens % m.block_size:
+        raise ConfigError(f"train.val_tokens={t.val_tokens} is not a multiple of model.block_size={m.block_size}: "
+                          f"use {max(1, t.val_tokens // m.block_size) * m.block_size} (whole validation windows)")
+    if t.warmup_tokens > t.tokens:
+        raise ConfigError(f"train.warmup_tokens={t.warmup_tokens} is more than the run's train.tokens={t.tokens}: "
+                          f"the lr would never reach its peak; lower warmup_tokens")
+    for key, val in (("seed", cfg.seed), ("train.data_seed", t.data_seed), ("train.init_seed", t.init_seed)):
+        if val is not None and not 0 <= val < 2 ** 32:
+            raise ConfigError(f"{key}={val} must be in [0, 2**32) (a numpy/torch seed)")
+    c = cfg.trainer
+    if c.threads is not None and c.threads < 1:
+        raise ConfigError(f"trainer.threads={c.threads} must be >= 1 (or null for torch's default)")
+    if str(c.precision) not in PRECISIONS:
+        raise ConfigError(f"trainer.precision={c.precision!r} is not a Lightning precision: choose one of "
+                          f"{sorted(PRECISIONS)}")
     if t.tokens < t.batch_tokens:
         raise ConfigError(f"train.tokens={t.tokens} is less than one step of train.batch_tokens="
                           f"{t.batch_tokens}: raise the token budget")

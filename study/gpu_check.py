@@ -612,7 +612,7 @@ def evaluate_checkpoint(ckpt: Path, micros: list[int], overrides: list[str], out
     import torch
 
     from study.config import load_config, project_root, run_seeds
-    from study.data import TokenDataModule
+    from study.datamodule import TokenDataModule
     from study.lm import GPTModule
 
     root = project_root()

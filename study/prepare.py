@@ -144,7 +144,8 @@ def yardsticks(cfg, data_dir: Path, meta: dict, train_tokens: np.ndarray) -> dic
     evaluates (model.block_size, train.val_tokens), overall and per corpus (study.yardsticks);
     ``{"skipped": reason}`` when the validation split is too small for those windows (training with
     these settings refuses the data too; other settings may fit)."""
-    from study.data import DataError, fixed_val_windows
+    from study.data import DataError
+    from study.datamodule import fixed_val_windows
     from study.yardsticks import ngram_yardsticks
 
     n_val = cfg.train.val_tokens // cfg.model.block_size

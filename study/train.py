@@ -41,7 +41,7 @@ from pathlib import Path
 
 from study.config import (ConfigError, StudyError, diff_keys, max_steps, micro_batches, peak_lr, resume_config,
                           run_dir, run_label, run_seeds, run_stage, to_dict)
-from study.data import DataError, TokenDataModule, check_prepared, split_windows
+from study.data import DataError, check_prepared, split_windows
 
 
 def world_size(trainer_cfg) -> int:
@@ -232,6 +232,12 @@ def check_train_windows(data_dir: Path, cfg) -> int:
                         f"{cfg.model.block_size + 1} tokens, fewer than one optimizer step of train.batch_tokens="
                         f"{cfg.train.batch_tokens} ({need} windows): lower train.batch_tokens to at most "
                         f"{have * cfg.model.block_size} or prepare more data")
+    n_val = cfg.train.val_tokens // cfg.model.block_size
+    val = split_windows(data_dir / "val", cfg.model.block_size + 1)
+    if val < n_val:  # checked here, before a checkpoint could be touched
+        raise DataError(f"the validation split of {data_dir} holds {val} windows of {cfg.model.block_size + 1} "
+                        f"tokens, fewer than the {n_val} of train.val_tokens={cfg.train.val_tokens}: lower "
+                        f"train.val_tokens to at most {val * cfg.model.block_size}")
     return have
 
 
@@ -333,6 +339,7 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
+    from study.datamodule import TokenDataModule
     from study.lm import GPTModule, throughput_monitor, wants_throughput_monitor
     from study.progress import progress_callback, quiet_logs
     from study.tracking import (artifact_location, ensure_experiment, git_commit, log_files, log_text, run_params,

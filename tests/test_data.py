@@ -91,7 +91,7 @@ def test_seed_fixes_the_batches_for_every_variant(nano_project):
     """The DataModule takes no variant: seed s gives the same batches, whatever the model."""
     import torch
 
-    from study.data import TokenDataModule
+    from study.datamodule import TokenDataModule
 
     def first_batches(seed, n=3):
         dm = TokenDataModule(nano_project / "data/tokens", 64, 8, seed, n_val_windows=16, val_micro_batch_size=8)

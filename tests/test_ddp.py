@@ -41,7 +41,7 @@ def test_ddp_trains_the_single_process_batches_to_the_same_losses(run_in, nano_p
     import torch
     from mlflow import MlflowClient
 
-    from study.data import RECORD_ENV
+    from study.datamodule import RECORD_ENV
 
     tokens = f"train.tokens={STEPS * BATCH * 64}"
     env = {k: v for k, v in env_for(nano_project).items() if k not in ("RANK", "LOCAL_RANK", "NODE_RANK",
@@ -102,7 +102,8 @@ def test_ddp_trains_the_single_process_batches_to_the_same_losses(run_in, nano_p
 # -- the data pipeline on simulated ranks ---------------------------------------------------------------
 def _sampler(nano_project: Path, world: int, rank: int, micro: int, start_step: int = 0, seed: int = 1):
     """The train batch sampler of rank ``rank`` of ``world`` (global batch BATCH windows)."""
-    from study.data import WindowSampler, split_windows
+    from study.data import split_windows
+    from study.datamodule import WindowSampler
 
     n = split_windows(nano_project / "data/tokens/train", 65)
     return WindowSampler(n, BATCH, micro, world, rank, seed, start_step=lambda: start_step)
@@ -118,7 +119,8 @@ def _steps(nano_project: Path, world: int, micro: int, n: int, start_step: int =
 def test_every_world_size_reads_the_single_process_order(nano_project):
     """W ranks x accumulation read, step by step, exactly the global batches of one process: consecutive
     BATCH windows of the seed's permutation of the whole split."""
-    from study.data import split_windows, window_order
+    from study.data import split_windows
+    from study.datamodule import window_order
 
     n = split_windows(nano_project / "data/tokens/train", 65)
     order = window_order(n, 1, 0).tolist()
@@ -132,7 +134,8 @@ def test_every_world_size_reads_the_single_process_order(nano_project):
 def test_order_resumes_from_the_step_on_any_world_size(nano_project):
     """Where a rank starts is a function of the optimizer step only: 1 -> 2 ranks, 2 -> 4 ranks, and across
     the epoch boundary (epoch e+1 uses a new permutation) all continue with the next global batch."""
-    from study.data import split_windows, window_order
+    from study.data import split_windows
+    from study.datamodule import window_order
 
     per_epoch = split_windows(nano_project / "data/tokens/train", 65) // BATCH
     whole = _steps(nano_project, 1, BATCH, 12)
@@ -145,7 +148,8 @@ def test_order_resumes_from_the_step_on_any_world_size(nano_project):
 
 
 def test_checkpoint_of_another_order_is_refused(nano_project):
-    from study.data import DataError, TokenDataModule
+    from study.data import DataError
+    from study.datamodule import TokenDataModule
 
     dm = TokenDataModule(nano_project / "data/tokens", 64, 8, 1, n_val_windows=16, val_micro_batch_size=8)
     dm.load_state_dict(dm.state_dict())
@@ -156,7 +160,8 @@ def test_checkpoint_of_another_order_is_refused(nano_project):
 
 
 def test_too_few_windows_for_one_step_is_refused_before_training(nano_project):
-    from study.data import DataError, WindowSampler
+    from study.data import DataError
+    from study.datamodule import WindowSampler
 
     with pytest.raises(DataError, match="fewer than one optimizer step of 400: lower train.batch_tokens"):
         WindowSampler(399, 400, 25)

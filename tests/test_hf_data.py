@@ -111,7 +111,7 @@ def test_prepare_reads_a_local_parquet_copy_with_parallel_workers(project, owt_c
     assert [d.text for d in train_docs] == train and [d.id for d in val_docs] == meta["val_documents"]
     assert not list(tmp_path.glob(".tokens.tmp*"))  # the tokenised arrow files went with the temporary folder
     # training reads it unchanged: windows of block_size + 1 tokens
-    from study.data import TokenDataModule
+    from study.datamodule import TokenDataModule
     dm = TokenDataModule(out, 64, 4, data_seed=1, n_val_windows=8, val_micro_batch_size=4)
     assert next(iter(dm.train_dataloader())).shape == (4, 65)
     assert int(dm.val_windows()[0].max()) == 50256

@@ -39,7 +39,7 @@ def test_lr_sweep_report(nano_project, tmp_path, monkeypatch):
     monkeypatch.chdir(nano_project)
     args = [f"study.runs_dir={runs}", f"study.reports_dir={tmp_path / 'reports'}", "study.seeds=[1,2,3]",
             "study.variants=[baseline,nonlinear_q]", "lr_sweep.variants=[baseline,nonlinear_q]",
-            f"lr_sweep.lrs={lrs}", "lr_sweep.tokens=500", "train.batch_tokens=500"]
+            f"lr_sweep.lrs={lrs}", "lr_sweep.tokens=500", "train.batch_tokens=500", "train.tokens=20000"]
     assert main(args) == 0
     sw = json.loads((tmp_path / "reports/summary.json").read_text())["lr_sweep"]
     assert sw["variants"]["baseline"]["best_lr"] == 2e-3 and not sw["variants"]["baseline"]["at_edge"]

@@ -95,19 +95,29 @@ def test_bad_user_corpus(nano_project, tmp_path, monkeypatch, capsys, name, cont
 
 
 def test_failure_inside_a_run_marks_mlflow_failed(nano_project, tmp_path, monkeypatch, capsys):
-    """A data error raised after the MLflow run has started: exit 2, run FAILED, no metrics.json."""
+    """A data error raised after the MLflow run has started: exit 2, run FAILED, no metrics.json.  A
+    validation split too small for train.val_tokens is refused before anything starts."""
     from mlflow import MlflowClient
 
+    import study.datamodule
+    from study.data import DataError
     from study.train import main
 
     monkeypatch.chdir(nano_project)
     db = tmp_path / "m.db"
-    rc = main([f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={db}", "train.val_tokens=100000000",
-               "trainer.progress_bar=false"])
-    assert rc == 2 and "lower train.val_tokens" in capsys.readouterr().err
-    runs = MlflowClient(tracking_uri=f"sqlite:///{db}").search_runs(
-        [e.experiment_id for e in MlflowClient(tracking_uri=f"sqlite:///{db}").search_experiments()])
-    assert [r.info.status for r in runs] == ["FAILED"]
+    args = [f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={db}", "trainer.progress_bar=false"]
+    assert main([*args, "train.val_tokens=100000000"]) == 2
+    assert "lower train.val_tokens to at most" in capsys.readouterr().err
+    assert not db.exists() and not (tmp_path / "runs/baseline-s1/checkpoints").exists()
+
+    def broken(*a, **k):
+        raise DataError("the validation chunk is unreadable: re-run `python -m study.prepare`")
+
+    monkeypatch.setattr(study.datamodule, "fixed_val_windows", broken)
+    assert main(args) == 2 and "the validation chunk is unreadable" in capsys.readouterr().err
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert [r.info.status for r in runs] == ["FAILED"] and runs[0].info.end_time is not None
     assert not (tmp_path / "runs/baseline-s1/metrics.json").exists()
 
 
