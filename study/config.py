@@ -423,6 +423,9 @@ def validate(cfg: RunConfig) -> None:
                           f"{t.batch_tokens}: raise the token budget")
     if d.tokenizer not in TOKENIZERS:
         raise ConfigError(f"data.tokenizer={d.tokenizer!r}: choose one of {list(TOKENIZERS)}")
+    if d.tokenizer == "bpe" and d.bpe_vocab_size < 257:
+        raise ConfigError(f"data.bpe_vocab_size={d.bpe_vocab_size} is below the byte-level BPE's 256 bytes + "
+                          f"<|endoftext|>: use at least 257")
     if d.tokenizer == "bpe" and d.bpe_vocab_size > m.vocab_size:
         raise ConfigError(f"data.bpe_vocab_size={d.bpe_vocab_size} is larger than model.vocab_size="
                           f"{m.vocab_size}: lower bpe_vocab_size or raise vocab_size")
