@@ -450,6 +450,16 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def data_digest(data_dir: Path) -> str:
+    """The prepared data's identity: sha256 (16 hex digits) of meta.json's content (token counts, source
+    hashes, settings, validation ids, yardsticks), parsed, so that formatting or the ``seconds`` field
+    of older prepares does not count.  The resume key and each run's config.json hold it; compare pairs
+    runs and shows yardsticks only for one digest."""
+    meta = json.loads((Path(data_dir) / "meta.json").read_text())
+    meta.pop("seconds", None)  # wall-clock time of older prepares
+    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def read_meta(data_dir: Path) -> dict:
     """data/tokens/meta.json, or a DataError that says to run the prepare stage."""
     path = data_dir / "meta.json"

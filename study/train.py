@@ -42,6 +42,7 @@ from pathlib import Path
 from study.config import (ConfigError, StudyError, diff_keys, max_steps, micro_batches, peak_lr, resume_config,
                           run_dir, run_label, run_seeds, run_stage, to_dict)
 from study.data import DataError, check_prepared, split_windows
+from study.data import data_digest as prepared_data_digest
 
 
 def world_size(trainer_cfg) -> int:
@@ -86,37 +87,28 @@ def make_strategy(trainer_cfg):
     return trainer_cfg.strategy
 
 
-CODE = ("model.py", "lm.py", "data.py")  # the training code a checkpoint depends on
-
-
-def data_digest(data_dir: Path) -> str:
-    """sha256 (16 hex digits) of the prepared data's meta.json content (token counts, source hashes,
-    settings, validation ids), parsed, so that formatting or a legacy ``seconds`` field does not count."""
-    import hashlib
-
-    meta = json.loads((data_dir / "meta.json").read_text())
-    meta.pop("seconds", None)  # wall-clock time of older prepares
-    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
+CODE = ("model.py", "lm.py", "data.py", "datamodule.py")  # the training code a checkpoint depends on
 
 
 def resume_record(cfg, data_dir: Path) -> dict:
     """What a checkpoint must match to be resumed, flat: :func:`study.config.resume_config` (the
     settings that change a run's numbers, not devices, strategy, threads, compile, logging), the sha256
-    of the training code (``code:study/model.py`` ...) and ``data:meta.json`` (:func:`data_digest`)."""
+    of the training code (``code:study/model.py`` ...) and ``data:meta.json`` (:func:`study.data.data_digest`)."""
     import hashlib
 
     rec = dict(resume_config(cfg))
     for n in CODE:
         rec[f"code:study/{n}"] = hashlib.sha256(Path(__file__).with_name(n).read_bytes()).hexdigest()[:16]
-    rec["data:meta.json"] = data_digest(data_dir)
+    rec["data:meta.json"] = prepared_data_digest(data_dir)
     return json.loads(json.dumps(rec))  # as run.json will hold it (lists, floats)
 
 
-def run_digest(cfg, data_dir: Path) -> str:
-    """The resume key: sha256 (16 hex digits) of :func:`resume_record`."""
+def run_digest(cfg, data_dir: Path, record: dict | None = None) -> str:
+    """The resume key: sha256 (16 hex digits) of :func:`resume_record` (``record``, when already built)."""
     import hashlib
 
-    return hashlib.sha256(json.dumps(resume_record(cfg, data_dir), sort_keys=True).encode()).hexdigest()[:16]
+    record = resume_record(cfg, data_dir) if record is None else record
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
 
 
 class RunBusy(StudyError):
@@ -288,13 +280,6 @@ def settle_previous_run(uri: str, run_id: str, resuming: bool, state: dict) -> d
     return state
 
 
-def prepared_digest(data_dir: Path) -> str:
-    """The prepared data's identity: sha256 of its meta.json, first 16 hex digits."""
-    import hashlib
-
-    return hashlib.sha256((data_dir / "meta.json").read_bytes()).hexdigest()[:16]
-
-
 def recorded_config(cfg, data_digest: str) -> dict:
     """config.json of a run: the resolved config it trained with (without the study, lr_sweep,
     scale_ladder and defaults sections, which say which runs exist) plus the prepared data's digest;
@@ -374,7 +359,7 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
 
     # resume only a checkpoint of this very config, code and data that has not finished
     record = resume_record(cfg, data_dir)
-    digest = run_digest(cfg, data_dir)
+    digest = run_digest(cfg, data_dir, record)
     state_path = ckpt_dir / "run.json"
     try:
         state = json.loads(state_path.read_text()) if state_path.is_file() else {}
@@ -510,7 +495,7 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
         client = logger.experiment
         client.log_metric(logger.run_id, "final_val_loss", val_loss if math.isfinite(val_loss) else float("nan"))
         client.log_metric(logger.run_id, "tokens_per_s_mean", metrics["tokens_per_s"] or 0.0)
-        data_digest = prepared_digest(data_dir)
+        data_digest = prepared_data_digest(data_dir)
         client.set_tag(logger.run_id, "data_digest", data_digest)
         if module.diverged:
             client.set_tag(logger.run_id, "diverged", module.diverged)

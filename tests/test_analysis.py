@@ -20,6 +20,14 @@ SEEDS = (1, 2, 3)
 BASE = {1: 4.00, 2: 4.10, 3: 3.95}
 
 
+def _digest(meta_path: Path) -> str:
+    """The prepared-data digest, computed here from its definition: sha256 of meta.json's parsed content
+    (keys sorted, the legacy ``seconds`` left out), 16 hex digits."""
+    meta = json.loads(meta_path.read_text())
+    meta.pop("seconds", None)
+    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def _study(tmp_path: Path, variants=("baseline", "nonlinear_q"), seeds=SEEDS) -> list[str]:
     return [f"study.runs_dir={tmp_path / 'runs'}", f"study.reports_dir={tmp_path / 'reports'}",
             f"study.seeds={list(seeds)}", f"study.variants=[{','.join(variants)}]"]
@@ -186,7 +194,7 @@ def test_yardsticks_shown_only_for_the_runs_own_data(nano_project, tmp_path, mon
     meta = {"tokenizer": "bpe", "yardsticks": {"unigram": {"all": 6.1, "sotu": 6.0, "kjv": 5.9},
                                                "bigram": {"all": 4.9, "sotu": 4.8, "kjv": 4.7}, "method": "test"}}
     (data / "meta.json").write_text(json.dumps(meta))
-    digest = hashlib.sha256((data / "meta.json").read_bytes()).hexdigest()[:16]
+    digest = _digest(data / "meta.json")
     for s in SEEDS:
         for v, off in (("baseline", 0.0), ("nonlinear_q", -0.02 * s)):
             write_run(tmp_path / f"runs/{v}-s{s}", v, s, BASE[s] + off, digest=digest,
@@ -198,7 +206,7 @@ def test_yardsticks_shown_only_for_the_runs_own_data(nano_project, tmp_path, mon
     md = (tmp_path / "reports/comparison.md").read_text()
     assert "| *unigram yardstick* | | | | | 6.1000 |" in md and "| kjv |" in md and "| 4.7000 |" in md
     (data / "meta.json").write_text(json.dumps({**meta, "yardsticks": {**meta["yardsticks"], "block_size": 128}}))
-    write_digest = hashlib.sha256((data / "meta.json").read_bytes()).hexdigest()[:16]
+    write_digest = _digest(data / "meta.json")
     for s in SEEDS:  # the runs evaluated windows of 64 tokens (synthetic_runs), the yardsticks 128
         for v in ("baseline", "nonlinear_q"):
             cfg = json.loads((tmp_path / f"runs/{v}-s{s}/config.json").read_text())
@@ -239,7 +247,7 @@ def test_a_run_records_its_settings_and_data_digest(run_in, tmp_path, nano_proje
     assert not {"study", "lr_sweep", "scale_ladder", "defaults"} & set(config)
     assert config["train"]["tokens"] == 4096 and config["variant"]["name"] == "nonlinear_q" and config["seed"] == 1
     meta = nano_project / "data/tokens/meta.json"
-    assert config["data_digest"] == hashlib.sha256(meta.read_bytes()).hexdigest()[:16]
+    assert config["data_digest"] == _digest(meta)
     run = read_run(d)
     assert run["settings"]["model.block_size"] == config["model"]["block_size"] and run["val_loss"] == m["val_loss"]
     from mlflow import MlflowClient

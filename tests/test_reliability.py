@@ -312,7 +312,7 @@ def test_the_same_command_twice_at_once(nano_project, tmp_path):
     ("data.val_every=20", "5", "20"),
     ("data.max_docs_per_corpus=100", "10", "100"),
     ("data.corpora=[sotu]", "['sotu', 'shakespeare', 'kjv']", "['sotu']"),
-    ("data.bpe_vocab_size=256", "512", "256"),
+    ("data.bpe_vocab_size=300", "512", "300"),
     ("data.chunk_bytes=1MB", "'16MB'", "'1MB'"),
 ])
 def test_data_prepared_with_other_settings_is_refused(nano_project, tmp_path, monkeypatch, capsys, override, was,

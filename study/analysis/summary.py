@@ -100,11 +100,10 @@ def yardsticks(meta_path: Path, settings: dict) -> dict:
     """
     if not meta_path.is_file():
         return {"available": False, "note": f"{meta_path} not found"}
-    raw = meta_path.read_bytes()
-    import hashlib
+    from study.data import data_digest
 
-    digest = hashlib.sha256(raw).hexdigest()[:16]
-    y = json.loads(raw).get("yardsticks")
+    digest = data_digest(meta_path.parent)
+    y = json.loads(meta_path.read_text()).get("yardsticks")
     runs_digest = settings.get("data_digest")
     if not y:
         return {"available": False, "note": "the prepared data records no yardsticks (re-run `python -m study.prepare`)"}
