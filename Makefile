@@ -8,7 +8,7 @@ export DO_NOT_TRACK := true
 export TIKTOKEN_CACHE_DIR := $(CURDIR)/.tiktoken
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install study lr-sweep scale-ladder test test-fast ui ui-check bench gpu-prep gpu-check-cpu clean
+.PHONY: install study exps lr-sweep scale-ladder test test-fast ui ui-check bench gpu-prep gpu-check-cpu clean
 
 install: $(STAMP)
 
@@ -28,6 +28,13 @@ $(STAMP): pyproject.toml
 
 study: $(STAMP)
 	.venv/bin/dvc repro
+
+# The experiments in a terminal (152 columns with the default study): every run's metrics.json and every
+# param is a column of `dvc exp show` (111 columns, ~900 characters), so keep the verdict (% log-loss of
+# each variant against the baseline) and the budget; `dvc metrics show` has the runs and p, CI, n.
+EXPS_KEEP ?= Experiment|Created|reports/metrics/.*:pct_log_loss|train\.lr|train\.tokens
+exps: $(STAMP)
+	.venv/bin/dvc exp show --no-pager --drop '.*' --keep '$(EXPS_KEEP)'
 
 # The two fairness profiles (README "A fair verdict"): the same pipeline, more runs.
 # dvc exp run needs a git commit and writes the -S values into conf/study.yaml in the workspace
@@ -73,4 +80,4 @@ gpu-check-cpu: $(STAMP)
 	$(PY) -m study.gpu_check --cpu $$(test -d .gpu/wheels && echo --simulate-image) --tokens runs/gpu-check-cpu/tokens --work runs/gpu-check-cpu/work --out runs/gpu-check-cpu
 
 clean:
-	rm -rf runs reports/*.png reports/figures reports/*.json reports/*.md mlruns.db mlruns.db.lock mlartifacts
+	rm -rf runs reports/*.png reports/figures reports/metrics reports/*.json reports/*.csv reports/*.md dvc_plots mlruns.db mlruns.db.lock mlartifacts

@@ -1,6 +1,6 @@
 """Stage 3, ``python -m study.compare [overrides]``: statistics and report over every run.
 
-Reads ``runs/VARIANT-sSEED/{metrics.json,curve.csv,config.json}`` for the variants x seeds of
+Reads ``runs/VARIANT-sSEED/{metrics.json,record.json,curve.csv,config.json}`` for the variants x seeds of
 conf/study.yaml (and the profiles' runs), checks that they pair (the same recorded settings but the
 variant), and writes to ``study.reports_dir`` (default reports/):
   summary.json    per variant: n_seeds, val_loss_mean/sd (nats), parameters, lr; vs the baseline,
@@ -9,6 +9,10 @@ variant), and writes to ``study.reports_dir`` (default reports/):
                   log-loss and perplexity change (arXiv 2603.13381), power; the frontier;
                   yardsticks and per-corpus losses; the profiles
   comparison.md   the same as tables, headed by the settings the runs recorded
+  metrics/        the DVC metric, numbers only: VARIANT.json per variant, {val_loss (mean, nats),
+                  n; against the baseline: pct_log_loss, ci_low, ci_high (95% t interval, %), p}
+  curves.csv      the DVC plot: run, variant, seed, step, tokens, val_loss, train_loss (every run's
+                  evaluations; `dvc plots show` draws one line per run)
   figures/        val and train loss curves, final losses per seed, paired differences, and (when
                   they apply) per corpus, frontier, lr sweep, scale ladder
 Diverged runs are reported as such and left out of the statistics.  The work is

@@ -475,7 +475,8 @@ class Runner:
             self.phase("train", "killed at its time limit" if rc is None else f"failed (exit {rc})",
                        time.monotonic() - t_start)
             return False
-        metrics = json.loads(metrics_path.read_text())
+        # the run's result: record.json (status, steps, ids) beside metrics.json (the numbers DVC shows)
+        metrics = {**json.loads((run / "record.json").read_text()), **json.loads(metrics_path.read_text())}
         curve = read_curve(run / "curve.csv")
         first = _windows(rec1)
         resumed = _windows(rec2)

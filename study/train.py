@@ -2,8 +2,12 @@
 
 Trains one (variant, seed) run on the prepared token data and writes
 ``runs/VARIANT-sSEED/``:
-  metrics.json     final val_loss (nats) and val_perplexity, parameter and FLOP
-                   counts, tokens seen, wall time (s), throughput (tokens/s), status
+  metrics.json     the DVC metric, numbers only (:data:`METRICS`): final val_loss (nats),
+                   val_perplexity, tokens seen, throughput (tokens/s); a key without a value
+                   (a diverged run's loss) is left out
+  record.json      the rest of the run's result: variant, seed, status ("ok"/"diverged") and
+                   reason, per-corpus val_loss, steps, lr, parameter and FLOP counts, wall time
+                   (s), tokenizer, model, group, config_hash, mlflow_run_id
   curve.csv        step, tokens, train_loss, val_loss, lr (one row per evaluation)
   config.json      the resolved config it trained with and the prepared data's digest (compare
                    pairs only runs that agree on everything but the variant)
@@ -18,8 +22,8 @@ project's SQLite store.
 Running the same command again after a kill resumes from checkpoints/last.ckpt
 (same resume key: the settings that change the numbers, the training code and the
 data, on any world size) and continues the same MLflow run; otherwise it starts
-afresh and prints the keys that differ.  metrics.json and curve.csv appear only
-when the run has ended (finished or diverged).  A run that dies ends FAILED
+afresh and prints the keys that differ.  metrics.json, record.json and curve.csv appear
+only when the run has ended (finished or diverged; metrics.json last).  A run that dies ends FAILED
 (exception) or KILLED (SIGTERM, Ctrl-C; a SIGKILLed run is marked KILLED by the next
 start in its folder) in MLflow, with an end time.  A second process on the same run
 folder, or a hand-started run whose settings differ from the finished run in its
@@ -249,6 +253,19 @@ def write_curve(path: Path, rows: list[dict]) -> None:
     tmp.replace(path)
 
 
+#: the keys of a run's result that go to metrics.json (the DVC metric: numbers, few enough that
+#: ``dvc metrics show`` fits a terminal); every other key goes to record.json
+METRICS = ("val_loss", "val_perplexity", "tokens", "tokens_per_s")
+
+
+def split_result(result: dict) -> tuple[dict, dict]:
+    """A run's result -> (metrics.json, record.json): :data:`METRICS` with a numeric value (None and
+    non-finite values left out: DVC shows them as '-'), and everything else."""
+    metrics = {k: result[k] for k in METRICS
+               if isinstance(result.get(k), (int, float)) and math.isfinite(result[k])}
+    return metrics, {k: v for k, v in result.items() if k not in METRICS}
+
+
 def write_json(path: Path, obj: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(obj, indent=1))
@@ -289,7 +306,7 @@ def recorded_config(cfg, data_digest: str) -> dict:
 
 
 def train(cfg, root: Path) -> dict:
-    """Train one run; return the content of its metrics.json.
+    """Train one run; return its result: the content of its metrics.json and record.json in one dict.
 
     Global rank 0 holds the run folder's lock for the run's life; SIGTERM ends the run as KILLED.
 
@@ -383,7 +400,7 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
         if rank == 0:
             shutil.rmtree(ckpt_dir, ignore_errors=True)
     if rank == 0:
-        for stale in ("metrics.json", "curve.csv", "config.json"):
+        for stale in ("metrics.json", "record.json", "curve.csv", "config.json"):
             (out_dir / stale).unlink(missing_ok=True)
         ckpt_dir.mkdir(parents=True, exist_ok=True)
 
@@ -502,9 +519,12 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
             client.set_terminated(logger.run_id, "FAILED")
         write_curve(out_dir / "curve.csv", module.curve)
         write_json(out_dir / "config.json", recorded_config(cfg, data_digest))
-        write_json(out_dir / "metrics.json", metrics)
+        numbers, record = split_result(metrics)
+        write_json(out_dir / "record.json", record)
+        write_json(out_dir / "metrics.json", numbers)  # last: a run folder with metrics.json has finished
         write_json(state_path, state)
-        log_files(root, cfg.study, logger.run_id, [out_dir / "curve.csv", out_dir / "metrics.json"])
+        log_files(root, cfg.study, logger.run_id,
+                  [out_dir / "curve.csv", out_dir / "metrics.json", out_dir / "record.json"])
     return metrics
 
 

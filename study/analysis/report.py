@@ -1,8 +1,11 @@
 """The report in one call: load the study's runs, check that they pair, summarise, write
-comparison.md, summary.json and the figures (``study.compare`` is its command line)."""
+comparison.md, summary.json, the DVC metrics (metrics/VARIANT.json), the DVC plot data (curves.csv)
+and the figures (``study.compare`` is its command line)."""
 from __future__ import annotations
 
+import csv
 import json
+import math
 from pathlib import Path
 
 from study.analysis import figures, tables
@@ -11,6 +14,10 @@ from study.analysis.summary import finite_or_null, summarize
 
 #: where the figures go, under study.reports_dir (one DVC plots folder: only existing figures are plots)
 FIGURES = "figures"
+#: the DVC metric of compare, under study.reports_dir: one numbers-only file per variant
+METRICS = "metrics"
+#: the DVC plot of compare, under study.reports_dir: every run's validation curve, one row per evaluation
+CURVES = "curves.csv"
 
 
 def write_report(cfg, root: Path) -> dict:
@@ -27,7 +34,54 @@ def write_report(cfg, root: Path) -> dict:
     summary["figures"] = figures.write_all(summary, runs, out / FIGURES)
     (out / "comparison.md").write_text(tables.markdown(summary, summary["figures"]))
     (out / "summary.json").write_text(json.dumps(finite_or_null(summary), indent=1))
+    write_metrics(summary, out / METRICS)
+    write_curves(runs, out / CURVES)
     return summary
+
+
+def variant_metrics(summary: dict) -> dict[str, dict]:
+    """{variant: the numbers of metrics/VARIANT.json}: ``val_loss`` (mean final val loss over its finished
+    seeds, nats) and ``n`` (seeds); for every variant compared with the baseline, paired by seed:
+    ``pct_log_loss`` (mean difference in % log-loss), ``ci_low``/``ci_high`` (its 95% t interval, %),
+    ``p`` (paired t-test) and ``n`` (pairs).  Undefined values (one pair, no finished seed) are left out,
+    so every value is a finite number (``dvc metrics show`` shows a missing one as '-')."""
+    out = {}
+    for v, s in summary["variants"].items():
+        m = {"val_loss": s["val_loss_mean"], "n": s["n_seeds"]}
+        c = summary["vs_baseline"].get(v) if v != summary["baseline"] else None
+        if c:
+            lo, hi = c.get("pct_log_loss_ci95") or (None, None)
+            m.update(pct_log_loss=c.get("pct_log_loss"), ci_low=lo, ci_high=hi, p=c.get("p_value"), n=c["n_pairs"])
+        out[v] = {k: x for k, x in m.items()
+                  if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)}
+    return out
+
+
+def write_metrics(summary: dict, folder: Path) -> None:
+    """metrics/VARIANT.json for every variant of the study (:func:`variant_metrics`); files of variants
+    no longer in the study are removed.  ``dvc metrics show`` lists them one row each beside the runs'."""
+    folder.mkdir(parents=True, exist_ok=True)
+    numbers = variant_metrics(summary)
+    for old in folder.glob("*.json"):
+        if old.stem not in numbers:
+            old.unlink()
+    for v, m in numbers.items():
+        (folder / f"{v}.json").write_text(json.dumps(m, indent=1) + "\n")
+
+
+def write_curves(runs: dict[str, dict[int, dict]], path: Path) -> None:
+    """curves.csv: ``run,variant,seed,step,tokens,val_loss,train_loss``, one row per evaluation of every run
+    (nats; non-finite rows of a diverged run left out): the data of the DVC plot ``val_loss`` (dvc.yaml,
+    template .dvc/plots/runs.json: one line per run, validation loss against tokens)."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f, lineterminator="\n")
+        w.writerow(["run", "variant", "seed", "step", "tokens", "val_loss", "train_loss"])
+        for v, r in runs.items():
+            for seed, m in r.items():
+                for row in m["curve"]:
+                    if math.isfinite(row.get("val_loss", float("nan"))):
+                        w.writerow([f"{v}-s{seed}", v, seed, int(row["step"]), int(row["tokens"]),
+                                    f"{row['val_loss']:.6f}", f"{row.get('train_loss', float('nan')):.6f}"])
 
 
 def verdict_lines(summary: dict) -> list[str]:

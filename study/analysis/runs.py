@@ -1,9 +1,11 @@
 """Load finished runs and the settings they recorded, from run folders or from the MLflow store.
 
 A run, as every reader of runs (compare, both profiles, the notebook) sees it, is one dict:
-the run's ``metrics.json`` (``val_loss`` in nats, ``status`` "ok"/"diverged", ``tokens``,
-``non_embedding_params``, ``flops_per_token``, ``lr`` ..., optionally ``val_loss_per_corpus``
-{corpus: nats}) plus
+the run's ``metrics.json`` (numbers only, the DVC metric: ``val_loss`` in nats, ``val_perplexity``,
+``tokens``, ``tokens_per_s``; None where the file has no value, as for a diverged run's loss) and its
+``record.json`` (``status`` "ok"/"diverged", ``reason``, ``variant``, ``seed``, ``lr``,
+``non_embedding_params``, ``flops_per_token``, ``mlflow_run_id`` ..., optionally
+``val_loss_per_corpus`` {corpus: nats}) in one dict, plus
   "curve"     [{"tokens", "train_loss", "val_loss", "val_loss/<corpus>" ...}] one row per evaluation
               (nats; train_loss = mean since the previous evaluation)
   "settings"  the resolved config the run trained with, flattened ({"model.n_layer": 4, ...}, the
@@ -12,7 +14,7 @@ the run's ``metrics.json`` (``val_loss`` in nats, ``status`` "ok"/"diverged", ``
   "name"      where it came from: the run folder relative to the project, or the MLflow run name.
 
 ``study.train`` writes ``config.json`` (the settings) next to ``metrics.json``; a run folder
-without it was trained before runs recorded their settings and is refused (re-run it).
+without it (or without ``record.json``) was trained before runs recorded them and is refused (re-run it).
 """
 from __future__ import annotations
 
@@ -37,23 +39,74 @@ def settings_of(config: dict) -> dict:
     return flatten({k: v for k, v in config.items() if k not in NOT_SETTINGS})
 
 
-def _train_cmd(variant: str, seed, group: str) -> str:
-    return f"`python -m study.train variant={variant} seed={seed}{' study.group=' + group if group else ''}`"
+#: the keys of metrics.json (study.train.METRICS), None in a run dict where the file has no value
+METRIC_KEYS = ("val_loss", "val_perplexity", "tokens", "tokens_per_s")
+
+
+#: the study keys a training run reads (where its folder and MLflow run go); the others say which runs exist
+RUN_STUDY_KEYS = ("study.name", "study.runs_dir", "study.tracking_db", "study.artifact_dir", "study.baseline")
+
+
+def _train_cmd(variant: str, seed, group: str, overrides: list[str] = ()) -> str:
+    return (f"`python -m study.train variant={variant} seed={seed}{''.join(' ' + o for o in overrides)}"
+            f"{' study.group=' + group if group else ''}`")
+
+
+def _value(v) -> str:
+    return "[" + ",".join(map(str, v)) + "]" if isinstance(v, (list, tuple)) else str(v)
+
+
+def run_overrides(cfg, root: Path, group: str = "") -> list[str]:
+    """The overrides that make ``study.train`` train a run of ``group`` under ``cfg``: the group choices
+    (``model=NAME`` ...) and fields where ``cfg`` differs from the project's default composition (as
+    ``compare model=nano train.tokens=...`` was given them), then the group's own settings, as the
+    profile stages of dvc.yaml give them (lr_sweep/lrLR: the lr and the sweep's tokens; tuned: the
+    swept lr; scale_ladder/MODEL: the model and the compute-matched budget)."""
+    from study.config import load_config, to_dict
+
+    out = []
+    try:
+        base = load_config([], root)
+        picks = [f"{g}={getattr(cfg, g).name}" for g in ("model", "data", "trainer")
+                 if getattr(getattr(cfg, g), "name", None) != getattr(getattr(base, g), "name", None)]
+        base = load_config(picks, root) if picks else base
+        now, was = flatten(to_dict(cfg)), flatten(to_dict(base))
+        out = picks + [f"{k}={_value(v)}" for k, v in now.items()
+                       if (k.split(".", 1)[0] in ("model", "data", "train", "trainer") or k in RUN_STUDY_KEYS)
+                       and not k.endswith(".name") and v != was.get(k)]
+    except Exception:  # noqa: BLE001  (a hint never hides the error it belongs to)
+        pass
+    if group.startswith("lr_sweep/lr"):
+        out += [f"variant.lr={group.removeprefix('lr_sweep/lr')}", f"train.tokens={cfg.lr_sweep.tokens}"]
+    elif group == "tuned":
+        out += ["train.lr_from_sweep=true"]
+    elif group.startswith("scale_ladder/"):
+        out = [o for o in out if not o.startswith("model=")]
+        out += [f"model={group.split('/', 1)[1]}", f"train.tokens_per_param={cfg.scale_ladder.tokens_per_param}",
+                f"train.warmup_tokens={cfg.scale_ladder.warmup_tokens}"]
+    return out
+
+
+def read_result(d: Path) -> dict:
+    """A run folder's result: record.json and metrics.json in one dict (metric keys the file lacks
+    are None).  Raises OSError or ValueError where either file is missing or not JSON."""
+    record = json.loads((d / "record.json").read_text())
+    return {**record, **dict.fromkeys(METRIC_KEYS), **json.loads((d / "metrics.json").read_text())}
 
 
 def read_run(d: Path, root: Path | None = None) -> dict:
     """One run folder -> a run dict (see the module docstring).
 
     Raises:
-        RunsError: metrics.json, curve.csv or config.json is missing or unreadable.
+        RunsError: metrics.json, record.json, curve.csv or config.json is missing or unreadable.
     """
     name = str(d.relative_to(root)) if root is not None and d.is_relative_to(root) else str(d)
     try:
-        m = json.loads((d / "metrics.json").read_text())
+        m = read_result(d)
         with open(d / "curve.csv") as f:
             m["curve"] = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
     except (OSError, ValueError) as e:
-        raise RunsError(f"{name}: unreadable metrics.json or curve.csv ({e}); re-run "
+        raise RunsError(f"{name}: unreadable metrics.json, record.json or curve.csv ({e}); re-run "
                         f"{_train_cmd(d.name.rsplit('-s', 1)[0], d.name.rsplit('-s', 1)[-1], '')}") from e
     try:
         config = json.loads((d / "config.json").read_text())
@@ -81,12 +134,13 @@ def load_runs(cfg, root: Path, variants=None, seeds=None, group: str = "", pair:
         PairingError: a run differs from the others in a setting other than the variant.
     """
     runs: dict[str, dict[int, dict]] = {}
-    missing = []
+    missing, overrides = [], None
     for variant in (cfg.study.variants if variants is None else variants):
         for seed in (cfg.study.seeds if seeds is None else seeds):
             d = run_dir(root, cfg, variant, seed, group)
             if not (d / "metrics.json").is_file():
-                missing.append(_train_cmd(variant, seed, group))
+                overrides = run_overrides(cfg, root, group) if overrides is None else overrides
+                missing.append(_train_cmd(variant, seed, group, overrides))
                 continue
             runs.setdefault(variant, {})[seed] = read_run(d, root)
     if missing:

@@ -22,9 +22,12 @@ def sweep_results(cfg, root: Path, variant: str) -> list[dict]:
     found = {}
     seed = cfg.lr_sweep.seed
     for path in sorted((root / cfg.study.runs_dir / "lr_sweep").glob(f"*/{run_name(variant, seed)}/metrics.json")):
-        m = json.loads(path.read_text())
+        try:  # record.json (lr, status) beside metrics.json (val_loss, tokens; no val_loss when diverged)
+            m = {**json.loads((path.parent / "record.json").read_text()), **json.loads(path.read_text())}
+        except (OSError, ValueError):
+            continue  # not a finished run of this layout: reported missing below
         if m.get("lr") is not None:
-            found[float(m["lr"])] = {"lr": float(m["lr"]), "val_loss": m["val_loss"], "status": m["status"],
+            found[float(m["lr"])] = {"lr": float(m["lr"]), "val_loss": m.get("val_loss"), "status": m["status"],
                                      "tokens": m["tokens"], "run": str(path.parent)}
     out, missing = [], []
     tokens = cfg.lr_sweep.tokens // cfg.train.batch_tokens * cfg.train.batch_tokens  # whole steps
