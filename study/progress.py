@@ -106,6 +106,8 @@ class ProgressLines(Callback):
 
     ``every`` optimizer steps (default max_steps // 10, at least 1); train_loss is the last logged
     step's mean loss (nats), val_loss the latest evaluation (nats), tokens/s since the previous line.
+    The last line waits for the final evaluation (it runs after the last step's batch, in fit or in the
+    ``trainer.validate`` that follows), so it shows the run's final val_loss.
     """
 
     def __init__(self, label: str, max_steps: int, tokens_per_step: int, every: int | None = None, stream=None):
@@ -114,6 +116,7 @@ class ProgressLines(Callback):
         self.every = every or max(1, max_steps // 10)
         self.stream = stream
         self._last: tuple[float, int] | None = None
+        self._final: list[str] | None = None  # the last line, waiting for the final evaluation
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._last = (time.perf_counter(), trainer.global_step)
@@ -132,12 +135,24 @@ class ProgressLines(Callback):
         m = trainer.callback_metrics
         if "train_loss" in m:
             parts.append(f"train_loss {float(m['train_loss']):.3f}")
-        curve = getattr(pl_module, "curve", None)
-        if curve:
-            parts.append(f"val_loss {curve[-1]['val_loss']:.3f}")
+        after = []
         if rate > 0:
-            parts.append(f"{rate * self.tokens_per_step:,.0f} tokens/s")
+            after.append(f"{rate * self.tokens_per_step:,.0f} tokens/s")
             if step < self.max_steps:
-                parts.append(f"eta {_fmt_eta((self.max_steps - step) / rate)}")
-        print(", ".join(parts), file=self.stream or sys.stderr, flush=True)
+                after.append(f"eta {_fmt_eta((self.max_steps - step) / rate)}")
         self._last = (now, step)
+        if step == self.max_steps:  # the final evaluation comes after this batch: print the line then
+            self._final = [parts, after]
+            return
+        self._print(parts, after, pl_module)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        curve = getattr(pl_module, "curve", None)
+        if self._final is not None and trainer.global_rank == 0 and curve and curve[-1]["step"] == self.max_steps:
+            (parts, after), self._final = self._final, None
+            self._print(parts, after, pl_module)
+
+    def _print(self, parts: list[str], after: list[str], pl_module) -> None:
+        curve = getattr(pl_module, "curve", None)
+        val = [f"val_loss {curve[-1]['val_loss']:.3f}"] if curve else []
+        print(", ".join(parts + val + after), file=self.stream or sys.stderr, flush=True)

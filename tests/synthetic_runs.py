@@ -1,4 +1,4 @@
-"""Synthetic run folders (metrics.json, curve.csv, config.json) as study.train writes them."""
+"""Synthetic run folders (metrics.json, record.json, curve.csv, config.json) as study.train writes them."""
 from __future__ import annotations
 
 import json
@@ -10,7 +10,7 @@ CORPORA = ("sotu", "shakespeare", "kjv")
 def write_run(d: Path, variant: str, seed: int, loss: float, *, tokens=1000, lr=3e-3, params=1000, fpt=6000,
               status="ok", group="", model=None, train=None, digest="0123456789abcdef", per_corpus=None) -> Path:
     """One finished run in folder ``d``; ``model``/``train`` override recorded settings, ``per_corpus``
-    ({corpus: final loss}) adds per-corpus losses to metrics.json and curve.csv."""
+    ({corpus: final loss}) adds per-corpus losses to record.json and curve.csv."""
     d.mkdir(parents=True, exist_ok=True)
     metrics = {"variant": variant, "seed": seed, "status": status, "reason": None if status == "ok" else "test",
                "val_loss": loss if status == "ok" else None, "tokens": tokens, "tokenizer": "bpe", "lr": lr,
@@ -24,7 +24,11 @@ def write_run(d: Path, variant: str, seed: int, loss: float, *, tokens=1000, lr=
                               str(loss + 0.1 * (3 - k)), str(lr)] + extra))
     if per_corpus:
         metrics["val_loss_per_corpus"] = dict(per_corpus)
-    (d / "metrics.json").write_text(json.dumps(metrics))
+    from study.train import split_result
+
+    numbers, record = split_result(metrics)
+    (d / "record.json").write_text(json.dumps(record))
+    (d / "metrics.json").write_text(json.dumps(numbers))
     (d / "curve.csv").write_text(",".join(cols) + "\n" + "\n".join(rows) + "\n")
     config = {"model": {"name": "nano", "n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 64, "vocab_size": 512,
                         **(model or {})},

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import env_for
+from study.analysis.runs import read_result  # metrics.json and record.json of a run folder
 
 STEPS = 20
 BATCH = 32  # windows per optimizer step: NANO_STUDY's train.batch_tokens=2048 / block_size 64
@@ -67,7 +68,7 @@ def test_ddp_trains_the_single_process_batches_to_the_same_losses(run_in, nano_p
     out, err = (tmp_path / "ddp.out").read_text(), (tmp_path / "ddp.err").read_text()
     assert proc.returncode == 0, err[-3000:]
     assert out.count("baseline-s1: val_loss") == 1, out  # one report: rank 0's
-    ddp = json.loads((tmp_path / "ddp/baseline-s1/metrics.json").read_text())
+    ddp = read_result(tmp_path / "ddp/baseline-s1")
 
     # (a) each optimizer step: the single-process global batch, split into disjoint per-rank parts
     ref = _windows(tmp_path / "single-windows/train-windows-rank0.txt")

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
+from study.analysis.runs import read_result  # metrics.json and record.json of a run folder
 
 
 def _windows(path: Path) -> list[int]:
@@ -42,7 +43,7 @@ def test_gpu_check_cpu_runs_every_phase(nano_project, tmp_path):
 
     # the training run, read from its own files: 60 steps, the loss fell below its first evaluation and ln(vocab)
     run = work / "runs" / "baseline-s1"
-    metrics = json.loads((run / "metrics.json").read_text())
+    metrics = read_result(run)
     assert metrics["status"] == "ok" and metrics["steps"] == 60
     with open(run / "curve.csv") as f:
         curve = [{k: float(v) for k, v in row.items()} for row in csv.DictReader(f)]

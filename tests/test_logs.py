@@ -2,6 +2,7 @@
 optimizer steps of the total, and none of the known noise of Lightning, litdata and MLflow."""
 from __future__ import annotations
 
+import json
 import re
 
 from conftest import run_cli
@@ -23,7 +24,12 @@ def test_training_log_shows_steps_of_the_total_and_no_noise(nano_project, tmp_pa
              re.findall(r"^baseline-s3: step (\d+)/(\d+) \((\d+)%\), ([\d,]+) tokens", log, re.M)]
     # nano study: 20,480 tokens in steps of 2,048 = 10 optimizer steps, one line per tenth of the run
     assert steps == [(s, 10, 10 * s, 2048 * s) for s in range(1, 11)], log[-3000:]
-    assert re.search(r"^baseline-s3: step 10/10 \(100%\).*val_loss \d\.\d{3}", log, re.M)  # latest evaluation
+    # the last line shows the final evaluation's val_loss (it waited for it), not the previous one
+    final = json.loads((tmp_path / "runs/baseline-s3/metrics.json").read_text())["val_loss"]
+    last = re.findall(r"^baseline-s3: step 10/10 \(100%\).*$", log, re.M)
+    assert len(last) == 1 and f"val_loss {final:.3f}," in last[0], (final, last)
+    before = re.findall(r"^baseline-s3: step 9/10 .*val_loss (\d\.\d{3})", log, re.M)
+    assert before and before[0] != f"{final:.3f}"  # the previous evaluation's value differs: the test can fail
     assert "baseline-s3: val_loss" in r.stdout  # the run's one-line result
 
 

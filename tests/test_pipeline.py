@@ -14,6 +14,7 @@ import pytest
 from scipy import stats
 
 from conftest import BIN, copy_project, env_for
+from study.analysis.runs import read_result  # metrics.json and record.json of a run folder
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +47,7 @@ def test_repro_log_shows_each_runs_progress(study):
 
 def test_report_figures_match_the_runs(study):
     summary = json.loads((study / "reports/summary.json").read_text())
-    runs = {(v, s): json.loads((study / f"runs/{v}-s{s}/metrics.json").read_text())
+    runs = {(v, s): read_result(study / f"runs/{v}-s{s}")
             for v in ("baseline", "nonlinear_q") for s in (1, 2)}
     assert all(m["status"] == "ok" and m["tokens"] == 20480 for m in runs.values())
     for v in ("baseline", "nonlinear_q"):

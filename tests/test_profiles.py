@@ -11,6 +11,7 @@ from scipy import stats
 
 from tests.conftest import NANO_STUDY
 from tests.synthetic_runs import write_run
+from study.analysis.runs import read_result  # metrics.json and record.json of a run folder
 
 
 def _write_run(d: Path, variant: str, seed: int, loss: float, **kw):
@@ -171,7 +172,7 @@ def test_both_profiles_through_dvc(tmp_path):
         losses = {p["lr"]: p["val_loss"] for p in best["points"]}
         assert best["best_lr"] == min(losses, key=losses.get)
         for s in (1, 2):
-            m = json.loads((project / f"runs/tuned/{v}-s{s}/metrics.json").read_text())
+            m = read_result(project / f"runs/tuned/{v}-s{s}")
             assert m["lr"] == best["best_lr"] and m["tokens"] == 10240
     assert [s["model"] for s in la["sizes"]] == ["nano", "nano-64"]
     toks = [s["tokens"] for s in la["sizes"]]

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from conftest import BIN, env_for, run_cli, start_until_checkpoint
+from study.analysis.runs import read_result  # metrics.json and record.json of a run folder
 
 
 def _store(db: Path):
@@ -179,7 +180,7 @@ def test_a_checkpoint_resumes_on_another_world_size_in_the_same_mlflow_run(run_i
                 proc.wait()
     assert proc.returncode == 0, (tmp_path / "ddp.err").read_text()[-3000:]
     assert (tmp_path / "ddp.out").read_text().count("baseline-s1: resuming from step 5") == 1
-    got = json.loads((tmp_path / "runs/baseline-s1/metrics.json").read_text())
+    got = read_result(tmp_path / "runs/baseline-s1")
     assert got["steps"] == ref["steps"] == 20
     # steps and evaluations where the uninterrupted run had them (Lightning's loop counters re-expressed in
     # the new micro-batches), the same losses: every step trained on the same global batch
@@ -304,7 +305,7 @@ def test_the_same_command_twice_at_once(nano_project, tmp_path):
                    f"folder (study.group=NAME)"], err[-3:]
     _, in_store = _store(db)
     assert [(r.info.run_name, r.info.status) for r in in_store] == [("identity_q-s4", "FINISHED")]
-    assert json.loads((runs / "identity_q-s4/metrics.json").read_text())["steps"] == 80
+    assert read_result(runs / "identity_q-s4")["steps"] == 80
 
 
 # -- 5. prepared data: every shaping key, token range ----------------------------------------------

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import env_for, start_until_checkpoint
+from study.analysis.runs import read_result  # metrics.json and record.json of a run folder
 
 # -- bad input: one table ---------------------------------------------------------------------------
 # (id, command, overrides, expected words in the one-line error)
@@ -176,8 +177,8 @@ def test_killed_run_resumes_exactly(nano_project, tmp_path):
     again = subprocess.run(_train_cmd(runs, db), cwd=nano_project, env=env_for(nano_project),
                            capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-2000:]
-    ref_m = json.loads((tmp_path / "ref/nonlinear_q-s2/metrics.json").read_text())
-    got_m = json.loads((runs / "nonlinear_q-s2/metrics.json").read_text())
+    ref_m = read_result(tmp_path / "ref/nonlinear_q-s2")
+    got_m = read_result(runs / "nonlinear_q-s2")
     assert got_m["steps"] == ref_m["steps"] == 80
     assert abs(got_m["val_loss"] - ref_m["val_loss"]) < 1e-6
     ref_rows = (tmp_path / "ref/nonlinear_q-s2/curve.csv").read_text().splitlines()
@@ -209,7 +210,7 @@ def test_two_writers_share_the_store(nano_project, tmp_path):
     assert sorted(r.info.run_name for r in runs) == ["baseline-s1", "identity_q-s1"]
     for r in runs:
         assert r.info.status == "FINISHED"
-        steps = json.loads((tmp_path / f"runs/{r.info.run_name}/metrics.json").read_text())["steps"]
+        steps = read_result(tmp_path / f"runs/{r.info.run_name}")["steps"]
         assert len(client.get_metric_history(r.info.run_id, "train_loss")) == steps
         curve = (tmp_path / f"runs/{r.info.run_name}/curve.csv").read_text().splitlines()
         assert len(client.get_metric_history(r.info.run_id, "val_loss")) == len(curve) - 1
