@@ -172,7 +172,7 @@ def prepare(cfg, root: Path) -> dict:
         DataError / ConfigError: bad source files or settings (nothing is left at the output path).
     """
     from study.data import (check_prepared, hf_doc_id, hf_num_proc, is_val_index, load_hf_dataset, make_tokenizer,
-                            prepared_keys, read_documents, sha256_file, split_documents)
+                            prepared_keys, read_documents, sha256_file, split_documents, chunks_sha256)
 
     t0 = time.time()
     out = root / cfg.data.dir
@@ -223,6 +223,7 @@ def prepare(cfg, root: Path) -> dict:
             "val_every": cfg.data.val_every,
             "sources_sha256": {"/".join(Path(s).parts[-3:]): sha256_file(Path(s)) for s in sources},
             "prepared_with": prepared_keys(cfg.data),  # every data.* key that shapes these files (check_prepared)
+            "chunks_sha256": chunks_sha256(tmp),  # the chunks' bytes, checked at every train start
         }
         if hf:
             meta["hf"] = {"dataset": src.name, "kind": src.kind, "split": cfg.data.hf_split,

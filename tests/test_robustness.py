@@ -1,6 +1,7 @@
 """Runs survive kills, bad input, divergence and concurrent writers, and lose nothing."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -76,6 +77,30 @@ def test_corrupt_chunk_is_refused(nano_project, tmp_path, monkeypatch, capsys):
     (data / "train" / chunk.name).unlink()
     assert main([f"data.dir={data}", f"study.runs_dir={tmp_path / 'runs'}"]) == 2
     assert "is missing" in capsys.readouterr().err
+
+
+def test_zeroed_chunk_is_refused_by_its_checksum(nano_project, tmp_path, monkeypatch, capsys):
+    """Zeroed token bytes keep the chunk's size, header and count, and id 0 is in the vocabulary: only
+    the sha256 that prepare recorded in meta.json tells the chunk is not the one prepared."""
+    import json
+
+    from study.data import chunk_token_count, chunk_token_range
+    from study.train import main
+
+    data = _copy_data(nano_project, tmp_path / "tokens")
+    chunk = next((data / "train").glob("*.bin"))
+    raw = chunk.read_bytes()
+    recorded = json.loads((data / "meta.json").read_text())["chunks_sha256"]
+    assert recorded[f"train/{chunk.name}"] == hashlib.sha256(raw).hexdigest()
+    half = len(raw) // 2
+    chunk.write_bytes(raw[:half] + bytes(len(raw) - half))
+    assert chunk_token_count(data / "train") > 0 and chunk_token_range(data / "train")[0] == 0  # still "valid"
+    monkeypatch.chdir(nano_project)
+    assert main([f"data.dir={data}", f"study.runs_dir={tmp_path / 'runs'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert str(chunk) in err and "sha256" in err and "python -m study.prepare" in err and "dvc repro prepare" in err
+    assert not (tmp_path / "runs").exists() or not list((tmp_path / "runs").rglob("metrics.json"))
 
 
 @pytest.mark.parametrize("name,content,words", [("empty.txt", b"\n", "is empty"),
