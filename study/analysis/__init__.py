@@ -2,7 +2,7 @@
 
 Imports flow one way, stages (compare, profiles, the notebook) -> analysis -> stats: each module
 below imports only modules listed after it, and none imports a stage.
-  report.py    all of it in one call: load, summarise, write comparison.md, summary.json, figures
+  report.py    all of it in one call: load, summarise, write comparison.md, summary.json, metrics/, curves.csv, figures
   figures.py   the figures (matplotlib; only those that apply are written)
   tables.py    comparison.md (markdown)
   summary.py   summary.json: per-variant losses, verdict, power, frontier, yardsticks, per corpus
