@@ -152,6 +152,11 @@ class ProgressLines(Callback):
             (parts, after), self._final = self._final, None
             self._print(parts, after, pl_module)
 
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        if self._final is not None and getattr(pl_module, "diverged", None):  # no final evaluation follows
+            (parts, after), self._final = self._final, None
+            self._print(parts, after, pl_module)
+
     def _print(self, parts: list[str], after: list[str], pl_module) -> None:
         curve = getattr(pl_module, "curve", None)
         val = [f"val_loss {curve[-1]['val_loss']:.3f}"] if curve else []
