@@ -99,7 +99,7 @@ def test_failure_inside_a_run_marks_mlflow_failed(nano_project, tmp_path, monkey
     validation split too small for train.val_tokens is refused before anything starts."""
     from mlflow import MlflowClient
 
-    import study.datamodule
+    import study.data.datamodule
     from study.data import DataError
     from study.train import main
 
@@ -113,7 +113,7 @@ def test_failure_inside_a_run_marks_mlflow_failed(nano_project, tmp_path, monkey
     def broken(*a, **k):
         raise DataError("the validation chunk is unreadable: re-run `python -m study.prepare`")
 
-    monkeypatch.setattr(study.datamodule, "fixed_val_windows", broken)
+    monkeypatch.setattr(study.data.datamodule, "fixed_val_windows", broken)
     assert main(args) == 2 and "the validation chunk is unreadable" in capsys.readouterr().err
     client = MlflowClient(tracking_uri=f"sqlite:///{db}")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
