@@ -1,8 +1,9 @@
 """The state of a run folder across processes: its lock, its resume key, how its MLflow run ended.
 
 ``python -m study.train`` (``study.train``) holds the folder's lock (:func:`hold_run_lock`) for the run's
-life, resumes ``checkpoints/last.ckpt`` only under the same resume key (:func:`run_digest`: the settings
-that change the numbers, the training code and the prepared data, on any world size), rescales
+life, resumes ``checkpoints/last.ckpt`` only under the same resume key (:func:`open_run_folder`,
+:func:`run_digest`: the settings that change the numbers, the training code and the prepared data, on
+any world size) and never replaces a finished run with other settings silently, rescales
 Lightning's loop counters to this run's accumulation (:func:`rescale_loop_state`), settles the MLflow
 run a dead process left RUNNING (:func:`settle_previous_run`) and ends its own run FAILED or KILLED
 (:func:`end_status`; SIGTERM becomes :class:`Killed`, :func:`terminate_as_exception`).
@@ -12,12 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from study.config import StudyError, resume_config
+from study.config import ConfigError, StudyError, diff_keys, resume_config
 from study.data.records import data_digest
 
 
@@ -148,6 +150,53 @@ def loop_state_callback(accum: int):
 def config_part(record: dict) -> dict:
     """The settings of a resume record (:func:`resume_record`), without its ``code:`` and ``data:`` keys."""
     return {k: v for k, v in record.items() if ":" not in k}
+
+
+def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) -> tuple:
+    """Decide, from ``out_dir/checkpoints/run.json``, whether this start resumes, and clear what it replaces.
+
+    A checkpoint is resumed only under the same resume key (:func:`run_digest`) and when its run has not
+    finished; otherwise rank 0 prints the keys that differ (``NAME: starting afresh, ...``) and deletes
+    the checkpoints.  Rank 0 removes the outputs of the folder's last run (metrics.json, curve.csv,
+    config.json), which appear again only when this run ends.
+
+    Returns:
+        (resume record, resume key, run.json's state (empty when starting afresh), the MLflow run id of
+        the folder's last process or None, the checkpoint to resume or None).
+
+    Raises:
+        ConfigError: the folder holds a finished run with other settings and ``train.overwrite`` is off.
+    """
+    ckpt_dir = out_dir / "checkpoints"
+    record = resume_record(cfg, data_dir)
+    digest = run_digest(cfg, data_dir, record)
+    state_path = ckpt_dir / "run.json"
+    try:
+        state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    except ValueError:
+        state = {}
+    if (out_dir / "metrics.json").is_file() and not cfg.train.overwrite:  # a finished run: never replaced silently
+        old = state.get("resume")
+        differ = diff_keys(config_part(old), config_part(record)) if old is not None else ["(not recorded)"]
+        if differ:
+            raise ConfigError(f"{out_dir} holds a finished run with other settings ({'; '.join(differ)}): give this "
+                              f"run its own folder with study.group=NAME, or replace the finished run with "
+                              f"train.overwrite=true")
+    previous_run_id = state.get("mlflow_run_id")
+    resume = ckpt_dir / "last.ckpt"
+    if not (resume.is_file() and state.get("config_hash") == digest and not state.get("completed")):
+        if rank == 0 and resume.is_file() and not state.get("completed"):
+            differ = diff_keys(state["resume"], record) if "resume" in state else ["(not recorded)"]
+            print(f"{name}: starting afresh, the checkpoint in {ckpt_dir} was written with other settings: "
+                  f"{'; '.join(differ)}", flush=True)
+        resume, state = None, {}
+        if rank == 0:
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+    if rank == 0:
+        for stale in ("metrics.json", "curve.csv", "config.json"):
+            (out_dir / stale).unlink(missing_ok=True)
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+    return record, digest, state, previous_run_id, resume
 
 
 def settle_previous_run(uri: str, run_id: str, resuming: bool, state: dict) -> dict:

@@ -35,21 +35,19 @@ import csv
 import json
 import math
 import os
-import shutil
 import sys
 import time
 from contextlib import ExitStack
 from pathlib import Path
 
-from study.config import (ConfigError, diff_keys, max_steps, micro_batches, peak_lr, run_dir, run_label, run_seeds,
-                          run_stage, to_dict)
+from study.config import max_steps, micro_batches, peak_lr, run_dir, run_label, run_seeds, run_stage, to_dict
 from study.data import DataError
 from study.data.records import check_prepared
 from study.data.records import data_digest as prepared_data_digest
 from study.data.windows import check_train_windows
 from study.launch import launch_rank, make_strategy, world_size
-from study.run_state import (config_part, end_status, hold_run_lock, loop_state_callback, restore_env, resume_record,
-                             run_digest, settle_previous_run, terminate_as_exception)
+from study.run_state import (end_status, hold_run_lock, loop_state_callback, open_run_folder, restore_env,
+                             settle_previous_run, terminate_as_exception)
 
 
 def write_curve(path: Path, rows: list[dict]) -> None:
@@ -132,34 +130,8 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
     stack.enter_context(terminate_as_exception())
 
     # resume only a checkpoint of this very config, code and data that has not finished
-    record = resume_record(cfg, data_dir)
-    digest = run_digest(cfg, data_dir, record)
+    record, digest, state, previous_run_id, resume = open_run_folder(cfg, name, out_dir, data_dir, rank)
     state_path = ckpt_dir / "run.json"
-    try:
-        state = json.loads(state_path.read_text()) if state_path.is_file() else {}
-    except ValueError:
-        state = {}
-    if (out_dir / "metrics.json").is_file() and not cfg.train.overwrite:  # a finished run: never replaced silently
-        old = state.get("resume")
-        differ = diff_keys(config_part(old), config_part(record)) if old is not None else ["(not recorded)"]
-        if differ:
-            raise ConfigError(f"{out_dir} holds a finished run with other settings ({'; '.join(differ)}): give this "
-                              f"run its own folder with study.group=NAME, or replace the finished run with "
-                              f"train.overwrite=true")
-    previous_run_id = state.get("mlflow_run_id")
-    resume = ckpt_dir / "last.ckpt"
-    if not (resume.is_file() and state.get("config_hash") == digest and not state.get("completed")):
-        if rank == 0 and resume.is_file() and not state.get("completed"):
-            differ = diff_keys(state["resume"], record) if "resume" in state else ["(not recorded)"]
-            print(f"{name}: starting afresh, the checkpoint in {ckpt_dir} was written with other settings: "
-                  f"{'; '.join(differ)}", flush=True)
-        resume, state = None, {}
-        if rank == 0:
-            shutil.rmtree(ckpt_dir, ignore_errors=True)
-    if rank == 0:
-        for stale in ("metrics.json", "curve.csv", "config.json"):
-            (out_dir / stale).unlink(missing_ok=True)
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
 
     quiet_logs()
     with store_lock(root, cfg.study):  # two runs creating the store, experiment or run at once would race
