@@ -406,7 +406,7 @@ class Runner:
 
     def train_overrides(self) -> list[str]:
         t, w = self.p["train"], self.work
-        from study.data import prepared_overrides  # the data.* settings the tokens were prepared with
+        from study.data.records import prepared_overrides  # the data.* settings the tokens were prepared with
 
         return [*self.p["model"], *prepared_overrides(self.args.tokens), "variant=baseline", "seed=1",
                 f"data.dir={self.args.tokens.resolve()}",
@@ -613,7 +613,7 @@ def evaluate_checkpoint(ckpt: Path, micros: list[int], overrides: list[str], out
     import torch
 
     from study.config import load_config, project_root, run_seeds
-    from study.datamodule import TokenDataModule
+    from study.data.datamodule import TokenDataModule
     from study.lm import GPTModule
 
     root = project_root()

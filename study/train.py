@@ -28,6 +28,10 @@ only when the run has ended (finished or diverged; metrics.json last).  A run th
 start in its folder) in MLflow, with an end time.  A second process on the same run
 folder, or a hand-started run whose settings differ from the finished run in its
 folder, is refused in one line (``train.overwrite=true`` replaces it).
+
+The pieces are elsewhere: the data and their checks in ``study.data``, the run folder's lock, resume
+key and MLflow ending in ``study.run_state``, devices and strategy in ``study.launch``, the model in
+``study.model`` / ``study.lm``; this module composes them into one Trainer run and reports.
 """
 from __future__ import annotations
 
@@ -35,210 +39,19 @@ import csv
 import json
 import math
 import os
-import shutil
-import signal
 import sys
-import threading
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
-from study.config import (ConfigError, StudyError, diff_keys, max_steps, micro_batches, peak_lr, resume_config,
-                          run_dir, run_label, run_seeds, run_stage, to_dict)
-from study.data import DataError, check_prepared, split_windows
-from study.data import data_digest as prepared_data_digest
-
-
-def world_size(trainer_cfg) -> int:
-    """Devices x nodes the Trainer will use (devices=-1: every visible GPU)."""
-    devices = trainer_cfg.devices
-    if devices in (-1, "-1", "auto"):
-        import torch
-        devices = torch.cuda.device_count() if trainer_cfg.accelerator in ("gpu", "cuda") else 1
-    if isinstance(devices, (list, tuple)) or hasattr(devices, "__len__") and not isinstance(devices, str):
-        devices = len(devices)
-    return int(devices) * int(trainer_cfg.num_nodes)
-
-
-def launch_rank(trainer_cfg) -> int:
-    """Global rank of this process, known before the Trainer exists, from the launcher's environment:
-    RANK (torchrun), else NODE_RANK x devices per node + LOCAL_RANK (Lightning's own launcher re-runs
-    this command once per extra device with LOCAL_RANK set), else SLURM_PROCID (srun), else 0."""
-    env = os.environ
-    if "RANK" in env:
-        return int(env["RANK"])
-    if "LOCAL_RANK" in env or "NODE_RANK" in env:
-        per_node = world_size(trainer_cfg) // int(trainer_cfg.num_nodes)
-        return int(env.get("NODE_RANK", 0)) * per_node + int(env.get("LOCAL_RANK", 0))
-    return int(env.get("SLURM_PROCID", 0))
-
-
-def make_strategy(trainer_cfg):
-    """Lightning strategy from its name; ``fsdp`` auto-wraps each transformer Block, full state dict.
-
-    Raises:
-        ConfigError: fsdp on CPU (neither Lightning's FSDPStrategy nor torch's FSDP runs without GPUs).
-    """
-    if trainer_cfg.strategy == "fsdp":
-        from lightning.pytorch.strategies import FSDPStrategy
-
-        from study.config import ConfigError
-        from study.model import Block
-        if trainer_cfg.accelerator == "cpu":
-            raise ConfigError("trainer.strategy=fsdp needs GPUs (Lightning's and torch's FSDP refuse CPUs): "
-                              "use trainer.accelerator=gpu, or trainer.strategy=ddp on CPUs")
-        return FSDPStrategy(auto_wrap_policy={Block}, state_dict_type="full")
-    return trainer_cfg.strategy
-
-
-CODE = ("model.py", "lm.py", "data.py", "datamodule.py")  # the training code a checkpoint depends on
-
-
-def resume_record(cfg, data_dir: Path) -> dict:
-    """What a checkpoint must match to be resumed, flat: :func:`study.config.resume_config` (the
-    settings that change a run's numbers, not devices, strategy, threads, compile, logging), the sha256
-    of the training code (``code:study/model.py`` ...) and ``data:meta.json`` (:func:`study.data.data_digest`)."""
-    import hashlib
-
-    rec = dict(resume_config(cfg))
-    for n in CODE:
-        rec[f"code:study/{n}"] = hashlib.sha256(Path(__file__).with_name(n).read_bytes()).hexdigest()[:16]
-    rec["data:meta.json"] = prepared_data_digest(data_dir)
-    return json.loads(json.dumps(rec))  # as run.json will hold it (lists, floats)
-
-
-def run_digest(cfg, data_dir: Path, record: dict | None = None) -> str:
-    """The resume key: sha256 (16 hex digits) of :func:`resume_record` (``record``, when already built)."""
-    import hashlib
-
-    record = resume_record(cfg, data_dir) if record is None else record
-    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
-
-
-class RunBusy(StudyError):
-    """Another process is writing the same run folder."""
-
-
-def run_lock(out_dir: Path):
-    """The run folder's lock (``out_dir/.lock``, an OS file lock: released when its process dies,
-    SIGKILL included).  Acquire with ``timeout=0``-style refusal: see :func:`train`."""
-    from filelock import FileLock
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return FileLock(str(out_dir / ".lock"), timeout=0)
-
-
-@contextmanager
-def hold_run_lock(out_dir: Path):
-    """Hold :func:`run_lock` for the block; a second holder is refused with :class:`RunBusy`."""
-    from filelock import Timeout
-
-    lock = run_lock(out_dir)
-    try:
-        lock.acquire()
-    except Timeout:
-        raise RunBusy(f"another process is writing {out_dir} (it holds {out_dir / '.lock'}): wait for it to end "
-                      f"or stop it; a different run needs its own folder (study.group=NAME)") from None
-    try:
-        yield lock
-    finally:
-        lock.release()
-
-
-class Killed(SystemExit):
-    """Raised in the main thread by SIGTERM while a run trains: exit status 128 + signal number."""
-
-
-@contextmanager
-def terminate_as_exception():
-    """Turn SIGTERM into :class:`Killed` for the block (main thread only), so that the run is marked
-    KILLED and its lock released instead of the process vanishing.  Lightning's own SIGTERM handler,
-    installed during fit, calls this one after its own."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise Killed(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def end_status(exc: BaseException) -> str:
-    """MLflow status of a run ended by ``exc``: KILLED for a signal or Ctrl-C (also when Lightning turned
-    it into a SystemExit), FAILED otherwise."""
-    e: BaseException | None = exc
-    while e is not None:
-        if isinstance(e, (Killed, KeyboardInterrupt)) or type(e).__name__ == "SIGTERMException":
-            return "KILLED"
-        e = e.__context__
-    return "FAILED"
-
-
-def rescale_loop_state(checkpoint: dict, accum: int) -> None:
-    """Express a checkpoint's Lightning loop progress in this run's micro-batches (in place).
-
-    Lightning counts the fit loop's progress in micro-batches per rank (``epoch_loop.batch_progress``)
-    and decides from it when an optimizer step and an evaluation fall (``ready % accumulation``,
-    ``val_check_interval``).  A run resumed with another accumulation (another world size or
-    micro-batch) would otherwise take its first step on a partial accumulation and every later step
-    across two global batches.  The counters become ``optimizer steps x accum``: the old accumulation is
-    ``total micro-batches / global_step``."""
-    steps = checkpoint.get("global_step", 0)
-    bp = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
-    if not steps or not bp or not bp.get("total", {}).get("completed"):
-        return
-    old = bp["total"]["completed"] / steps
-    if old == accum:
-        return
-    for part in ("total", "current"):
-        n = round(bp[part]["completed"] / old)  # optimizer steps (all, this epoch)
-        for key in bp[part]:
-            bp[part][key] = n * accum
-
-
-def _loop_state_callback(accum: int):
-    from lightning.pytorch.callbacks import Callback
-
-    class RescaleLoopState(Callback):
-        """Calls :func:`rescale_loop_state` on the loaded checkpoint, before Lightning restores its loops."""
-
-        def on_load_checkpoint(self, trainer, pl_module, checkpoint):
-            rescale_loop_state(checkpoint, accum)
-    return RescaleLoopState()
-
-
-def check_train_windows(data_dir: Path, cfg) -> int:
-    """Refuse a run whose training loader would yield no optimizer step; return the training windows.
-
-    One optimizer step takes train.batch_tokens / block_size windows of block_size + 1 tokens (over all
-    devices and accumulation); the training split holds :func:`study.data.split_windows` of them.
-
-    Raises:
-        DataError: fewer windows than one step, with both counts and the fix.
-    """
-    need = cfg.train.batch_tokens // cfg.model.block_size
-    have = split_windows(data_dir / "train", cfg.model.block_size + 1)
-    if have < need:
-        raise DataError(f"training split too small: {data_dir / 'train'} holds {have} windows of "
-                        f"{cfg.model.block_size + 1} tokens, fewer than one optimizer step of train.batch_tokens="
-                        f"{cfg.train.batch_tokens} ({need} windows): lower train.batch_tokens to at most "
-                        f"{have * cfg.model.block_size} or prepare more data")
-    n_val = cfg.train.val_tokens // cfg.model.block_size
-    val = split_windows(data_dir / "val", cfg.model.block_size + 1)
-    if val < n_val:  # checked here, before a checkpoint could be touched
-        raise DataError(f"the validation split of {data_dir} holds {val} windows of {cfg.model.block_size + 1} "
-                        f"tokens, fewer than the {n_val} of train.val_tokens={cfg.train.val_tokens}: lower "
-                        f"train.val_tokens to at most {val * cfg.model.block_size}")
-    return have
-
-
-def _config_part(record: dict) -> dict:
-    return {k: v for k, v in record.items() if ":" not in k}
+from study.config import max_steps, micro_batches, peak_lr, run_dir, run_label, run_seeds, run_stage, to_dict
+from study.data import DataError
+from study.data.records import check_prepared
+from study.data.records import data_digest as prepared_data_digest
+from study.data.windows import check_train_windows
+from study.launch import launch_rank, make_strategy, world_size
+from study.run_state import (end_status, hold_run_lock, loop_state_callback, open_run_folder, restore_env,
+                             settle_previous_run, terminate_as_exception)
 
 
 def write_curve(path: Path, rows: list[dict]) -> None:
@@ -272,31 +85,6 @@ def write_json(path: Path, obj: dict) -> None:
     tmp.replace(path)
 
 
-def settle_previous_run(uri: str, run_id: str, resuming: bool, state: dict) -> dict:
-    """Put the MLflow run of a run folder's last process in order before this one starts.
-
-    Called by global rank 0 while it holds the folder's lock, so no live process owns ``run_id``:
-    a run still RUNNING died without a word (SIGKILL, power loss) and is marked KILLED with an end time,
-    unless this start resumes it; a resumed run is set RUNNING again.  A resumed run whose MLflow run
-    is gone (another store) gets a new one.  Returns ``state`` (``mlflow_run_id`` dropped if gone)."""
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
-    client = MlflowClient(tracking_uri=uri)
-    try:
-        info = client.get_run(run_id).info
-    except MlflowException:
-        info = None
-    if info is None:
-        return {k: v for k, v in state.items() if k != "mlflow_run_id"}
-    if resuming:
-        if info.status != "RUNNING":
-            client.update_run(run_id, status="RUNNING")
-    elif info.status == "RUNNING":
-        client.set_terminated(run_id, "KILLED")
-    return state
-
-
 def recorded_config(cfg, data_digest: str) -> dict:
     """config.json of a run: the resolved config it trained with (without the study, lr_sweep,
     scale_ladder and defaults sections, which say which runs exist) plus the prepared data's digest;
@@ -320,28 +108,12 @@ def train(cfg, root: Path) -> dict:
         return _train(cfg, root, stack)
 
 
-@contextmanager
-def restore_env(name: str):
-    """Give environment variable ``name`` its value from before the block back after it.  Lightning's
-    MLFlowLogger calls ``mlflow.set_tracking_uri``, which exports MLFLOW_TRACKING_URI to the process: a
-    second run in the same process (or a subprocess it starts) would then take the first run's store
-    for the user's choice (study.tracking.tracking_uri honours the variable)."""
-    before = os.environ.get(name)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before
-
-
 def _train(cfg, root: Path, stack: ExitStack) -> dict:
     import lightning.pytorch as pl
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
-    from study.datamodule import TokenDataModule
+    from study.data.datamodule import TokenDataModule
     from study.lm import GPTModule, throughput_monitor, wants_throughput_monitor
     from study.progress import progress_callback, quiet_logs
     from study.tracking import (artifact_location, ensure_experiment, git_commit, log_files, log_text, run_params,
@@ -375,34 +147,8 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
     stack.enter_context(terminate_as_exception())
 
     # resume only a checkpoint of this very config, code and data that has not finished
-    record = resume_record(cfg, data_dir)
-    digest = run_digest(cfg, data_dir, record)
+    record, digest, state, previous_run_id, resume = open_run_folder(cfg, name, out_dir, data_dir, rank)
     state_path = ckpt_dir / "run.json"
-    try:
-        state = json.loads(state_path.read_text()) if state_path.is_file() else {}
-    except ValueError:
-        state = {}
-    if (out_dir / "metrics.json").is_file() and not cfg.train.overwrite:  # a finished run: never replaced silently
-        old = state.get("resume")
-        differ = diff_keys(_config_part(old), _config_part(record)) if old is not None else ["(not recorded)"]
-        if differ:
-            raise ConfigError(f"{out_dir} holds a finished run with other settings ({'; '.join(differ)}): give this "
-                              f"run its own folder with study.group=NAME, or replace the finished run with "
-                              f"train.overwrite=true")
-    previous_run_id = state.get("mlflow_run_id")
-    resume = ckpt_dir / "last.ckpt"
-    if not (resume.is_file() and state.get("config_hash") == digest and not state.get("completed")):
-        if rank == 0 and resume.is_file() and not state.get("completed"):
-            differ = diff_keys(state["resume"], record) if "resume" in state else ["(not recorded)"]
-            print(f"{name}: starting afresh, the checkpoint in {ckpt_dir} was written with other settings: "
-                  f"{'; '.join(differ)}", flush=True)
-        resume, state = None, {}
-        if rank == 0:
-            shutil.rmtree(ckpt_dir, ignore_errors=True)
-    if rank == 0:
-        for stale in ("metrics.json", "record.json", "curve.csv", "config.json"):
-            (out_dir / stale).unlink(missing_ok=True)
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
 
     quiet_logs()
     with store_lock(root, cfg.study):  # two runs creating the store, experiment or run at once would race
@@ -439,7 +185,7 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
         checkpoint = ModelCheckpoint(dirpath=ckpt_dir, filename="last", monitor=None, save_top_k=1,
                                      enable_version_counter=False)
         progress = progress_callback(name, steps, cfg.train.batch_tokens, enabled=cfg.trainer.progress_bar)
-        callbacks = [checkpoint, _loop_state_callback(accum)] + ([progress] if progress is not None else [])
+        callbacks = [checkpoint, loop_state_callback(accum)] + ([progress] if progress is not None else [])
         if wants_throughput_monitor(cfg.trainer):  # throughput and MFU against the datasheet peak (no MFU on CPUs)
             callbacks.append(throughput_monitor(window=min(100, steps * accum // 4)))
         trainer = pl.Trainer(

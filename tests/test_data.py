@@ -8,8 +8,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from study.config import DataConfig
-from study.data import (DataError, chunk_token_count, gpt2_tokenizer, make_tokenizer, read_folder, read_kjv,
-                        read_shakespeare, read_sotu, split_documents)
+from study.data import DataError
+from study.data.corpora import read_folder, read_kjv, read_shakespeare, read_sotu, split_documents
+from study.data.records import chunk_token_count
+from study.data.tokenizers import gpt2_tokenizer, make_tokenizer
 
 
 def test_gpt2_tokenizer_offline():
@@ -91,7 +93,7 @@ def test_seed_fixes_the_batches_for_every_variant(nano_project):
     """The DataModule takes no variant: seed s gives the same batches, whatever the model."""
     import torch
 
-    from study.datamodule import TokenDataModule
+    from study.data.datamodule import TokenDataModule
 
     def first_batches(seed, n=3):
         dm = TokenDataModule(nano_project / "data/tokens", 64, 8, seed, n_val_windows=16, val_micro_batch_size=8)

@@ -42,7 +42,7 @@ def test_ddp_trains_the_single_process_batches_to_the_same_losses(run_in, nano_p
     import torch
     from mlflow import MlflowClient
 
-    from study.datamodule import RECORD_ENV
+    from study.data.loader import RECORD_ENV
 
     tokens = f"train.tokens={STEPS * BATCH * 64}"
     env = {k: v for k, v in env_for(nano_project).items() if k not in ("RANK", "LOCAL_RANK", "NODE_RANK",
@@ -103,8 +103,8 @@ def test_ddp_trains_the_single_process_batches_to_the_same_losses(run_in, nano_p
 # -- the data pipeline on simulated ranks ---------------------------------------------------------------
 def _sampler(nano_project: Path, world: int, rank: int, micro: int, start_step: int = 0, seed: int = 1):
     """The train batch sampler of rank ``rank`` of ``world`` (global batch BATCH windows)."""
-    from study.data import split_windows
-    from study.datamodule import WindowSampler
+    from study.data.loader import WindowSampler
+    from study.data.windows import split_windows
 
     n = split_windows(nano_project / "data/tokens/train", 65)
     return WindowSampler(n, BATCH, micro, world, rank, seed, start_step=lambda: start_step)
@@ -120,8 +120,8 @@ def _steps(nano_project: Path, world: int, micro: int, n: int, start_step: int =
 def test_every_world_size_reads_the_single_process_order(nano_project):
     """W ranks x accumulation read, step by step, exactly the global batches of one process: consecutive
     BATCH windows of the seed's permutation of the whole split."""
-    from study.data import split_windows
-    from study.datamodule import window_order
+    from study.data.loader import window_order
+    from study.data.windows import split_windows
 
     n = split_windows(nano_project / "data/tokens/train", 65)
     order = window_order(n, 1, 0).tolist()
@@ -135,8 +135,8 @@ def test_every_world_size_reads_the_single_process_order(nano_project):
 def test_order_resumes_from_the_step_on_any_world_size(nano_project):
     """Where a rank starts is a function of the optimizer step only: 1 -> 2 ranks, 2 -> 4 ranks, and across
     the epoch boundary (epoch e+1 uses a new permutation) all continue with the next global batch."""
-    from study.data import split_windows
-    from study.datamodule import window_order
+    from study.data.loader import window_order
+    from study.data.windows import split_windows
 
     per_epoch = split_windows(nano_project / "data/tokens/train", 65) // BATCH
     whole = _steps(nano_project, 1, BATCH, 12)
@@ -150,7 +150,7 @@ def test_order_resumes_from_the_step_on_any_world_size(nano_project):
 
 def test_checkpoint_of_another_order_is_refused(nano_project):
     from study.data import DataError
-    from study.datamodule import TokenDataModule
+    from study.data.datamodule import TokenDataModule
 
     dm = TokenDataModule(nano_project / "data/tokens", 64, 8, 1, n_val_windows=16, val_micro_batch_size=8)
     dm.load_state_dict(dm.state_dict())
@@ -162,7 +162,7 @@ def test_checkpoint_of_another_order_is_refused(nano_project):
 
 def test_too_few_windows_for_one_step_is_refused_before_training(nano_project):
     from study.data import DataError
-    from study.datamodule import WindowSampler
+    from study.data.loader import WindowSampler
 
     with pytest.raises(DataError, match="fewer than one optimizer step of 400: lower train.batch_tokens"):
         WindowSampler(399, 400, 25)
@@ -173,7 +173,7 @@ def test_validation_windows_do_not_depend_on_the_rank(nano_project):
     from litdata import StreamingDataset, TokensLoader
     from litdata.utilities.env import _DistributedEnv
 
-    from study.data import split_windows
+    from study.data.windows import split_windows
 
     val = nano_project / "data/tokens/val"
     ds = StreamingDataset(str(val), item_loader=TokensLoader(block_size=65))
@@ -190,7 +190,7 @@ def test_validation_windows_do_not_depend_on_the_rank(nano_project):
                                       ({"SLURM_PROCID": "3"}, 3), ({"LOCAL_RANK": "0", "SLURM_PROCID": "3"}, 0)])
 def test_launch_rank_before_the_trainer(monkeypatch, nano_project, env, rank):
     from study.config import load_config
-    from study.train import launch_rank
+    from study.launch import launch_rank
 
     for key in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID"):
         monkeypatch.delenv(key, raising=False)
@@ -248,7 +248,7 @@ def test_fsdp_clips_the_global_norm_with_the_root_module(nano_project):
 
 def test_fsdp_on_cpu_is_refused_with_the_fix(nano_project):
     from study.config import ConfigError, load_config
-    from study.train import make_strategy
+    from study.launch import make_strategy
 
     cfg = load_config(["trainer.strategy=fsdp", "trainer.devices=2"], nano_project)
     with pytest.raises(ConfigError, match="trainer.strategy=fsdp needs GPUs.*trainer.strategy=ddp on CPUs"):

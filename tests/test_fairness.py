@@ -18,8 +18,9 @@ def test_each_step_reads_windows_spread_over_the_split_and_the_run_sees_the_spli
     """Record a real run's window order: the 32 windows of a step fall in ~25 of 64 equal blocks of the split
     (a uniform draw: 64 (1 - (63/64)^32) = 25.3; litdata's block shuffle gave 1-2), and the corpus mix the
     run trains on is within 5 points of the split's."""
-    from study.data import corpus_of_tokens, read_meta, split_windows, window_token_offsets
-    from study.datamodule import RECORD_ENV
+    from study.data.loader import RECORD_ENV
+    from study.data.records import read_meta
+    from study.data.windows import corpus_of_tokens, split_windows, window_token_offsets
 
     monkeypatch.setenv(RECORD_ENV, str(tmp_path / "windows"))
     metrics = run_in(f"train.tokens={STEPS * BATCH * 64}", "seed=3")
@@ -71,7 +72,7 @@ def test_one_seed_gives_two_variants_the_same_weights_where_they_share_modules(n
 
 def test_yardsticks_match_a_direct_count(nano_project):
     """ngram_yardsticks against a plain-Python add-k unigram and bigram on a small stream."""
-    from study.yardsticks import K_GRID, ngram_yardsticks
+    from study.data.yardsticks import K_GRID, ngram_yardsticks
 
     rng = np.random.default_rng(0)
     V = 7
@@ -115,8 +116,8 @@ def test_every_evaluation_logs_the_validation_loss_per_corpus(run_in, nano_proje
 
     from mlflow import MlflowClient
 
-    from study.data import read_meta
-    from study.datamodule import fixed_val_windows
+    from study.data.loader import fixed_val_windows
+    from study.data.records import read_meta
 
     metrics = run_in(f"train.tokens={10 * BATCH * 64}")
     per = metrics["val_loss_per_corpus"]

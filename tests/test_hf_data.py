@@ -14,7 +14,10 @@ import pytest
 from omegaconf import OmegaConf
 
 from study.config import ConfigError, DataConfig, RunConfig, validate
-from study.data import DataError, gpt2_tokenizer, load_hf_dataset, read_documents, read_sotu, split_documents
+from study.data import DataError
+from study.data.corpora import read_documents, read_sotu, split_documents
+from study.data.hf import load_hf_dataset
+from study.data.tokenizers import gpt2_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 N_DOCS = 300
@@ -111,7 +114,7 @@ def test_prepare_reads_a_local_parquet_copy_with_parallel_workers(project, owt_c
     assert [d.text for d in train_docs] == train and [d.id for d in val_docs] == meta["val_documents"]
     assert not list(tmp_path.glob(".tokens.tmp*"))  # the tokenised arrow files went with the temporary folder
     # training reads it unchanged: windows of block_size + 1 tokens
-    from study.datamodule import TokenDataModule
+    from study.data.datamodule import TokenDataModule
     dm = TokenDataModule(out, 64, 4, data_seed=1, n_val_windows=8, val_micro_batch_size=4)
     assert next(iter(dm.train_dataloader())).shape == (4, 65)
     assert int(dm.val_windows()[0].max()) == 50256
@@ -150,7 +153,8 @@ def test_local_layouts_read_the_same_documents(owt_copy, tmp_path):
 
 def test_parallel_tokenising_with_a_trained_bpe(owt_copy, tmp_path):
     """tokenizer=bpe: trained on the training rows only, then loaded from tokenizer.json by each worker."""
-    from study.data import hf_train_texts, make_tokenizer, tokenize_hf
+    from study.data.hf import hf_train_texts, tokenize_hf
+    from study.data.tokenizers import make_tokenizer
 
     path, docs = owt_copy
     cfg = _cfg(tmp_path, hf_dataset=str(path), tokenizer="bpe", bpe_vocab_size=400, num_proc=2, val_every=VAL_EVERY)

@@ -78,7 +78,7 @@ def test_resume_key_covers_exactly_what_changes_the_numbers(nano_project):
 
 def test_run_digest_ignores_volatile_bytes(nano_project, tmp_path):
     from study.config import load_config
-    from study.train import run_digest
+    from study.run_state import run_digest
 
     cfg = load_config([], nano_project)
     copy = shutil.copytree(nano_project / "data/tokens", tmp_path / "tokens")
@@ -197,7 +197,7 @@ def test_a_checkpoint_resumes_on_another_world_size_in_the_same_mlflow_run(run_i
 def test_loop_state_is_rescaled_to_the_new_accumulation():
     """Step 5 of a run with 1 micro-batch per step, resumed with 2 (and back): Lightning's micro-batch
     counters become steps x accumulation, so the next step and evaluation fall where they did."""
-    from study.train import rescale_loop_state
+    from study.run_state import rescale_loop_state
 
     def ckpt(total, current, steps):
         return {"global_step": steps, "loops": {"fit_loop": {"epoch_loop.batch_progress": {
@@ -340,7 +340,8 @@ def test_two_stale_keys_are_named_together(nano_project, tmp_path, monkeypatch, 
 def test_prepared_overrides_reproduce_the_settings_and_legacy_data_are_checked_on_what_they_record(
         nano_project, tmp_path):
     from study.config import load_config
-    from study.data import DataError, check_prepared, prepared_overrides
+    from study.data import DataError
+    from study.data.records import check_prepared, prepared_overrides
 
     data = nano_project / "data/tokens"
     over = prepared_overrides(data)
@@ -366,7 +367,7 @@ def test_prepared_overrides_reproduce_the_settings_and_legacy_data_are_checked_o
 
 
 def test_token_ids_are_range_checked(nano_project, tmp_path, monkeypatch, capsys):
-    from study.data import chunk_token_range
+    from study.data.records import chunk_token_range
     from study.train import main
 
     assert chunk_token_range(nano_project / "data/tokens/train")[0] == 0  # <|endoftext|> is BPE id 0
@@ -389,7 +390,7 @@ def test_token_ids_are_range_checked(nano_project, tmp_path, monkeypatch, capsys
 # -- 6. byte-identical prepare outputs ---------------------------------------------------------------
 def test_prepare_twice_gives_byte_identical_data(nano_project, tmp_path):
     from study.config import load_config
-    from study.train import run_digest
+    from study.run_state import run_digest
 
     small = ["model=nano", "data.corpora=[sotu]", "data.max_docs_per_corpus=7", "data.val_every=3",
              "data.bpe_vocab_size=300"]

@@ -84,7 +84,7 @@ def test_zeroed_chunk_is_refused_by_its_checksum(nano_project, tmp_path, monkeyp
     the sha256 that prepare recorded in meta.json tells the chunk is not the one prepared."""
     import json
 
-    from study.data import chunk_token_count, chunk_token_range
+    from study.data.records import chunk_token_count, chunk_token_range
     from study.train import main
 
     data = _copy_data(nano_project, tmp_path / "tokens")
@@ -125,7 +125,7 @@ def test_failure_inside_a_run_marks_mlflow_failed(nano_project, tmp_path, monkey
     validation split too small for train.val_tokens is refused before anything starts."""
     from mlflow import MlflowClient
 
-    import study.datamodule
+    import study.data.datamodule
     from study.data import DataError
     from study.train import main
 
@@ -139,7 +139,7 @@ def test_failure_inside_a_run_marks_mlflow_failed(nano_project, tmp_path, monkey
     def broken(*a, **k):
         raise DataError("the validation chunk is unreadable: re-run `python -m study.prepare`")
 
-    monkeypatch.setattr(study.datamodule, "fixed_val_windows", broken)
+    monkeypatch.setattr(study.data.datamodule, "fixed_val_windows", broken)
     assert main(args) == 2 and "the validation chunk is unreadable" in capsys.readouterr().err
     client = MlflowClient(tracking_uri=f"sqlite:///{db}")
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])

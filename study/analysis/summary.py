@@ -100,7 +100,7 @@ def yardsticks(meta_path: Path, settings: dict) -> dict:
     """
     if not meta_path.is_file():
         return {"available": False, "note": f"{meta_path} not found"}
-    from study.data import data_digest
+    from study.data.records import data_digest
 
     digest = data_digest(meta_path.parent)
     y = json.loads(meta_path.read_text()).get("yardsticks")

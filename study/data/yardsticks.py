@@ -11,7 +11,11 @@ value is the mean over the windows that start in it.
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+
+from study.data import DataError
 
 K_GRID = (1.0, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001)
 
@@ -80,4 +84,22 @@ def ngram_yardsticks(train_tokens: np.ndarray, windows: np.ndarray, corpus: np.n
     out["train_tokens"] = int(len(train))
     out["method"] = ("add-k smoothed unigram/bigram counts of the training split, k chosen on its last 10%; "
                      "mean cross-entropy (nats/token) of the fixed validation windows")
+    return out
+
+
+def prepared_yardsticks(cfg, data_dir: Path, meta: dict, train_tokens: np.ndarray) -> dict:
+    """Unigram and bigram cross-entropy (nats/token) of the fixed validation windows that training
+    evaluates (model.block_size, train.val_tokens), overall and per corpus (:func:`ngram_yardsticks`);
+    ``{"skipped": reason}`` when the validation split is too small for those windows (training with
+    these settings refuses the data too; other settings may fit)."""
+    from study.data.loader import fixed_val_windows  # torch + litdata: only when there are data to read
+
+    n_val = cfg.train.val_tokens // cfg.model.block_size
+    try:
+        windows, corpus = fixed_val_windows(data_dir, cfg.model.block_size, n_val, meta["corpus_tokens"]["val"])
+    except DataError as e:
+        return {"skipped": str(e), "block_size": cfg.model.block_size, "n_val_windows": n_val}
+    out = ngram_yardsticks(train_tokens, windows.numpy(), corpus.numpy(),
+                           [c for c, _ in meta["corpus_tokens"]["val"]], meta["vocab_size"])
+    out.update(block_size=cfg.model.block_size, n_val_windows=n_val)
     return out

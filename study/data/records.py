@@ -1,0 +1,243 @@
+"""The prepared data on disk (``data.dir``): meta.json, its digest, the chunks, the checks.
+
+:func:`check_prepared` refuses prepared data that do not match a run's config (settings,
+vocabulary, token counts and ids of the chunks themselves); :func:`data_digest` is the data's
+identity in the resume key and each run's config.json.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from study.config import DataConfig
+from study.data import DataError
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def data_digest(data_dir: Path) -> str:
+    """The prepared data's identity: sha256 (16 hex digits) of meta.json's content (token counts, source
+    hashes, settings, validation ids, yardsticks), parsed, so that formatting or the ``seconds`` field
+    of older prepares does not count.  The resume key and each run's config.json hold it; compare pairs
+    runs and shows yardsticks only for one digest."""
+    meta = json.loads((Path(data_dir) / "meta.json").read_text())
+    meta.pop("seconds", None)  # wall-clock time of older prepares
+    return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def read_meta(data_dir: Path) -> dict:
+    """data/tokens/meta.json, or a DataError that says to run the prepare stage."""
+    path = data_dir / "meta.json"
+    if not path.is_file():
+        raise DataError(f"{path} not found: prepare the data first with `python -m study.prepare` "
+                        f"(or `dvc repro prepare`)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{path} is not valid JSON ({e}): re-run `python -m study.prepare`") from e
+
+
+def _read_index(split_dir: Path) -> dict:
+    index_path = split_dir / "index.json"
+    if not index_path.is_file():
+        raise DataError(f"{index_path} not found: re-run `python -m study.prepare`")
+    try:
+        index = json.loads(index_path.read_text())
+        index["chunks"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{index_path} is corrupt ({e}): re-run `python -m study.prepare`") from e
+    return index
+
+
+def chunk_token_count(split_dir: Path) -> int:
+    """Tokens in a litdata split, read from the chunk files themselves (not from index.json).
+
+    Raises:
+        DataError: missing index, missing chunk, or a chunk whose size disagrees with its index entry.
+    """
+    total = 0
+    for chunk in _read_index(split_dir)["chunks"]:
+        path = split_dir / chunk["filename"]
+        if not path.is_file():
+            raise DataError(f"{path} is missing: re-run `python -m study.prepare`")
+        size = path.stat().st_size
+        if size != chunk["chunk_bytes"]:
+            raise DataError(f"{path} is corrupt or truncated ({size} bytes, index says "
+                            f"{chunk['chunk_bytes']}): re-run `python -m study.prepare`")
+        total += chunk["dim"]
+    return total
+
+
+def _token_dtype(split_dir: Path, index: dict) -> np.dtype:
+    """The token dtype of a TokensLoader split (index.json ``data_format`` ``no_header_numpy:I``)."""
+    from litdata.constants import _NUMPY_DTYPES_MAPPING, _TORCH_DTYPES_MAPPING
+
+    try:
+        kind, i = index["config"]["data_format"][0].split(":")
+        if kind == "no_header_numpy":
+            return np.dtype(_NUMPY_DTYPES_MAPPING[int(i)])
+        if kind == "no_header_tensor":
+            import torch
+            return torch.empty(0, dtype=_TORCH_DTYPES_MAPPING[int(i)]).numpy().dtype
+    except (KeyError, IndexError, ValueError, TypeError):
+        pass
+    raise DataError(f"{split_dir}/index.json is not a token split (data_format "
+                    f"{index.get('config', {}).get('data_format')}): re-run `python -m study.prepare`")
+
+
+def chunk_token_range(split_dir: Path) -> tuple[int, int]:
+    """(smallest, largest) token id over all chunk files of a litdata token split.
+
+    Each chunk is read as an ``np.memmap`` of its token array (after litdata's header: a uint32
+    item count n and n + 1 uint32 byte offsets, the first of which is where the tokens start), and
+    reduced with numpy's vectorised min/max: about one pass over the bytes, no Python loop per token.
+
+    Raises:
+        DataError: missing or corrupt index, missing chunk, or a header that does not fit the file.
+    """
+    index = _read_index(split_dir)
+    dtype = _token_dtype(split_dir, index)
+    lo, hi = None, None
+    for chunk in index["chunks"]:
+        path = split_dir / chunk["filename"]
+        if not path.is_file():
+            raise DataError(f"{path} is missing: re-run `python -m study.prepare`")
+        size = path.stat().st_size
+        header = np.fromfile(path, dtype=np.uint32, count=2) if size >= 8 else np.zeros(0, np.uint32)
+        start = int(header[1]) if len(header) == 2 else -1
+        n = (size - start) // dtype.itemsize if start >= 0 else -1
+        if start < 8 or start > size or n != chunk.get("dim", n):
+            raise DataError(f"{path} is corrupt (its header does not match {chunk.get('dim')} tokens of "
+                            f"{dtype}): re-run `python -m study.prepare`")
+        if n == 0:
+            continue
+        tokens = np.memmap(path, dtype=dtype, mode="r", offset=start, shape=(n,))
+        a, b = int(tokens.min()), int(tokens.max())
+        lo, hi = (a, b) if lo is None else (min(lo, a), max(hi, b))
+        del tokens
+    return (lo or 0, hi or 0) if lo is not None else (0, -1)
+
+
+def prepared_keys(d: DataConfig) -> dict:
+    """The ``data.*`` settings that shape prepared data, as meta.json records them (``prepared_with``):
+    source, corpora, tokenizer, bpe_vocab_size, val_every, max_docs_per_corpus, chunk_bytes and, for
+    ``source=hf``, hf_dataset, hf_split, hf_text_field.  Not data.num_proc, hf_cache_dir, dir: they
+    change how and where prepare runs, not what it writes."""
+    keys = {"source": d.source,
+            "corpora": list(d.corpora) if d.source == "embedded" else None,
+            "tokenizer": d.tokenizer,
+            "bpe_vocab_size": d.bpe_vocab_size if d.tokenizer == "bpe" else None,
+            "val_every": d.val_every,
+            "max_docs_per_corpus": d.max_docs_per_corpus,
+            "chunk_bytes": d.chunk_bytes}
+    if d.source == "hf":
+        keys.update(hf_dataset=d.hf_dataset, hf_split=d.hf_split, hf_text_field=d.hf_text_field)
+    return {f"data.{k}": v for k, v in keys.items()}
+
+
+def prepared_overrides(data_dir: Path) -> list[str]:
+    """Command-line overrides (``["data.val_every=8", ...]``) that give a run the ``data.*`` settings the
+    data in ``data_dir`` were prepared with (meta.json ``prepared_with``; empty for older meta.json)."""
+    def value(v) -> str:
+        if v is None:
+            return "null"
+        if isinstance(v, list):
+            return "[" + ",".join(str(x) for x in v) + "]"
+        return str(v)
+    not_applicable = ("data.corpora", "data.bpe_vocab_size")  # None there: another source / tokenizer
+    return [f"{k}={value(v)}" for k, v in read_meta(Path(data_dir)).get("prepared_with", {}).items()
+            if v is not None or k not in not_applicable]
+
+
+# meta.json keys of prepares older than ``prepared_with``: the data.* keys they recorded
+_LEGACY_META_KEYS = {"data.source": "source", "data.corpora": "corpora", "data.tokenizer": "tokenizer",
+                     "data.bpe_vocab_size": "bpe_vocab_size", "data.val_every": "val_every"}
+
+
+def _same_source(a, b) -> bool:
+    if a == b or a in ("embedded", "hf") or b in ("embedded", "hf") or not a or not b:
+        return a == b
+    return Path(str(a)).expanduser().resolve() == Path(str(b)).expanduser().resolve()  # a folder, however written
+
+
+def check_prepared(data_dir: Path, cfg) -> dict:
+    """Refuse prepared data that does not match a run's config; return meta.json.
+
+    Checks: meta.json exists; every ``data.*`` key that shapes the data (:func:`prepared_keys`) has the
+    value it was prepared with; the tokenizer's vocabulary fits model.vocab_size; each split's chunks
+    hold the token count written in meta.json, and every token id is below the tokenizer's vocabulary
+    (:func:`chunk_token_range`).
+
+    Raises:
+        DataError: with the file, the keys that differ, and the fix.
+    """
+    meta = read_meta(data_dir)
+    missing = {"tokenizer", "vocab_size", "tokens"} - set(meta)
+    if missing:
+        raise DataError(f"{data_dir}/meta.json lacks {sorted(missing)}: re-run `python -m study.prepare`")
+    want = cfg.data.tokenizer
+    if meta.get("tokenizer") != want:
+        raise DataError(f"{data_dir}/meta.json was prepared with tokenizer {meta.get('tokenizer')!r} but "
+                        f"the config asks for data.tokenizer={want!r}: re-run `python -m study.prepare "
+                        f"data.tokenizer={want}` or change data.tokenizer")
+    now = prepared_keys(cfg.data)
+    if "prepared_with" in meta:
+        was = meta["prepared_with"]
+    else:  # an older prepare: check the keys it recorded
+        was = {k: meta.get(m) for k, m in _LEGACY_META_KEYS.items() if m in meta}
+        now = {k: now[k] for k in was}
+    differ = [k for k in sorted(set(was) | set(now)) if not (
+        _same_source(was.get(k), now.get(k)) if k == "data.source" else was.get(k) == now.get(k))]
+    if differ:
+        diff = ", ".join(f"{k}={was.get(k)!r} there, {now.get(k)!r} here" for k in differ)
+        raise DataError(f"{data_dir} was prepared with other data settings ({diff}): re-run `python -m "
+                        f"study.prepare` with this config, or give each data set its own data.dir")
+    if meta["vocab_size"] > cfg.model.vocab_size:
+        raise DataError(f"the tokenizer in {data_dir} has {meta['vocab_size']} tokens, more than "
+                        f"model.vocab_size={cfg.model.vocab_size}: raise model.vocab_size")
+    for split in ("train", "val"):
+        n = chunk_token_count(data_dir / split)
+        if n != meta["tokens"][split]:
+            raise DataError(f"{data_dir}/{split} holds {n} tokens but meta.json says {meta['tokens'][split]}: "
+                            f"the data are corrupt or mixed; re-run `python -m study.prepare`")
+        lo, hi = chunk_token_range(data_dir / split)
+        if lo < 0 or hi >= meta["vocab_size"]:
+            raise DataError(f"{data_dir}/{split} holds token id {hi if hi >= meta['vocab_size'] else lo}, outside "
+                            f"the tokenizer's vocabulary of {meta['vocab_size']} ids: the chunks are corrupt; re-run "
+                            f"`python -m study.prepare`")
+    chunks_sha256(data_dir, meta)  # the chunks' bytes are the ones prepared (a zeroed chunk has valid ids)
+    return meta
+
+
+def chunks_sha256(data_dir: Path, meta: dict | None = None) -> dict[str, str]:
+    """sha256 of every chunk file of the train and val splits, {"train/chunk-0-0.bin": hex, ...} in
+    index.json order (prepare records it in meta.json as ``chunks_sha256``).  With ``meta`` (meta.json as
+    read), check the files against it (~25 ms for the default's 13 MB, ~2 s per GB; data prepared before the
+    checksums were recorded is not checked).
+
+    Raises:
+        DataError: a chunk's bytes differ from those prepared (names the file and the fix).
+    """
+    want = (meta or {}).get("chunks_sha256")
+    if meta is not None and not want:
+        return {}
+    got = {}
+    for split in ("train", "val"):
+        for chunk in _read_index(Path(data_dir) / split)["chunks"]:
+            name = f"{split}/{chunk['filename']}"
+            got[name] = sha256_file(Path(data_dir) / name)
+            if want is not None and want.get(name) != got[name]:
+                raise DataError(f"{Path(data_dir) / name} is not the chunk prepared (its sha256 differs from "
+                                f"meta.json's chunks_sha256): the data are corrupt; re-run `python -m study.prepare` "
+                                f"(or `dvc repro prepare`)")
+    return got
+

@@ -1,0 +1,51 @@
+"""Where a run trains: the world size, this process's global rank, the Lightning strategy.
+
+Known before the Trainer exists (and before Lightning is imported, but for the FSDP strategy), so
+that the run folder's lock and the MLflow run are taken by global rank 0 only.
+"""
+from __future__ import annotations
+
+import os
+
+from study.config import ConfigError
+
+
+def world_size(trainer_cfg) -> int:
+    """Devices x nodes the Trainer will use (devices=-1: every visible GPU)."""
+    devices = trainer_cfg.devices
+    if devices in (-1, "-1", "auto"):
+        import torch
+        devices = torch.cuda.device_count() if trainer_cfg.accelerator in ("gpu", "cuda") else 1
+    if isinstance(devices, (list, tuple)) or hasattr(devices, "__len__") and not isinstance(devices, str):
+        devices = len(devices)
+    return int(devices) * int(trainer_cfg.num_nodes)
+
+
+def launch_rank(trainer_cfg) -> int:
+    """Global rank of this process, known before the Trainer exists, from the launcher's environment:
+    RANK (torchrun), else NODE_RANK x devices per node + LOCAL_RANK (Lightning's own launcher re-runs
+    this command once per extra device with LOCAL_RANK set), else SLURM_PROCID (srun), else 0."""
+    env = os.environ
+    if "RANK" in env:
+        return int(env["RANK"])
+    if "LOCAL_RANK" in env or "NODE_RANK" in env:
+        per_node = world_size(trainer_cfg) // int(trainer_cfg.num_nodes)
+        return int(env.get("NODE_RANK", 0)) * per_node + int(env.get("LOCAL_RANK", 0))
+    return int(env.get("SLURM_PROCID", 0))
+
+
+def make_strategy(trainer_cfg):
+    """Lightning strategy from its name; ``fsdp`` auto-wraps each transformer Block, full state dict.
+
+    Raises:
+        ConfigError: fsdp on CPU (neither Lightning's FSDPStrategy nor torch's FSDP runs without GPUs).
+    """
+    if trainer_cfg.strategy == "fsdp":
+        from lightning.pytorch.strategies import FSDPStrategy
+
+        from study.model import Block
+        if trainer_cfg.accelerator == "cpu":
+            raise ConfigError("trainer.strategy=fsdp needs GPUs (Lightning's and torch's FSDP refuse CPUs): "
+                              "use trainer.accelerator=gpu, or trainer.strategy=ddp on CPUs")
+        return FSDPStrategy(auto_wrap_policy={Block}, state_dict_type="full")
+    return trainer_cfg.strategy

@@ -1,0 +1,240 @@
+"""The state of a run folder across processes: its lock, its resume key, how its MLflow run ended.
+
+``python -m study.train`` (``study.train``) holds the folder's lock (:func:`hold_run_lock`) for the run's
+life, resumes ``checkpoints/last.ckpt`` only under the same resume key (:func:`open_run_folder`,
+:func:`run_digest`: the settings that change the numbers, the training code and the prepared data, on
+any world size) and never replaces a finished run with other settings silently, rescales
+Lightning's loop counters to this run's accumulation (:func:`rescale_loop_state`), settles the MLflow
+run a dead process left RUNNING (:func:`settle_previous_run`) and ends its own run FAILED or KILLED
+(:func:`end_status`; SIGTERM becomes :class:`Killed`, :func:`terminate_as_exception`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+from study.config import ConfigError, StudyError, diff_keys, resume_config
+from study.data.records import data_digest
+
+
+STUDY = Path(__file__).resolve().parent
+
+
+def code_files() -> list[str]:
+    """The training code a checkpoint depends on, relative to study/: model.py, lm.py and every module
+    of the data package (``data/*.py``, sorted), so that the resume key is the same on every machine."""
+    return ["model.py", "lm.py", *sorted(p.relative_to(STUDY).as_posix() for p in (STUDY / "data").glob("*.py"))]
+
+
+def resume_record(cfg, data_dir: Path) -> dict:
+    """What a checkpoint must match to be resumed, flat: :func:`study.config.resume_config` (the
+    settings that change a run's numbers, not devices, strategy, threads, compile, logging), the sha256
+    of the training code (``code:study/model.py``, ``code:study/data/loader.py`` ...: :func:`code_files`)
+    and ``data:meta.json`` (:func:`study.data.records.data_digest`)."""
+    rec = dict(resume_config(cfg))
+    for n in code_files():
+        rec[f"code:study/{n}"] = hashlib.sha256((STUDY / n).read_bytes()).hexdigest()[:16]
+    rec["data:meta.json"] = data_digest(data_dir)
+    return json.loads(json.dumps(rec))  # as run.json will hold it (lists, floats)
+
+
+def run_digest(cfg, data_dir: Path, record: dict | None = None) -> str:
+    """The resume key: sha256 (16 hex digits) of :func:`resume_record` (``record``, when already built)."""
+    record = resume_record(cfg, data_dir) if record is None else record
+    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class RunBusy(StudyError):
+    """Another process is writing the same run folder."""
+
+
+def run_lock(out_dir: Path):
+    """The run folder's lock (``out_dir/.lock``, an OS file lock: released when its process dies,
+    SIGKILL included).  Acquire with ``timeout=0``-style refusal: see :func:`hold_run_lock`."""
+    from filelock import FileLock
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(out_dir / ".lock"), timeout=0)
+
+
+@contextmanager
+def hold_run_lock(out_dir: Path):
+    """Hold :func:`run_lock` for the block; a second holder is refused with :class:`RunBusy`."""
+    from filelock import Timeout
+
+    lock = run_lock(out_dir)
+    try:
+        lock.acquire()
+    except Timeout:
+        raise RunBusy(f"another process is writing {out_dir} (it holds {out_dir / '.lock'}): wait for it to end "
+                      f"or stop it; a different run needs its own folder (study.group=NAME)") from None
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
+class Killed(SystemExit):
+    """Raised in the main thread by SIGTERM while a run trains: exit status 128 + signal number."""
+
+
+@contextmanager
+def terminate_as_exception():
+    """Turn SIGTERM into :class:`Killed` for the block (main thread only), so that the run is marked
+    KILLED and its lock released instead of the process vanishing.  Lightning's own SIGTERM handler,
+    installed during fit, calls this one after its own."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Killed(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def end_status(exc: BaseException) -> str:
+    """MLflow status of a run ended by ``exc``: KILLED for a signal or Ctrl-C (also when Lightning turned
+    it into a SystemExit), FAILED otherwise."""
+    e: BaseException | None = exc
+    while e is not None:
+        if isinstance(e, (Killed, KeyboardInterrupt)) or type(e).__name__ == "SIGTERMException":
+            return "KILLED"
+        e = e.__context__
+    return "FAILED"
+
+
+def rescale_loop_state(checkpoint: dict, accum: int) -> None:
+    """Express a checkpoint's Lightning loop progress in this run's micro-batches (in place).
+
+    Lightning counts the fit loop's progress in micro-batches per rank (``epoch_loop.batch_progress``)
+    and decides from it when an optimizer step and an evaluation fall (``ready % accumulation``,
+    ``val_check_interval``).  A run resumed with another accumulation (another world size or
+    micro-batch) would otherwise take its first step on a partial accumulation and every later step
+    across two global batches.  The counters become ``optimizer steps x accum``: the old accumulation is
+    ``total micro-batches / global_step``."""
+    steps = checkpoint.get("global_step", 0)
+    bp = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
+    if not steps or not bp or not bp.get("total", {}).get("completed"):
+        return
+    old = bp["total"]["completed"] / steps
+    if old == accum:
+        return
+    for part in ("total", "current"):
+        n = round(bp[part]["completed"] / old)  # optimizer steps (all, this epoch)
+        for key in bp[part]:
+            bp[part][key] = n * accum
+
+
+def loop_state_callback(accum: int):
+    from lightning.pytorch.callbacks import Callback
+
+    class RescaleLoopState(Callback):
+        """Calls :func:`rescale_loop_state` on the loaded checkpoint, before Lightning restores its loops."""
+
+        def on_load_checkpoint(self, trainer, pl_module, checkpoint):
+            rescale_loop_state(checkpoint, accum)
+    return RescaleLoopState()
+
+
+def config_part(record: dict) -> dict:
+    """The settings of a resume record (:func:`resume_record`), without its ``code:`` and ``data:`` keys."""
+    return {k: v for k, v in record.items() if ":" not in k}
+
+
+def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) -> tuple:
+    """Decide, from ``out_dir/checkpoints/run.json``, whether this start resumes, and clear what it replaces.
+
+    A checkpoint is resumed only under the same resume key (:func:`run_digest`) and when its run has not
+    finished; otherwise rank 0 prints the keys that differ (``NAME: starting afresh, ...``) and deletes
+    the checkpoints.  Rank 0 removes the outputs of the folder's last run (metrics.json, curve.csv,
+    config.json), which appear again only when this run ends.
+
+    Returns:
+        (resume record, resume key, run.json's state (empty when starting afresh), the MLflow run id of
+        the folder's last process or None, the checkpoint to resume or None).
+
+    Raises:
+        ConfigError: the folder holds a finished run with other settings and ``train.overwrite`` is off.
+    """
+    ckpt_dir = out_dir / "checkpoints"
+    record = resume_record(cfg, data_dir)
+    digest = run_digest(cfg, data_dir, record)
+    state_path = ckpt_dir / "run.json"
+    try:
+        state = json.loads(state_path.read_text()) if state_path.is_file() else {}
+    except ValueError:
+        state = {}
+    if (out_dir / "metrics.json").is_file() and not cfg.train.overwrite:  # a finished run: never replaced silently
+        old = state.get("resume")
+        differ = diff_keys(config_part(old), config_part(record)) if old is not None else ["(not recorded)"]
+        if differ:
+            raise ConfigError(f"{out_dir} holds a finished run with other settings ({'; '.join(differ)}): give this "
+                              f"run its own folder with study.group=NAME, or replace the finished run with "
+                              f"train.overwrite=true")
+    previous_run_id = state.get("mlflow_run_id")
+    resume = ckpt_dir / "last.ckpt"
+    if not (resume.is_file() and state.get("config_hash") == digest and not state.get("completed")):
+        if rank == 0 and resume.is_file() and not state.get("completed"):
+            differ = diff_keys(state["resume"], record) if "resume" in state else ["(not recorded)"]
+            print(f"{name}: starting afresh, the checkpoint in {ckpt_dir} was written with other settings: "
+                  f"{'; '.join(differ)}", flush=True)
+        resume, state = None, {}
+        if rank == 0:
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+    if rank == 0:
+        for stale in ("metrics.json", "record.json", "curve.csv", "config.json"):
+            (out_dir / stale).unlink(missing_ok=True)
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+    return record, digest, state, previous_run_id, resume
+
+
+def settle_previous_run(uri: str, run_id: str, resuming: bool, state: dict) -> dict:
+    """Put the MLflow run of a run folder's last process in order before this one starts.
+
+    Called by global rank 0 while it holds the folder's lock, so no live process owns ``run_id``:
+    a run still RUNNING died without a word (SIGKILL, power loss) and is marked KILLED with an end time,
+    unless this start resumes it; a resumed run is set RUNNING again.  A resumed run whose MLflow run
+    is gone (another store) gets a new one.  Returns ``state`` (``mlflow_run_id`` dropped if gone)."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        info = client.get_run(run_id).info
+    except MlflowException:
+        info = None
+    if info is None:
+        return {k: v for k, v in state.items() if k != "mlflow_run_id"}
+    if resuming:
+        if info.status != "RUNNING":
+            client.update_run(run_id, status="RUNNING")
+    elif info.status == "RUNNING":
+        client.set_terminated(run_id, "KILLED")
+    return state
+
+
+@contextmanager
+def restore_env(name: str):
+    """Give environment variable ``name`` its value from before the block back after it.  Lightning's
+    MLFlowLogger calls ``mlflow.set_tracking_uri``, which exports MLFLOW_TRACKING_URI to the process: a
+    second run in the same process (or a subprocess it starts) would then take the first run's store
+    for the user's choice (study.tracking.tracking_uri honours the variable)."""
+    before = os.environ.get(name)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
