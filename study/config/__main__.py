@@ -1,0 +1,34 @@
+"""``python -m study.config [OVERRIDE ...]``: compose conf/ as DVC's Hydra mode does (``dvc exp run``) and
+write it to params.yaml, the file dvc.yaml's stages read (``make params``; ``make study`` runs it first).
+
+Run it after editing conf/ when you then call ``dvc repro`` yourself; ``dvc exp run`` composes params.yaml
+on its own.  A bad override or conf/ file stops with one line ``error: ...`` (exit 2).
+"""
+from __future__ import annotations
+
+import sys
+
+from .compose import PARAMS_FILE, composed_params, project_root
+from .schema import StudyError
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__.strip())
+        return 0
+    try:
+        root = project_root()
+        text = composed_params(root, argv)
+    except StudyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    path = root / PARAMS_FILE
+    if not path.is_file() or path.read_text() != text:
+        path.write_text(text)
+        print(f"wrote {PARAMS_FILE} (conf/ composed{' with ' + ' '.join(argv) if argv else ''})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
