@@ -173,6 +173,7 @@ def test_dvc_runs_hydra_mode_and_every_stage_reads_params_yaml():
     assert dict(dvc["hydra"]) == {"enabled": "true", "config_dir": "conf", "config_name": "study"}
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     assert "vars" not in yaml.safe_load((ROOT / "dvc.yaml").read_text())  # params.yaml's values are DVC's default vars
+    assert stages.pop("check_params")["cmd"] == "python -m study.config --check"
     for name, stage in stages.items():
         assert stage["cmd"].startswith(f"python -m study.{'train' if 'train' in name or name in ('lr_sweep', 'scale_ladder') else name} "
                                        "--params params.yaml"), (name, stage["cmd"])
@@ -201,3 +202,23 @@ def test_stage_under_dvc_takes_params_yaml_and_its_own_group_choice(tmp_path, mo
     (tmp_path / "params.yaml").write_text(composed_params(tmp_path))
     fresh = load_config(["variant=nonlinear_q", "model=nano", "data.bpe_vocab_size=512"], tmp_path, params="params.yaml")
     assert (fresh.model.name, fresh.variant.name, fresh.train.lr) == ("nano", "nonlinear_q", 3e-3)
+
+
+def test_check_params_fails_in_one_line_when_conf_was_edited(tmp_path, monkeypatch):
+    """dvc.yaml's check_params stage (`python -m study.config --check`), run when conf/ changes: a study.yaml
+    edited without `make params` stops `dvc repro`; `python -m study.config` recomposes params.yaml."""
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    r = _cli(tmp_path, "study.config")
+    assert r.returncode == 0 and r.stdout.startswith("wrote params.yaml"), r.stderr
+    assert (tmp_path / "params.yaml").read_text() == (ROOT / "params.yaml").read_text()
+    assert _cli(tmp_path, "study.config", "--check").returncode == 0
+    study = tmp_path / "conf/study.yaml"
+    study.write_text(study.read_text().replace("tokens: 2097152", "tokens: 1048576"))
+    r = _cli(tmp_path, "study.config", "--check")
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        "error: params.yaml is not conf/ composed (sections ['train'] differ): after editing conf/ run `make params` "
+        "(or `dvc exp run`, which composes it); to drop the values of a `dvc exp run -S`, `git checkout params.yaml`"]
+    assert _cli(tmp_path, "study.config").returncode == 0
+    assert yaml.safe_load((tmp_path / "params.yaml").read_text())["train"]["tokens"] == 1048576
+    assert _cli(tmp_path, "study.config", "--check").returncode == 0

@@ -154,6 +154,23 @@ def _group_overrides(overrides: list[str]) -> tuple[dict[str, str], list[str]]:
     return choices, rest
 
 
+def stale_sections(root: Path, params: DictConfig, study_file: Path | None = None) -> list[str]:
+    """The sections in which ``params`` (a loaded params.yaml) is not conf/ composed without overrides;
+    [] inside ``dvc exp run`` (DVC_EXP_NAME set: DVC composed it with the -S overrides).  The variant
+    section is left out: every stage that trains names its own variant (conf/variant/NAME.yaml)."""
+    if os.environ.get("DVC_EXP_NAME"):
+        return []
+    study_file = study_file or root / "conf" / "study.yaml"
+    fresh, _ = _compose(study_file.parent, study_file.stem, [])
+    OmegaConf.resolve(fresh)
+    return [k for k in sorted(set(params.keys()) | set(fresh.keys())) if k != "variant" and params.get(k) != fresh.get(k)]
+
+
+def stale_message(name: str, stale: list[str]) -> str:
+    return (f"{name} is not conf/ composed (sections {stale} differ): after editing conf/ run `make params` "
+            f"(or `dvc exp run`, which composes it); to drop the values of a `dvc exp run -S`, `git checkout {name}`")
+
+
 def _from_params(params: Path, overrides: list[str], root: Path, study_file: Path) -> RunConfig:
     """The config of a DVC stage: params.yaml (DVC's composition), each group chosen in ``overrides``
     replaced by conf/ composed with that choice, then the field overrides."""
@@ -167,15 +184,9 @@ def _from_params(params: Path, overrides: list[str], root: Path, study_file: Pat
         raise ConfigError(f"{params}: not valid YAML ({_first(e)}): run `make params` to recompose it") from e
     config_dir, name = study_file.parent, study_file.stem
     choices, fields = _group_overrides(overrides)
-    if not os.environ.get("DVC_EXP_NAME"):  # plain `dvc repro`: params.yaml must be conf/ as it is now
-        fresh, _ = _compose(config_dir, name, [])
-        OmegaConf.resolve(fresh)
-        stale = [k for k in sorted(set(base.keys()) | set(fresh.keys()))
-                 if k != "variant" and base.get(k) != fresh.get(k)]
-        if stale:
-            raise ConfigError(f"{params.name} is not conf/ composed (sections {stale} differ): after editing conf/ "
-                              f"run `make params` (or `dvc exp run`, which composes it); to drop the values of a "
-                              f"`dvc exp run -S`, `git checkout {params.name}`")
+    stale = stale_sections(root, base, study_file)
+    if stale:
+        raise ConfigError(stale_message(params.name, stale))
     if choices:
         regrouped, chosen = _compose(config_dir, name, [f"{g}={c}" for g, c in choices.items()])
         _name_groups(regrouped, chosen, config_dir, [g for g in choices if g in NAMED_GROUPS])
