@@ -111,8 +111,7 @@ def _compose(config_dir: Path, config_name: str, overrides: list[str]) -> tuple[
     except (HydraException, OmegaConfBaseException, ValueError) as e:
         raise _hydra_error(e, list(overrides)) from e
     choices = {g: cfg.hydra.runtime.choices.get(g) for g in GROUPS}
-    with_hydra = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])
-    return with_hydra, choices
+    return OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"]), choices  # less Hydra's own node
 
 
 def _name_groups(cfg: DictConfig, choices: dict, config_dir: Path, groups=NAMED_GROUPS) -> None:
