@@ -187,7 +187,6 @@ class ScaleLadderConfig:
     warmup_tokens: int = 32_768
 
 
-
 @dataclass
 class RunConfig:
     """Everything one training run needs; ``seed`` fixes init and data order (see :func:`run_seeds`)."""
@@ -201,7 +200,6 @@ class RunConfig:
     lr_sweep: LrSweepConfig = field(default_factory=LrSweepConfig)
     scale_ladder: ScaleLadderConfig = field(default_factory=ScaleLadderConfig)
     seed: int = 1
-
 
 
 def register() -> None:
