@@ -222,3 +222,26 @@ def test_check_params_fails_in_one_line_when_conf_was_edited(tmp_path, monkeypat
     assert _cli(tmp_path, "study.config").returncode == 0
     assert yaml.safe_load((tmp_path / "params.yaml").read_text())["train"]["tokens"] == 1048576
     assert _cli(tmp_path, "study.config", "--check").returncode == 0
+
+
+@pytest.mark.slow
+def test_dvc_exp_run_set_param_reaches_the_stages(tmp_path):
+    """`dvc exp run -S model=... -S train.lr=...` in a copy of the project (one nano run): DVC composes conf/
+    with the overrides into params.yaml and the train stage runs what it says."""
+    import json
+
+    from conftest import BIN, copy_project
+
+    project = copy_project(tmp_path / "proj", name="exp", variants=("baseline",), seeds=(1,), tokens=10240)
+    (project / "conf/model/nano1.yaml").write_text((project / "conf/model/nano.yaml").read_text()
+                                                   .replace("name: nano", "name: nano1").replace("n_layer: 2", "n_layer: 1"))
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(git + ["add", "-A"], cwd=project, check=True)
+    subprocess.run(git + ["commit", "-qm", "nano1"], cwd=project, check=True)
+    r = subprocess.run([str(BIN / "dvc"), "exp", "run", "-S", "model=nano1", "-S", "train.lr=6e-3"], cwd=project,
+                       env=env_for(project), capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    config = json.loads((project / "runs/baseline-s1/config.json").read_text())
+    assert (config["model"]["name"], config["model"]["n_layer"], config["train"]["lr"]) == ("nano1", 1, 6e-3)
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    assert (params["model"]["name"], params["train"]["lr"]) == ("nano1", 6e-3)
