@@ -8,7 +8,7 @@ export DO_NOT_TRACK := true
 export TIKTOKEN_CACHE_DIR := $(CURDIR)/.tiktoken
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install study exps lr-sweep scale-ladder test test-fast ui ui-check bench gpu-prep gpu-check-cpu clean
+.PHONY: install params study exps lr-sweep scale-ladder test test-fast ui ui-check bench gpu-prep gpu-check-cpu clean
 
 install: $(STAMP)
 
@@ -26,7 +26,11 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import torch, lightning, litdata, mlflow, torchmetrics, datasets; print('installed: torch', torch.__version__, 'lightning', lightning.__version__, 'litdata', litdata.__version__)"
 	touch $(STAMP)
 
-study: $(STAMP)
+# params.yaml: conf/ composed by Hydra, what dvc.yaml's stages read (= what `dvc exp run` writes there)
+params: $(STAMP)
+	$(PY) -m study.config
+
+study: params
 	.venv/bin/dvc repro
 
 # The experiments in a terminal (152 columns with the default study): every run's metrics.json and every
@@ -37,16 +41,15 @@ exps: $(STAMP)
 	.venv/bin/dvc exp show --no-pager --drop '.*' --keep '$(EXPS_KEEP)'
 
 # The two fairness profiles (README "A fair verdict"): the same pipeline, more runs.
-# dvc exp run needs a git commit and writes the -S values into conf/study.yaml in the workspace
-# (`git checkout conf/study.yaml` turns the profile off again).
+# dvc exp run needs a git commit; DVC's Hydra mode composes conf/ with the -S overrides into params.yaml
+# in the workspace (`git checkout params.yaml` or `make params` turns the profile off again).
 PROFILE_VARIANTS ?= [baseline,nonlinear_q]
 LADDER ?= [ladder-64,ladder-96,ladder-128]
 lr-sweep: $(STAMP)
-	.venv/bin/dvc exp run -S 'conf/study.yaml:lr_sweep.variants=$(PROFILE_VARIANTS)'
+	.venv/bin/dvc exp run -S 'lr_sweep.variants=$(PROFILE_VARIANTS)'
 
 scale-ladder: $(STAMP)
-	.venv/bin/dvc exp run -S 'conf/study.yaml:scale_ladder.variants=$(PROFILE_VARIANTS)' \
-	  -S 'conf/study.yaml:scale_ladder.models=$(LADDER)'
+	.venv/bin/dvc exp run -S 'scale_ladder.variants=$(PROFILE_VARIANTS)' -S 'scale_ladder.models=$(LADDER)'
 
 test: $(STAMP)
 	$(PY) -m pytest -q -rs

@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="fp32 eager only")
     parser.add_argument("--json", default=None, help="write the rows to this JSON file (rewritten after every row)")
     args, overrides = parser.parse_known_args(argv)
+    if any(a.startswith("--cfg") for a in overrides):  # print the composed config (the stage runner's --cfg job)
+        from study.config import run_stage
+        return run_stage(lambda cfg, root: 0, overrides)
     root = project_root()
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
     import logging

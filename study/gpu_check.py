@@ -90,9 +90,9 @@ zipp
 """.split())
 
 # Carried at the versions of this project's venv.  NO_DEPS: the wheel alone (litdata's metadata asks for
-# torchvision, which would pull a torch; omegaconf's antlr4 4.9 runtime exists only as an sdist and is
-# built into a wheel here).  WITH_DEPS: the wheel and its dependency tree, less IMAGE_PACKAGES.
-NO_DEPS = ("omegaconf", "litdata", "protobuf")
+# torchvision, which would pull a torch; omegaconf's and hydra-core's antlr4 4.9 runtime exists only as an
+# sdist and is built into a wheel here).  WITH_DEPS: the wheel and its dependency tree, less IMAGE_PACKAGES.
+NO_DEPS = ("omegaconf", "hydra-core", "litdata", "protobuf")
 BUILD = ("antlr4-python3-runtime",)
 WITH_DEPS = ("mlflow-skinny", "sqlalchemy", "alembic", "boto3")
 NEVER = ("torch", "torchvision", "nvidia-", "triton")  # never carried, whatever a dependency asks

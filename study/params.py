@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 
-from study.config import ConfigError, available, load_config, project_root
+from study.config import ConfigError, available, load_config, project_root, run_stage
 from study.model import describe
 
 
@@ -29,6 +29,8 @@ def table(overrides: list[str]) -> dict[str, dict[str, int]]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") or a.startswith("--cfg") for a in argv):  # the stage runner's --help / --cfg job
+        return run_stage(lambda cfg, root: 0, [a for a in argv if a != "--json"])
     as_json = "--json" in argv
     try:
         rows = table([a for a in argv if a != "--json"])

@@ -17,9 +17,12 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # A small study: the nano model on a slice of the embedded corpus (real text, real BPE).
 NANO_STUDY = """\
 defaults:
-  model: nano
-  data: default
-  trainer: cpu
+  - run_config
+  - model: nano
+  - variant: baseline
+  - data: default
+  - trainer: cpu
+  - _self_
 study:
   name: {name}
   variants: {variants}
@@ -70,11 +73,19 @@ def copy_project(dest: Path, name: str = "test-study", variants=("baseline", "no
         shutil.copy2(ROOT / f, target)
     (dest / "conf" / "study.yaml").write_text(NANO_STUDY.format(
         name=name, variants=list(variants), seeds=list(seeds), tokens=tokens))
+    write_params(dest)
     git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
     subprocess.run(["git", "init", "-q", "-b", "main"], cwd=dest, check=True)
     subprocess.run(git + ["add", "-A"], cwd=dest, check=True)
     subprocess.run(git + ["commit", "-qm", "test copy"], cwd=dest, check=True)
     return dest
+
+
+def write_params(project: Path) -> None:
+    """params.yaml of ``project``: its conf/ composed as DVC's Hydra mode does (`make params`)."""
+    from study.config import composed_params
+
+    (project / "params.yaml").write_text(composed_params(project))
 
 
 def env_for(project: Path) -> dict:

@@ -28,7 +28,7 @@ EDGE = ["", "  leading and trailing spaces, a newline\n", "Unicode: café, naïv
         "A literal <|endoftext|> inside a document is text, not a separator."]
 
 STUDY = """\
-defaults: {model: nano, variant: baseline, data: owt, trainer: cpu}
+defaults: [run_config, {model: nano}, {variant: baseline}, {data: owt}, {trainer: cpu}, _self_]
 study: {name: hf-test, variants: [baseline], seeds: [1], baseline: baseline}
 model: {vocab_size: 50304}
 """

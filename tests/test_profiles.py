@@ -154,7 +154,7 @@ def test_both_profiles_through_dvc(tmp_path):
     """`dvc repro` with both profiles on: sweep, tuned runs, ladder, one report with both verdicts."""
     import subprocess
 
-    from tests.conftest import copy_project, env_for
+    from tests.conftest import copy_project, env_for, write_params
 
     project = copy_project(tmp_path / "proj", seeds=(1, 2), tokens=10240)
     for d in (64,):
@@ -162,6 +162,7 @@ def test_both_profiles_through_dvc(tmp_path):
             f"n_layer: 2\nn_head: 2\nn_embd: {d}\nblock_size: 64\nvocab_size: 512\nmlp_ratio: 4.0\n")
     (project / "conf/study.yaml").write_text(PROFILES_STUDY.format(
         name="profiles", variants=["baseline", "nonlinear_q"], seeds=[1, 2], tokens=10240))
+    write_params(project)
     env = env_for(project)
     res = subprocess.run(["dvc", "repro"], cwd=project, env=env, capture_output=True, text=True, timeout=3000)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]

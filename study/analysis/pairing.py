@@ -16,7 +16,7 @@ from study.config import StudyError
 #: settings that may differ between paired runs: the variant itself and the seed (paired by it)
 VARIANT_KEYS = ("variant.",)
 SEED_KEYS = ("seed", "train.data_seed", "train.init_seed")
-#: how a run executes, not what it computes (also left out of the config hash, study/config.py)
+#: how a run executes, not what it computes (also left out of the config hash, study/config/naming.py)
 RUNTIME_KEYS = ("trainer.progress_bar", "trainer.threads", "data.num_proc", "data.hf_cache_dir")
 
 

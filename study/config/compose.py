@@ -1,0 +1,332 @@
+"""Hydra composition of ``conf/`` into a typed, validated :class:`RunConfig`, and the stage runner.
+
+Layout (lightning-hydra-template style config groups)::
+
+    conf/study.yaml          the primary config: the defaults list (schema, group choices) and
+                             the sections that override fields of the chosen files
+    conf/model/NAME.yaml     n_layer, n_head, n_embd, block_size, vocab_size ...
+    conf/variant/NAME.yaml   which projections of q, k, v are linear/identity/nonlinear
+    conf/data/NAME.yaml      corpus source and tokenizer
+    conf/trainer/NAME.yaml   Lightning accelerator, devices, strategy, precision
+
+Overrides are Hydra's (https://hydra.cc/docs/advanced/override_grammar/basic/): ``model=nano``
+picks a file of a group, ``model.n_layer=3`` sets one field (after the group files and
+conf/study.yaml's sections, whatever the order on the command line), ``+new.key=1`` adds a key,
+``'study.seeds=[1,2]'`` sets a list.  Every stage also takes ``--help``, ``--cfg job`` (print the
+composed config as YAML and exit) and ``-m`` (``--multirun``: one run per combination of the
+comma-separated values, e.g. ``-m variant=baseline,nonlinear_q seed=1,2``, run one after another).
+
+Under DVC (``dvc.yaml``) the stages take ``--params params.yaml``: the config DVC's Hydra mode
+composed (``dvc exp run -S model=ladder-64``; the committed params.yaml is conf/ composed without
+overrides), on which a stage's own group choice (``variant=X``, ``model=X``) replaces that group's
+section by conf/ composed with it and its field overrides apply last.
+
+Every mistake (Hydra's own included) raises :class:`ConfigError` with a one-line message that
+names the key or file and the fix; nothing heavier than Hydra is imported before the config is
+composed and validated.
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from .schema import GROUPS, SCHEMA_NAME, ConfigError, RunConfig, StudyError, register
+from .validation import validate
+
+NAMED_GROUPS = ("model", "variant", "trainer")  # groups whose section records its file as ``name``
+PARAMS_FILE = "params.yaml"  # DVC's Hydra output (ParamsDependency.DEFAULT_PARAMS_FILE)
+GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
+
+
+def project_root() -> Path:
+    """The repository root: the folder holding ``conf/`` (the working directory first)."""
+    here = Path.cwd()
+    for p in (here, *here.parents):
+        if (p / "conf" / "study.yaml").is_file():
+            return p
+    pkg = Path(__file__).resolve().parents[2]
+    if (pkg / "conf" / "study.yaml").is_file():
+        return pkg
+    raise ConfigError(f"conf/study.yaml not found from {here}: run from the project root")
+
+
+def available(root: Path, group: str) -> list[str]:
+    """Names of the YAML files of a config group, sorted."""
+    return sorted(p.stem for p in (root / "conf" / group).glob("*.yaml"))
+
+
+def _first(text: object) -> str:
+    return str(text).strip().splitlines()[0] if str(text).strip() else ""
+
+
+def _hydra_error(e: Exception, overrides: list[str]) -> ConfigError:
+    """One line for one of Hydra's (or OmegaConf's) composition errors: the problem and the fix."""
+    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    cause = e.__cause__
+    if isinstance(e, MissingConfigException):
+        missing = str(getattr(e, "missing_cfg_file", "") or "")
+        if "/" in missing and e.options is not None:
+            group, name = missing.split("/", 1)
+            return ConfigError(f"unknown {group} {name!r}: choose one of {sorted(e.options)} "
+                               f"(files conf/{group}/*.yaml)")
+        return ConfigError(f"{_first(e)}: fix the name (groups: {', '.join(GROUPS)})")
+    if isinstance(e, OverrideParseException):
+        text = str(e)
+        if "missing EQUAL" in text:
+            bad = text.split("'")[1] if "'" in text else text
+            return ConfigError(f"override {bad!r} has no '=': write key=value, e.g. variant=nonlinear_q")
+        return ConfigError(f"bad override ({_first(text)}) in {overrides}: fix its syntax ({GRAMMAR})")
+    if isinstance(e, ConfigCompositionException):
+        text = _first(e)
+        if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
+            key = getattr(cause, "full_key", None) or text
+            return ConfigError(f"unknown key {key!r} ({_first(cause)}): fix the spelling (the keys are the fields "
+                               f"of study/config/schema.py), or add a new key with +{key}=...")
+        if isinstance(cause, ValidationError):
+            return ConfigError(f"{text.removeprefix('Error merging override ')}: {_first(cause)}: fix the value's type")
+        if text.startswith("Ambiguous value"):
+            return ConfigError(f"{text}: sweep it with -m (--multirun), or write a list as key=[a,b]")
+        return ConfigError(f"{text}{': ' + _first(cause) if cause else ''}: fix the override or conf/")
+    if isinstance(e, OmegaConfBaseException):
+        key = getattr(e, "full_key", None)
+        return ConfigError(f"{'key ' + repr(key) + ': ' if key else ''}{_first(e)}: fix conf/ or the override")
+    return ConfigError(f"{type(e).__name__}: {_first(e)}: fix conf/ (is every file valid YAML?)")
+
+
+def _compose(config_dir: Path, config_name: str, overrides: list[str]) -> tuple[DictConfig, dict]:
+    """Hydra's compose API over ``config_dir``: (the composed config, the group choices)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+
+    register()
+    try:
+        with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base="1.3"):
+            cfg = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
+    except (HydraException, OmegaConfBaseException, ValueError) as e:
+        raise _hydra_error(e, list(overrides)) from e
+    choices = {g: cfg.hydra.runtime.choices.get(g) for g in GROUPS}
+    return OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"]), choices  # less Hydra's own node
+
+
+def _name_groups(cfg: DictConfig, choices: dict, config_dir: Path, groups=NAMED_GROUPS) -> None:
+    """Set ``GROUP.name`` to the chosen file's name; a file that states another name is refused."""
+    for g in groups:
+        choice = choices.get(g)
+        if choice is None:
+            continue
+        stated = OmegaConf.load(config_dir / g / f"{choice}.yaml").get("name")
+        if stated is not None and stated != choice:
+            raise ConfigError(f"conf/{g}/{choice}.yaml says name: {stated}: write name: {choice} "
+                              f"(a group file's name is its file name)")
+        cfg[g].name = choice
+
+
+def composed_params(root: Path, overrides: list[str] | None = None) -> str:
+    """What DVC's Hydra mode writes into params.yaml for these overrides (``dvc.utils.hydra.compose_and_dump``:
+    the resolved composition of conf/study.yaml as YAML), for ``make params`` and the sync test."""
+    cfg, _ = _compose(root / "conf", "study", list(overrides or []))
+    OmegaConf.resolve(cfg)
+    return OmegaConf.to_yaml(cfg)
+
+
+def _group_overrides(overrides: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Split Hydra overrides into group choices {group: name} and the rest (field overrides)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
+    except HydraException as e:
+        raise _hydra_error(e, list(overrides)) from e
+    choices, rest = {}, []
+    for o in parsed:
+        if o.key_or_group in GROUPS and o.package is None and not o.is_delete() and not o.is_add():
+            choices[o.key_or_group] = str(o.value())
+        else:
+            rest.append(o.input_line)
+    return choices, rest
+
+
+def stale_sections(root: Path, params: DictConfig, study_file: Path | None = None) -> list[str]:
+    """The sections in which ``params`` (a loaded params.yaml) is not conf/ composed without overrides;
+    [] inside ``dvc exp run`` (DVC_EXP_NAME set: DVC composed it with the -S overrides).  The variant
+    section is left out: every stage that trains names its own variant (conf/variant/NAME.yaml)."""
+    if os.environ.get("DVC_EXP_NAME"):
+        return []
+    study_file = study_file or root / "conf" / "study.yaml"
+    fresh, _ = _compose(study_file.parent, study_file.stem, [])
+    OmegaConf.resolve(fresh)
+    return [k for k in sorted(set(params.keys()) | set(fresh.keys())) if k != "variant" and params.get(k) != fresh.get(k)]
+
+
+def stale_message(name: str, stale: list[str]) -> str:
+    return (f"{name} is not conf/ composed (sections {stale} differ): after editing conf/ run `make params` "
+            f"(or `dvc exp run`, which composes it); to drop the values of a `dvc exp run -S`, `git checkout {name}`")
+
+
+def _from_params(params: Path, overrides: list[str], root: Path, study_file: Path) -> RunConfig:
+    """The config of a DVC stage: params.yaml (DVC's composition), each group chosen in ``overrides``
+    replaced by conf/ composed with that choice, then the field overrides."""
+    from hydra.core.config_store import ConfigStore
+
+    if not params.is_file():
+        raise ConfigError(f"{params} not found: run `make params` (conf/ composed into params.yaml)")
+    try:
+        base = OmegaConf.load(params)
+    except Exception as e:  # yaml errors
+        raise ConfigError(f"{params}: not valid YAML ({_first(e)}): run `make params` to recompose it") from e
+    config_dir, name = study_file.parent, study_file.stem
+    choices, fields = _group_overrides(overrides)
+    stale = stale_sections(root, base, study_file)
+    if stale:
+        raise ConfigError(stale_message(params.name, stale))
+    if choices:
+        regrouped, chosen = _compose(config_dir, name, [f"{g}={c}" for g, c in choices.items()])
+        _name_groups(regrouped, chosen, config_dir, [g for g in choices if g in NAMED_GROUPS])
+        for g in choices:
+            base[g] = regrouped[g]
+    ConfigStore.instance().store(name="_params_base", node={"defaults": [SCHEMA_NAME, "_self_"],
+                                                           **OmegaConf.to_container(base)})
+    cfg, _ = _compose(config_dir, "_params_base", fields)
+    return cfg  # type: ignore[return-value]
+
+
+def load_config(overrides: list[str] | None = None, root: Path | None = None,
+                study_file: str | Path = "conf/study.yaml", params: str | Path | None = None) -> RunConfig:
+    """Compose the run configuration with Hydra: conf/study.yaml's defaults list, then the overrides.
+
+    Args:
+        overrides: Hydra overrides, e.g. ``["variant=nonlinear_q", "seed=2", "train.lr=1e-3"]``.
+        root: project root (default: found from the working directory).
+        study_file: the primary config, relative to ``root``; its folder is Hydra's config dir.
+        params: a composed config to start from instead (``params.yaml`` under DVC, see the module
+            docstring), relative to ``root``.
+
+    Returns:
+        A validated :class:`RunConfig` (an OmegaConf structured config).
+
+    Raises:
+        ConfigError: unknown group option, unknown key, wrong type, bad override syntax, or an
+            inconsistent value (see :func:`validate`); always one line.
+    """
+    root = Path(root or project_root())
+    study = root / study_file
+    if not study.is_file():
+        raise ConfigError(f"{study} not found: run from the project root")
+    overrides = list(overrides or [])
+    if params is not None:
+        cfg = _from_params(root / params, overrides, root, study)
+    else:
+        composed, choices = _compose(study.parent, study.stem, overrides)
+        _name_groups(composed, choices, study.parent)
+        cfg = composed  # typed by the schema at the head of the defaults list
+    validate(cfg)
+    for key, group, names in (("study.variants", "variant", cfg.study.variants),
+                              ("lr_sweep.variants", "variant", cfg.lr_sweep.variants),
+                              ("scale_ladder.variants", "variant", cfg.scale_ladder.variants),
+                              ("scale_ladder.models", "model", cfg.scale_ladder.models)):
+        unknown = [v for v in names if not (root / "conf" / group / f"{v}.yaml").is_file()]
+        if unknown:
+            raise ConfigError(f"{key} lists unknown {unknown}: choose from {available(root, group)}")
+    return cfg
+
+
+def sweep(overrides: list[str]) -> list[list[str]]:
+    """The runs of a multirun: Hydra's BasicSweeper expands ``key=a,b`` (and ``range``/``choice``
+    sweeps) into the cartesian product, e.g. ``["variant=a,b", "seed=1,2"]`` -> 4 override lists."""
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
+        batches = BasicSweeper.split_arguments(parsed, None)
+    except HydraException as e:
+        raise _hydra_error(e, list(overrides)) from e
+    return [list(job) for batch in batches for job in batch]
+
+
+def _usage(body, root: Path | None) -> str:
+    doc = (sys.modules[body.__module__].__doc__ or "").strip()
+    how = (__doc__ or "").split("Overrides are Hydra's")[1].split("Every mistake")[0]
+    lines = [doc, "", "Overrides are Hydra's" + how.rstrip(), "", "Config groups (conf/GROUP/NAME.yaml):"]
+    if root is not None:
+        for g in GROUPS:
+            lines.append(f"  {g}: {', '.join(available(root, g))}")
+    lines += ["", "Sections: " + ", ".join(f.name for f in __import__("dataclasses").fields(RunConfig))
+              + " (every key: study/config/schema.py; the composed values: --cfg job)"]
+    return "\n".join(lines)
+
+
+def _parse_argv(argv: list[str]) -> tuple[dict, list[str]]:
+    opts = {"help": False, "cfg": None, "multirun": False, "params": None}
+    rest, it = [], iter(argv)
+    for a in it:
+        if a in ("--help", "-h"):
+            opts["help"] = True
+        elif a in ("-m", "--multirun"):
+            opts["multirun"] = True
+        elif a in ("--cfg", "-c", "--params") or a.startswith(("--cfg=", "--params=")):
+            key = "params" if a.startswith("--params") else "cfg"
+            value = a.split("=", 1)[1] if "=" in a else next(it, None)
+            if value is None:
+                raise ConfigError(f"{a} needs a value: --cfg job, --params params.yaml")
+            opts[key] = value
+        elif a.startswith("-"):
+            raise ConfigError(f"unknown option {a!r}: the options are --help, --cfg job, -m/--multirun, "
+                              f"--params FILE; everything else is a key=value override")
+        else:
+            rest.append(a)
+    if opts["cfg"] not in (None, "job", "all"):
+        raise ConfigError(f"--cfg {opts['cfg']}: only --cfg job (the composed config) is printed here")
+    return opts, rest
+
+
+def run_stage(body, argv: list[str] | None = None) -> int:
+    """Run a stage CLI: compose the config from Hydra overrides ``argv`` (default sys.argv[1:]), call
+    ``body(cfg, root)`` and return its exit code.
+
+    ``--help`` prints the stage's docstring, how overrides work and every group's options;
+    ``--cfg job`` prints the composed config as YAML and runs nothing; ``-m`` runs ``body`` once per
+    combination of swept values, one after another (all composed and validated first); ``--params
+    FILE`` starts from a composed config (DVC's params.yaml).  A :class:`StudyError` prints one line
+    ``error: ...`` on stderr and returns 2."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        opts, overrides = _parse_argv(argv)
+        if opts["help"]:
+            try:
+                root = project_root()
+            except ConfigError:
+                root = None
+            print(_usage(body, root))
+            return 0
+        root = project_root()
+        jobs = sweep(overrides) if opts["multirun"] else [overrides]
+        cfgs = [load_config(job, root, params=opts["params"]) for job in jobs]
+        if opts["cfg"]:
+            print("\n---\n".join(OmegaConf.to_yaml(c, resolve=True) for c in cfgs), end="")
+            return 0
+        rc = 0
+        for k, (job, cfg) in enumerate(zip(jobs, cfgs)):
+            if opts["multirun"]:
+                print(f"[multirun {k + 1}/{len(jobs)}] {' '.join(job)}", file=sys.stderr, flush=True)
+            rc = body(cfg, root)
+            if rc:
+                break
+        return rc
+    except StudyError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # Lightning's own refusals (accelerator, precision, strategy) in one line
+        if type(e).__name__ != "MisconfigurationException":
+            raise
+        print(f"error: trainer settings: {str(e).splitlines()[0]}: fix conf/trainer or trainer.* overrides",
+              file=sys.stderr)
+        return 2

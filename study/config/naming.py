@@ -1,0 +1,91 @@
+"""Run naming and identity: the run's name and folder (``[group/]VARIANT-sSEED``), the flattened
+config, and the resume key (:func:`resume_config`, :func:`config_hash`) that decides whether a
+checkpoint may resume under the current settings."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from .schema import RunConfig
+
+
+def run_name(variant: str, seed: int) -> str:
+    """The canonical run name ``VARIANT-sSEED`` (MLflow run name and runs/ folder)."""
+    return f"{variant}-s{seed}"
+
+
+def run_dir(root: Path, cfg: RunConfig, variant: str, seed: int, group: str | None = None) -> Path:
+    """``root/runs_dir[/group]/VARIANT-sSEED``: where one run's files live."""
+    group = cfg.study.group if group is None else group
+    base = root / cfg.study.runs_dir
+    return (base / group if group else base) / run_name(variant, seed)
+
+
+def run_label(cfg: RunConfig) -> str:
+    """The MLflow run name: ``[group/]VARIANT-sSEED``."""
+    name = run_name(cfg.variant.name, cfg.seed)
+    return f"{cfg.study.group}/{name}" if cfg.study.group else name
+
+
+
+def to_dict(cfg: RunConfig) -> dict:
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+# Keys that do not change a run's numbers (where and how fast it runs, what it logs, which runs exist):
+# left out of the resume key, so a checkpoint resumes on another world size, thread count or compile mode.
+# The micro-batch splits the same global batch of windows differently (like the world size does): it
+# changes the order of float sums only, as devices, threads and compile do.
+NOT_IN_RESUME_KEY = (
+    "study", "lr_sweep", "scale_ladder",
+    "trainer.name", "trainer.devices", "trainer.num_nodes", "trainer.strategy", "trainer.threads",
+    "trainer.compile", "trainer.progress_bar",
+    "train.micro_batch_size", "train.log_every", "train.val_micro_batch_size", "train.overwrite",
+    "data.num_proc", "data.hf_cache_dir", "data.dir",  # how/where prepare runs; the data's own digest is checked
+    "variant.description",
+)
+
+
+def resume_config(cfg: RunConfig) -> dict[str, Any]:
+    """The flattened settings that change a run's numbers (``{"train.lr": 0.003, ...}``): the resume key.
+
+    Everything in the config except :data:`NOT_IN_RESUME_KEY` (devices, nodes, strategy, threads,
+    compile, logging cadence, validation micro-batch, the study's run list and folders).  A checkpoint
+    resumes only under the same resume config (see ``study.train.run_digest``)."""
+    flat = flatten(to_dict(cfg))
+    return {k: v for k, v in sorted(flat.items())
+            if not any(k == x or k.startswith(x + ".") for x in NOT_IN_RESUME_KEY)}
+
+
+def config_hash(cfg: RunConfig) -> str:
+    """sha256 (16 hex digits) of :func:`resume_config`: everything that changes the numbers of a run."""
+    return hashlib.sha256(json.dumps(resume_config(cfg), sort_keys=True).encode()).hexdigest()[:16]
+
+
+def diff_keys(old: dict, new: dict) -> list[str]:
+    """``["key: OLD -> NEW", ...]`` for every key whose value differs between two flat dicts (sorted)."""
+    missing = object()
+    out = []
+    for k in sorted(set(old) | set(new)):
+        a, b = old.get(k, missing), new.get(k, missing)
+        if a != b:
+            out.append(f"{k}: {'(unset)' if a is missing else a!r} -> {'(unset)' if b is missing else b!r}")
+    return out
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """{'a': {'b': 1}} -> {'a.b': 1}: the resolved config as MLflow params."""
+    out = {}
+    for k, val in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(val, dict):
+            out.update(flatten(val, key + "."))
+        else:
+            out[key] = val
+    return out
+
+

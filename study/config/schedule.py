@@ -1,0 +1,64 @@
+"""Quantities derived from a run's configuration: seeds, the micro-batch split, the step budget and
+the learning-rate schedule."""
+from __future__ import annotations
+
+import math
+
+from .schema import ConfigError, RunConfig
+
+
+def run_seeds(cfg: RunConfig) -> tuple[int, int]:
+    """(data_seed, init_seed) of a run: ``train.data_seed`` / ``train.init_seed``, each defaulting to
+    ``seed``.  The data seed alone fixes the order of the training windows, the init seed alone the
+    initial weights (keyed by parameter name, study.model.GPT.init_parameters): runs of two variants
+    with one seed see the same windows and share the initial values of every module they have in common."""
+    t = cfg.train
+    return (cfg.seed if t.data_seed is None else t.data_seed,
+            cfg.seed if t.init_seed is None else t.init_seed)
+
+
+def micro_batches(cfg: RunConfig, world_size: int = 1) -> tuple[int, int]:
+    """Derive (micro_batch_size, gradient accumulation) from the global batch in tokens.
+
+    The optimisation is the same on 1 or N devices: tokens per optimizer step =
+    micro_batch_size * block_size * world_size * accumulation = train.batch_tokens.
+
+    Raises:
+        ConfigError: batch_tokens is not a multiple of block_size * world_size.
+    """
+    seq_per_step, rem = divmod(cfg.train.batch_tokens, cfg.model.block_size * world_size)
+    if rem or seq_per_step == 0:
+        raise ConfigError(f"train.batch_tokens={cfg.train.batch_tokens} is not a multiple of "
+                          f"model.block_size*world_size={cfg.model.block_size * world_size}")
+    micro = min(cfg.train.micro_batch_size, seq_per_step)
+    while seq_per_step % micro:
+        micro -= 1
+    return micro, seq_per_step // micro
+
+
+def max_steps(cfg: RunConfig) -> int:
+    """Optimizer steps that spend the token budget ``train.tokens`` (rounded down)."""
+    return cfg.train.tokens // cfg.train.batch_tokens
+
+
+def peak_lr(cfg: RunConfig) -> tuple[float, float]:
+    """(lr, min_lr) for this run: the variant's tuned values where given, else train's.
+
+    A variant lr without its own min_lr keeps the schedule's ratio train.min_lr / train.lr,
+    so a swept or tuned lr scales the whole cosine schedule."""
+    lr = cfg.variant.lr if cfg.variant.lr is not None else cfg.train.lr
+    if cfg.variant.min_lr is not None:
+        min_lr = cfg.variant.min_lr
+    else:
+        min_lr = cfg.train.min_lr * (lr / cfg.train.lr)
+    return lr, min_lr
+
+
+def cosine_lr(step: int, warmup: int, total: int, lr: float, min_lr: float) -> float:
+    """Linear warmup to ``lr`` over ``warmup`` steps, then cosine decay to ``min_lr`` at ``total``."""
+    if step < warmup:
+        return lr * (step + 1) / (warmup + 1)
+    if step >= total:
+        return min_lr
+    progress = (step - warmup) / max(1, total - warmup)
+    return min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (lr - min_lr)

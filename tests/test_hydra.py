@@ -1,0 +1,247 @@
+"""Hydra composition of conf/ (study/config/compose.py): overrides, the stage CLI's --help / --cfg job / -m,
+one-line errors before Lightning is imported, and DVC's Hydra mode (params.yaml)."""
+from __future__ import annotations
+
+import configparser
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import ROOT, env_for
+
+NANO = ["model=nano", "data.bpe_vocab_size=512"]  # the nano model's vocabulary is below the default BPE's
+
+
+def test_group_and_field_overrides_compose():
+    from study.config import load_config
+
+    cfg = load_config([*NANO, "model.n_layer=3", "variant=nonlinear_q", "seed=2", "train.lr=1e-3"], ROOT)
+    assert (cfg.model.name, cfg.model.n_layer, cfg.model.n_embd, cfg.model.vocab_size) == ("nano", 3, 32, 512)
+    assert (cfg.variant.name, cfg.variant.query, cfg.variant.bottleneck) == ("nonlinear_q", "nonlinear", 0.5)
+    assert (cfg.seed, cfg.train.lr, cfg.train.min_lr) == (2, 1e-3, 3e-4)  # min_lr from conf/study.yaml's train
+    assert (cfg.trainer.name, cfg.trainer.precision, cfg.data.bpe_vocab_size) == ("cpu", "32-true", 512)
+    # a field override wins over the group file whatever the order on the command line
+    assert load_config(["model.n_layer=3", *NANO], ROOT).model.n_layer == 3
+    default = load_config([], ROOT)
+    assert (default.model.name, default.variant.name, default.model.n_embd, default.train.tokens) == ("cpu", "baseline", 64,
+                                                                                                     2097152)
+    assert default.data.bpe_vocab_size == 2048 and default.data.val_every == 20  # study.yaml's data over data/default
+
+
+def test_study_sections_override_the_chosen_group_file(tmp_path):
+    """`_self_` last in the defaults list: conf/study.yaml's `model: {...}` beats conf/model/NAME.yaml,
+    and the command line beats both; `+key` adds a key (Hydra's semantics)."""
+    from study.config import load_config
+
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    study = tmp_path / "conf/study.yaml"
+    study.write_text(study.read_text().replace("model: {}", "model: {n_layer: 6}"))
+    assert load_config(NANO, tmp_path).model.n_layer == 6
+    assert load_config([*NANO, "model.n_layer=5"], tmp_path).model.n_layer == 5
+    assert load_config([*NANO, "+train.note=hello"], tmp_path).train.note == "hello"
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["variant=nonlinar_q"], ["unknown variant 'nonlinar_q'", "'nonlinear_q'", "conf/variant"]),
+    (["data=nope"], ["unknown data 'nope'", "'owt'"]),
+    (["train.lrr=1"], ["unknown key 'train.lrr'", "fix the spelling", "+train.lrr"]),
+    (["train.lr=abc"], ["train.lr=abc", "Float", "fix the value's type"]),
+    (["foo"], ["override 'foo' has no '='"]),
+    (["train.lr=[1,"], ["bad override", "override_grammar"]),
+    (["seed=1,2"], ["seed=1,2", "-m (--multirun)"]),
+    (["model.n_head=3"], ["model.n_embd=64 is not divisible by model.n_head=3"]),
+    (["train.lr=-1"], ["train.lr=-1.0 must be > 0"]),
+])
+def test_config_errors_are_one_line(overrides, words):
+    from study.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as e:
+        load_config(overrides, ROOT)
+    msg = str(e.value)
+    assert "\n" not in msg and "HYDRA_FULL_ERROR" not in msg, msg
+    assert all(w in msg for w in words), msg
+
+
+def test_a_group_file_naming_another_file_is_refused(tmp_path):
+    from study.config import ConfigError, load_config
+
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    (tmp_path / "conf/model/nano2.yaml").write_text((ROOT / "conf/model/nano.yaml").read_text())
+    with pytest.raises(ConfigError, match=r"conf/model/nano2.yaml says name: nano: write name: nano2"):
+        load_config(["model=nano2", "data.bpe_vocab_size=512"], tmp_path)
+    (tmp_path / "conf/model/nano3.yaml").write_text("n_layer: 1\nn_head: 2\nn_embd: 32\nblock_size: 64\nvocab_size: 512\n")
+    assert load_config(["model=nano3", "data.bpe_vocab_size=512"], tmp_path).model.name == "nano3"  # no name: the file's
+
+
+def test_every_group_file_states_its_own_name():
+    """params.yaml (DVC's composition, which cannot fill names in) records each group's file by these."""
+    for group in ("model", "variant", "trainer"):
+        for path in (ROOT / "conf" / group).glob("*.yaml"):
+            assert yaml.safe_load(path.read_text())["name"] == path.stem, path
+
+
+def _cli(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    env = env_for(ROOT)
+    return subprocess.run([sys.executable, "-m", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_cfg_job_prints_the_composed_config_and_writes_nothing(tmp_path):
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    r = _cli(tmp_path, "study.train", "--cfg", "job", *NANO, "variant=nonlinear_q", "train.lr=1e-3", "seed=3")
+    assert r.returncode == 0, r.stderr
+    cfg = yaml.safe_load(r.stdout)
+    assert (cfg["model"]["name"], cfg["model"]["n_embd"], cfg["variant"]["query"]) == ("nano", 32, "nonlinear")
+    assert (cfg["train"]["lr"], cfg["seed"], cfg["data"]["bpe_vocab_size"]) == (1e-3, 3, 512)
+    assert sorted(os.listdir(tmp_path)) == ["conf"]  # no runs/, outputs/ or .hydra/
+
+
+def test_help_lists_the_groups_and_their_options():
+    r = _cli(ROOT, "study.train", "--help")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    import study.train
+
+    assert out.splitlines()[0] == study.train.__doc__.strip().splitlines()[0]  # the stage's own docstring first
+    assert "  model: cpu, gpt3-small, ladder-128, ladder-64, ladder-96, nano" in out
+    assert "  trainer: cpu, ddp, fsdp, gpu" in out and "nonlinear_q_relu2" in out
+    assert "--cfg job" in out and "--multirun" in out and "model.n_layer=3" in out
+
+
+def test_a_config_error_fails_fast_in_one_line_before_lightning_is_imported():
+    code = ("import sys, time; sys.argv = ['train', 'variant=nonlinar_q']; t = time.perf_counter()\n"
+            "from study.train import main\nrc = main()\n"
+            "print(rc, time.perf_counter() - t, 'lightning' in sys.modules, 'torch' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env_for(ROOT), capture_output=True, text=True,
+                       timeout=120)
+    rc, seconds, lightning, torch = r.stdout.split()
+    assert (rc, lightning, torch) == ("2", "False", "False"), r.stdout
+    assert float(seconds) < 2.0  # measured ~0.35 s (import of the stage, Hydra and the composition)
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: unknown variant 'nonlinar_q'"), r.stderr
+
+
+def test_multirun_expands_the_sweep_and_runs_each_job_in_order():
+    from study.config import run_stage, sweep
+
+    assert sweep(["variant=baseline,nonlinear_q", "seed=1,2", "train.lr=1e-3"]) == [
+        ["variant=baseline", "seed=1", "train.lr=0.001"], ["variant=baseline", "seed=2", "train.lr=0.001"],
+        ["variant=nonlinear_q", "seed=1", "train.lr=0.001"], ["variant=nonlinear_q", "seed=2", "train.lr=0.001"]]
+    runs = []
+
+    def body(cfg, root):
+        runs.append((cfg.variant.name, cfg.seed, cfg.train.lr, cfg.model.name))
+        return 0
+
+    assert run_stage(body, ["-m", "variant=baseline,nonlinear_q", "seed=1,2", "train.lr=1e-3", *NANO]) == 0
+    assert runs == [("baseline", 1, 1e-3, "nano"), ("baseline", 2, 1e-3, "nano"), ("nonlinear_q", 1, 1e-3, "nano"),
+                    ("nonlinear_q", 2, 1e-3, "nano")]
+    runs.clear()  # every job is composed and checked before the first one runs
+    assert run_stage(body, ["--multirun", "seed=1,-5", *NANO]) == 2 and runs == []
+
+
+def test_params_yaml_is_conf_composed_as_dvc_composes_it():
+    """The committed params.yaml is what DVC's Hydra mode writes for no overrides (`make params`); DVC finds
+    the typed schema through hydra_plugins/ (a process that never imports study itself)."""
+    from study.config import composed_params
+
+    committed = (ROOT / "params.yaml").read_text()
+    assert committed == composed_params(ROOT), "params.yaml is stale: run `make params`"
+    code = ("import sys, tempfile, pathlib\nfrom dvc.utils.hydra import compose_and_dump\n"
+            "out = pathlib.Path(tempfile.mkdtemp()) / 'params.yaml'\n"
+            f"compose_and_dump(out, {str(ROOT / 'conf')!r}, None, 'study', {str(ROOT) + '/'!r}, sys.argv[1:])\n"
+            "print(out.read_text(), end='')")
+    r = subprocess.run([sys.executable, "-c", code], cwd="/", env={**env_for(ROOT), "PYTHONPATH": ""},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout == committed
+    r = subprocess.run([sys.executable, "-c", code, "model=ladder-64", "train.lr=6e-3"], cwd="/",
+                       env={**env_for(ROOT), "PYTHONPATH": ""}, capture_output=True, text=True, timeout=120)
+    composed = yaml.safe_load(r.stdout)
+    assert (composed["model"]["name"], composed["model"]["n_embd"], composed["train"]["lr"]) == ("ladder-64", 64, 6e-3)
+    assert composed["train"]["beta1"] == 0.9  # the schema's defaults are part of the composition
+
+
+def test_dvc_runs_hydra_mode_and_every_stage_reads_params_yaml():
+    dvc = configparser.ConfigParser()
+    dvc.read(ROOT / ".dvc/config")
+    assert dict(dvc["hydra"]) == {"enabled": "true", "config_dir": "conf", "config_name": "study"}
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    assert "vars" not in yaml.safe_load((ROOT / "dvc.yaml").read_text())  # params.yaml's values are DVC's default vars
+    assert stages.pop("check_params")["cmd"] == "python -m study.config --check"
+    for name, stage in stages.items():
+        assert stage["cmd"].startswith(f"python -m study.{'train' if 'train' in name or name in ('lr_sweep', 'scale_ladder') else name} "
+                                       "--params params.yaml"), (name, stage["cmd"])
+        assert all(isinstance(p, str) for p in stage["params"])  # keys of params.yaml
+
+
+def test_stage_under_dvc_takes_params_yaml_and_its_own_group_choice(tmp_path, monkeypatch):
+    """--params params.yaml: DVC's composition (here model=ladder-96, train.lr=6e-3) is the base, the stage's
+    variant=... replaces the variant section by conf/'s, field overrides apply last; under plain `dvc repro`
+    (no DVC_EXP_NAME) a params.yaml that is not conf/ composed is refused in one line."""
+    from study.config import ConfigError, composed_params, load_config
+
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    (tmp_path / "params.yaml").write_text(composed_params(tmp_path, ["model=ladder-96", "train.lr=6e-3",
+                                                                      "variant.scale_factor=0.25"]))
+    monkeypatch.setenv("DVC_EXP_NAME", "exp-1")
+    cfg = load_config(["variant=nonlinear_q", "seed=2", "variant.lr=1e-3"], tmp_path, params="params.yaml")
+    assert (cfg.model.name, cfg.model.n_embd, cfg.train.lr, cfg.seed) == ("ladder-96", 96, 6e-3, 2)
+    assert (cfg.variant.name, cfg.variant.query, cfg.variant.lr) == ("nonlinear_q", "nonlinear", 1e-3)
+    assert cfg.variant.scale_factor is None  # the default variant's section did not leak into the chosen one
+    assert load_config(["variant=baseline"], tmp_path, params="params.yaml").variant.scale_factor is None
+    monkeypatch.delenv("DVC_EXP_NAME")
+    with pytest.raises(ConfigError, match=r"params.yaml is not conf/ composed \(sections \['model', 'train'\] "
+                                          r"differ\): after editing conf/ run `make params`"):
+        load_config(["variant=nonlinear_q"], tmp_path, params="params.yaml")
+    (tmp_path / "params.yaml").write_text(composed_params(tmp_path))
+    fresh = load_config(["variant=nonlinear_q", "model=nano", "data.bpe_vocab_size=512"], tmp_path, params="params.yaml")
+    assert (fresh.model.name, fresh.variant.name, fresh.train.lr) == ("nano", "nonlinear_q", 3e-3)
+
+
+def test_check_params_fails_in_one_line_when_conf_was_edited(tmp_path, monkeypatch):
+    """dvc.yaml's check_params stage (`python -m study.config --check`), run when conf/ changes: a study.yaml
+    edited without `make params` stops `dvc repro`; `python -m study.config` recomposes params.yaml."""
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    r = _cli(tmp_path, "study.config")
+    assert r.returncode == 0 and r.stdout.startswith("wrote params.yaml"), r.stderr
+    assert (tmp_path / "params.yaml").read_text() == (ROOT / "params.yaml").read_text()
+    assert _cli(tmp_path, "study.config", "--check").returncode == 0
+    study = tmp_path / "conf/study.yaml"
+    study.write_text(study.read_text().replace("tokens: 2097152", "tokens: 1048576"))
+    r = _cli(tmp_path, "study.config", "--check")
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        "error: params.yaml is not conf/ composed (sections ['train'] differ): after editing conf/ run `make params` "
+        "(or `dvc exp run`, which composes it); to drop the values of a `dvc exp run -S`, `git checkout params.yaml`"]
+    assert _cli(tmp_path, "study.config").returncode == 0
+    assert yaml.safe_load((tmp_path / "params.yaml").read_text())["train"]["tokens"] == 1048576
+    assert _cli(tmp_path, "study.config", "--check").returncode == 0
+
+
+@pytest.mark.slow
+def test_dvc_exp_run_set_param_reaches_the_stages(tmp_path):
+    """`dvc exp run -S model=... -S train.lr=...` in a copy of the project (one nano run): DVC composes conf/
+    with the overrides into params.yaml and the train stage runs what it says."""
+    import json
+
+    from conftest import BIN, copy_project
+
+    project = copy_project(tmp_path / "proj", name="exp", variants=("baseline",), seeds=(1,), tokens=10240)
+    (project / "conf/model/nano1.yaml").write_text((project / "conf/model/nano.yaml").read_text()
+                                                   .replace("name: nano", "name: nano1").replace("n_layer: 2", "n_layer: 1"))
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(git + ["add", "-A"], cwd=project, check=True)
+    subprocess.run(git + ["commit", "-qm", "nano1"], cwd=project, check=True)
+    r = subprocess.run([str(BIN / "dvc"), "exp", "run", "-S", "model=nano1", "-S", "train.lr=6e-3"], cwd=project,
+                       env=env_for(project), capture_output=True, text=True, timeout=1500)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    config = json.loads((project / "runs/baseline-s1/config.json").read_text())
+    assert (config["model"]["name"], config["model"]["n_layer"], config["train"]["lr"]) == ("nano1", 1, 6e-3)
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    assert (params["model"]["name"], params["train"]["lr"]) == ("nano1", 6e-3)
