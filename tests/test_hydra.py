@@ -214,7 +214,7 @@ def test_check_params_fails_in_one_line_when_conf_was_edited(tmp_path, monkeypat
     assert (tmp_path / "params.yaml").read_text() == (ROOT / "params.yaml").read_text()
     assert _cli(tmp_path, "study.config", "--check").returncode == 0
     study = tmp_path / "conf/study.yaml"
-    study.write_text(study.read_text().replace("tokens: 2097152", "tokens: 1048576"))
+    study.write_text(study.read_text().replace("tokens: 2097152", "tokens: 1048576", 1))  # train.tokens (lr_sweep.tokens is the same value)
     r = _cli(tmp_path, "study.config", "--check")
     assert r.returncode == 2 and r.stderr.splitlines() == [
         "error: params.yaml is not conf/ composed (sections ['train'] differ): after editing conf/ run `make params` "
