@@ -36,7 +36,7 @@ study: params
 # The experiments in a terminal (152 columns with the default study): every run's metrics.json and every
 # param is a column of `dvc exp show` (111 columns, ~900 characters), so keep the verdict (% log-loss of
 # each variant against the baseline) and the budget; `dvc metrics show` has the runs and p, CI, n.
-EXPS_KEEP ?= Experiment|Created|reports/metrics/.*:pct_log_loss|train\.lr|train\.tokens
+EXPS_KEEP ?= Experiment|Created|pct_log_loss|reports/metrics/.*:pct_log_loss|train\.lr$$|train\.tokens$$
 exps: $(STAMP)
 	.venv/bin/dvc exp show --no-pager --drop '.*' --keep '$(EXPS_KEEP)'
 

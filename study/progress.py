@@ -27,7 +27,7 @@ KNOWN_WARNINGS = (
 )
 # Info lines (prefixes) of Lightning's rank-zero logger that carry nothing for this study.
 DROPPED_INFO = ("💡 Tip", "GPU available", "TPU available", "HPU available", "`Trainer.fit` stopped",
-                "`weights_only` was not set")
+                "`weights_only` was not set", "`Trainer(limit_val_batches=")
 
 
 class _DropLines(logging.Filter):

@@ -91,6 +91,10 @@ def test_other_prepared_data_or_data_seed_do_not_pair(tmp_path):
     runs["nonlinear_q"][2] = read_run(write_run(tmp_path / "odd", "nonlinear_q", 2, 4.0, train={"data_seed": 7}))
     with pytest.raises(PairingError, match="at seed 2.*data seed"):
         check(runs, "x")
+    # a run replaced by hand with train.overwrite=true computes the same thing: it pairs
+    runs["nonlinear_q"][2] = read_run(write_run(tmp_path / "redone", "nonlinear_q", 2, 4.0, train={"overwrite": True}))
+    assert check(runs, "x")["train.tokens"] == 1000
+    runs["nonlinear_q"][2] = read_run(write_run(tmp_path / "odd", "nonlinear_q", 2, 4.0, train={"data_seed": 7}))
     # a run folder that recorded no settings is refused, not guessed
     (tmp_path / "odd/config.json").unlink()
     with pytest.raises(RunsError, match="no config.json"):

@@ -16,8 +16,10 @@ from study.config import StudyError
 #: settings that may differ between paired runs: the variant itself and the seed (paired by it)
 VARIANT_KEYS = ("variant.",)
 SEED_KEYS = ("seed", "train.data_seed", "train.init_seed")
-#: how a run executes, not what it computes (also left out of the config hash, study/config/naming.py)
-RUNTIME_KEYS = ("trainer.progress_bar", "trainer.threads", "data.num_proc", "data.hf_cache_dir")
+#: how a run executes or is logged, not what it computes (also left out of the resume key,
+#: study/config/naming.py); ``train.overwrite`` only let a hand-started run replace a finished one
+RUNTIME_KEYS = ("trainer.progress_bar", "trainer.threads", "data.num_proc", "data.hf_cache_dir", "train.overwrite",
+                "train.log_every")
 
 
 class PairingError(StudyError):
