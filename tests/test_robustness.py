@@ -239,3 +239,21 @@ def test_two_writers_share_the_store(nano_project, tmp_path):
         assert len(client.get_metric_history(r.info.run_id, "train_loss")) == steps
         curve = (tmp_path / f"runs/{r.info.run_name}/curve.csv").read_text().splitlines()
         assert len(client.get_metric_history(r.info.run_id, "val_loss")) == len(curve) - 1
+
+
+def test_prepare_never_replaces_the_project_or_a_folder_of_other_files(tmp_path):
+    """data.dir=. (or '', or a folder of other files) is refused before anything is written or removed."""
+    from study.data import DataError
+    from study.data.build import check_replaceable
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs/notes.md").write_text("keep me")
+    for name in (".", "", "..", "docs"):
+        with pytest.raises(DataError, match="data.dir="):
+            check_replaceable(tmp_path / name, tmp_path, name)
+    assert (tmp_path / "docs/notes.md").read_text() == "keep me"
+    (tmp_path / "data/tokens").mkdir(parents=True)
+    check_replaceable(tmp_path / "data/tokens", tmp_path, "data/tokens")  # empty: fine
+    (tmp_path / "data/tokens/meta.json").write_text("{}")
+    check_replaceable(tmp_path / "data/tokens", tmp_path, "data/tokens")  # earlier prepared data: replaced
+    check_replaceable(tmp_path / "new", tmp_path, "new")  # not there yet: fine

@@ -71,6 +71,22 @@ def _build_hf(cfg, ds, tmp: Path) -> tuple[object, dict, dict, np.ndarray]:
     return tok, counts, {"train": int((~val).sum()), "val": int(val.sum())}, sample
 
 
+def check_replaceable(out: Path, root: Path, name: str) -> None:
+    """Refuse an output folder that prepare must not replace: the project root or a folder above it,
+    or an existing folder that holds anything but prepared data (no meta.json); nothing is touched.
+
+    Raises:
+        DataError: names data.dir and the fix.
+    """
+    where, project = out.resolve(), root.resolve()
+    if where == project or where in project.parents:
+        raise DataError(f"data.dir={name!r} is the project folder or above it: prepare replaces that folder; "
+                        f"give a sub-folder such as data/tokens")
+    if where.is_file() or (where.is_dir() and any(where.iterdir()) and not (where / "meta.json").is_file()):
+        raise DataError(f"data.dir={name!r} ({where}) holds files that are not prepared data (no meta.json), which "
+                        f"prepare would replace: give a new or empty folder")
+
+
 def build(cfg, root: Path) -> dict:
     """Build the token data for ``cfg.data`` under ``root / cfg.data.dir``; return meta.json's content.
 
@@ -79,6 +95,7 @@ def build(cfg, root: Path) -> dict:
     """
     t0 = time.time()
     out = root / cfg.data.dir
+    check_replaceable(out, root, cfg.data.dir)
     hf = cfg.data.source == "hf"
     if hf:  # read and checked before anything is written
         ds, src = load_hf_dataset(cfg.data)
