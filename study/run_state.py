@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import signal
@@ -24,6 +25,19 @@ from study.data.records import data_digest
 
 
 STUDY = Path(__file__).resolve().parent
+
+
+#: the keys of a run's result that go to metrics.json (the DVC metric: numbers, few enough that
+#: ``dvc metrics show`` fits a terminal); every other key goes to record.json
+METRICS = ("val_loss", "val_perplexity", "tokens", "tokens_per_s")
+
+
+def split_result(result: dict) -> tuple[dict, dict]:
+    """A run's result -> (metrics.json, record.json): :data:`METRICS` with a numeric value (None and
+    non-finite values left out: DVC shows them as '-'), and everything else."""
+    metrics = {k: result[k] for k in METRICS
+               if isinstance(result.get(k), (int, float)) and math.isfinite(result[k])}
+    return metrics, {k: v for k, v in result.items() if k not in METRICS}
 
 
 def code_files() -> list[str]:

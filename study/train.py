@@ -2,7 +2,7 @@
 
 Trains one (variant, seed) run on the prepared token data and writes
 ``runs/VARIANT-sSEED/``:
-  metrics.json     the DVC metric, numbers only (:data:`METRICS`): final val_loss (nats),
+  metrics.json     the DVC metric, numbers only (:data:`study.run_state.METRICS`): final val_loss (nats),
                    val_perplexity, tokens seen, throughput (tokens/s); a key without a value
                    (a diverged run's loss) is left out
   record.json      the rest of the run's result: variant, seed, status ("ok"/"diverged") and
@@ -50,8 +50,8 @@ from study.data.records import check_prepared
 from study.data.records import data_digest as prepared_data_digest
 from study.data.windows import check_train_windows
 from study.launch import launch_rank, make_strategy, world_size
-from study.run_state import (end_status, hold_run_lock, loop_state_callback, open_run_folder, restore_env,
-                             settle_previous_run, terminate_as_exception)
+from study.run_state import (METRICS, end_status, hold_run_lock, loop_state_callback, open_run_folder,  # noqa: F401
+                             restore_env, settle_previous_run, split_result, terminate_as_exception)
 
 
 def write_curve(path: Path, rows: list[dict]) -> None:
@@ -64,19 +64,6 @@ def write_curve(path: Path, rows: list[dict]) -> None:
         for r in rows:
             w.writerow({k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in r.items()})
     tmp.replace(path)
-
-
-#: the keys of a run's result that go to metrics.json (the DVC metric: numbers, few enough that
-#: ``dvc metrics show`` fits a terminal); every other key goes to record.json
-METRICS = ("val_loss", "val_perplexity", "tokens", "tokens_per_s")
-
-
-def split_result(result: dict) -> tuple[dict, dict]:
-    """A run's result -> (metrics.json, record.json): :data:`METRICS` with a numeric value (None and
-    non-finite values left out: DVC shows them as '-'), and everything else."""
-    metrics = {k: result[k] for k in METRICS
-               if isinstance(result.get(k), (int, float)) and math.isfinite(result[k])}
-    return metrics, {k: v for k, v in result.items() if k not in METRICS}
 
 
 def write_json(path: Path, obj: dict) -> None:

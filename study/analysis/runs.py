@@ -25,6 +25,7 @@ from pathlib import Path
 from study.analysis.pairing import check
 from study.config import flatten, run_dir
 from study.data import DataError
+from study.run_state import METRICS
 
 #: sections of the resolved config that say which runs exist, not how one run trained
 NOT_SETTINGS = ("study", "lr_sweep", "scale_ladder", "defaults")
@@ -37,10 +38,6 @@ class RunsError(DataError):
 def settings_of(config: dict) -> dict:
     """The flat settings of a recorded config (config.json): every key but :data:`NOT_SETTINGS`."""
     return flatten({k: v for k, v in config.items() if k not in NOT_SETTINGS})
-
-
-#: the keys of metrics.json (study.train.METRICS), None in a run dict where the file has no value
-METRIC_KEYS = ("val_loss", "val_perplexity", "tokens", "tokens_per_s")
 
 
 #: the study keys a training run reads (where its folder and MLflow run go); the others say which runs exist
@@ -91,7 +88,7 @@ def read_result(d: Path) -> dict:
     """A run folder's result: record.json and metrics.json in one dict (metric keys the file lacks
     are None).  Raises OSError or ValueError where either file is missing or not JSON."""
     record = json.loads((d / "record.json").read_text())
-    return {**record, **dict.fromkeys(METRIC_KEYS), **json.loads((d / "metrics.json").read_text())}
+    return {**record, **dict.fromkeys(METRICS), **json.loads((d / "metrics.json").read_text())}
 
 
 def read_run(d: Path, root: Path | None = None) -> dict:
