@@ -40,6 +40,15 @@ BAD_INPUT = [
     ("beta2 = 1", "study.train", ["train.beta2=1.0"], ["train.beta2=1.0", "[0, 1)"]),
     ("zero devices", "study.train", ["trainer.devices=0"], ["trainer.devices=0"]),
     ("wrong type", "study.train", ["train.tokens=many"], ["train.tokens", "many"]),
+    ("devices not a number", "study.train", ["trainer.devices=abc"], ["trainer.devices='abc'", "trainer.devices=1"]),
+    ("device list on CPU", "study.train", ["trainer.devices=[0,1]"], ["trainer.devices=[0, 1]", "accelerator=cpu"]),
+    ("-1 devices on CPU", "study.train", ["trainer.devices=-1"], ["trainer.devices=-1", "accelerator=cpu"]),
+    ("repeated GPU index", "study.train", ["trainer.accelerator=gpu", "trainer.devices=[0,0]"],
+     ["trainer.devices=[0, 0]", "distinct GPU indices"]),
+    ("unknown strategy", "study.train", ["trainer.strategy=bogus"], ["trainer.strategy='bogus'", "ddp", "fsdp"]),
+    ("unknown accelerator", "study.train", ["trainer.accelerator=tpux"], ["trainer.accelerator='tpux'", "'cuda'"]),
+    ("chunk size unit", "study.prepare", ["data.chunk_bytes=16XB"], ["data.chunk_bytes='16XB'", "MB", "16MB"]),
+    ("chunk size zero", "study.prepare", ["data.chunk_bytes=0KB"], ["data.chunk_bytes='0KB'", "positive number"]),
 ]
 
 
@@ -57,6 +66,37 @@ def test_bad_input_table(nano_project, tmp_path, monkeypatch, capsys, case, modu
     for w in words:
         assert w in err, (w, err)
     assert not list(runs.glob("*/metrics.json"))  # nothing that looks complete
+
+
+def test_trainer_names_are_lightnings():
+    """The accelerator and strategy names checked before Lightning is imported are Lightning's own."""
+    from lightning.pytorch.accelerators import AcceleratorRegistry
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    from study.config.validation import ACCELERATORS, STRATEGIES
+
+    assert set(STRATEGIES) == {"auto", *StrategyRegistry.available_strategies()}
+    assert set(ACCELERATORS) == {"auto", "gpu", *AcceleratorRegistry.available_accelerators()}
+    for path in (Path(__file__).parent.parent / "conf/trainer").glob("*.yaml"):  # every conf/trainer file passes
+        import yaml
+        c = yaml.safe_load(path.read_text())
+        assert c["strategy"] in STRATEGIES and c["accelerator"] in ACCELERATORS, path
+
+
+def test_prepare_refuses_a_bad_chunk_size_before_it_starts(nano_project, tmp_path, monkeypatch, capsys):
+    """data.chunk_bytes is litdata's size string: a bad one stops prepare in one line before the tokenizer is
+    trained, and the prepared data stay as they were."""
+    from study.prepare import main
+
+    data = _copy_data(nano_project, tmp_path / "tokens")
+    before = {p: p.read_bytes() for p in data.rglob("*") if p.is_file()}
+    monkeypatch.chdir(nano_project)
+    t = time.perf_counter()
+    assert main([f"data.dir={data}", "data.chunk_bytes=16XB"]) == 2
+    assert time.perf_counter() - t < 5
+    err = capsys.readouterr().err.strip()
+    assert err.splitlines() == [err] and err.startswith("error: data.chunk_bytes='16XB' is not a size"), err
+    assert {p: p.read_bytes() for p in data.rglob("*") if p.is_file()} == before
 
 
 def _copy_data(nano_project: Path, dest: Path) -> Path:

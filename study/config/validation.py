@@ -3,6 +3,8 @@ learning rates, consistent profiles.  Each mistake raises :class:`~study.config.
 with one line naming the key and the fix."""
 from __future__ import annotations
 
+import re
+
 from .schedule import peak_lr
 from .schema import ACTIVATIONS, PRECISIONS, PROJECTION_MODES, TOKENIZERS, ConfigError, DataConfig, RunConfig
 
@@ -111,10 +113,66 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"data.max_docs_per_corpus={d.max_docs_per_corpus} must be >= 1 (or null for all)")
     _validate_hf(d)
     _validate_profiles(cfg)
-    c = cfg.trainer
-    if c.num_nodes < 1 or (isinstance(c.devices, int) and c.devices == 0):
-        raise ConfigError(f"trainer.devices={c.devices} / trainer.num_nodes={c.num_nodes}: use devices >= 1 "
-                          f"(or -1 for all GPUs) and num_nodes >= 1")
+    _validate_trainer(cfg.trainer)
+    _validate_chunk_bytes(d.chunk_bytes)
+
+
+#: Lightning's accelerator names (``AcceleratorRegistry`` and its aliases ``gpu``, ``auto``); written out
+#: so that a config is checked before Lightning is imported (tests/test_robustness.py keeps them in sync)
+ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
+#: Lightning's strategy names: ``auto`` and ``StrategyRegistry.available_strategies()`` of Lightning 2.6
+STRATEGIES = ("auto", "ddp", "ddp_find_unused_parameters_false", "ddp_find_unused_parameters_true", "ddp_fork",
+              "ddp_fork_find_unused_parameters_false", "ddp_fork_find_unused_parameters_true", "ddp_notebook",
+              "ddp_notebook_find_unused_parameters_false", "ddp_notebook_find_unused_parameters_true", "ddp_spawn",
+              "ddp_spawn_find_unused_parameters_false", "ddp_spawn_find_unused_parameters_true", "deepspeed",
+              "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_offload", "deepspeed_stage_3",
+              "deepspeed_stage_3_offload", "deepspeed_stage_3_offload_nvme", "fsdp", "fsdp_cpu_offload",
+              "single_device", "single_tpu", "single_xla", "xla", "xla_debug")
+
+
+def _int_like(x) -> bool:
+    return (isinstance(x, int) and not isinstance(x, bool)) or (isinstance(x, str) and re.fullmatch(r"-?\d+", x.strip()) is not None)
+
+
+def _validate_trainer(c) -> None:
+    """accelerator, strategy, devices and num_nodes as Lightning's Trainer takes them (before Lightning is
+    imported: a Trainer that refuses its settings would otherwise do so after the run folder was opened)."""
+    if c.accelerator not in ACCELERATORS:
+        raise ConfigError(f"trainer.accelerator={c.accelerator!r} is not a Lightning accelerator: choose one of "
+                          f"{list(ACCELERATORS)}")
+    if not isinstance(c.strategy, str) or c.strategy not in STRATEGIES:
+        raise ConfigError(f"trainer.strategy={c.strategy!r} is not a Lightning strategy: use auto, ddp or fsdp "
+                          f"(conf/trainer), or another name of Lightning's StrategyRegistry (ddp_spawn, deepspeed, single_device, ...)")
+    if c.num_nodes < 1:
+        raise ConfigError(f"trainer.num_nodes={c.num_nodes} must be >= 1")
+    dev = c.devices
+    devices = list(dev) if not isinstance(dev, (str, int)) and hasattr(dev, "__iter__") else None
+    cpu = c.accelerator == "cpu"
+    if cpu:
+        ok = dev == "auto" or (_int_like(dev) and int(dev) > 0)
+        fix = "a number of processes >= 1 (e.g. trainer.devices=1) or auto"
+    elif devices is not None:
+        ok = bool(devices) and all(_int_like(x) and not isinstance(x, str) and x >= 0 for x in devices) \
+            and len(set(devices)) == len(devices)
+        fix = "a number of devices >= 1, -1 (every GPU), auto, or a list of distinct GPU indices such as [0,1]"
+    else:
+        ok = dev == "auto" or (_int_like(dev) and (int(dev) > 0 or int(dev) == -1))
+        fix = "a number of devices >= 1, -1 (every GPU), auto, or a list of distinct GPU indices such as [0,1]"
+    if not ok:
+        shown = devices if devices is not None else dev
+        raise ConfigError(f"trainer.devices={shown!r} is not valid with trainer.accelerator={c.accelerator}: use {fix}")
+
+
+#: the size strings litdata's ``optimize(chunk_bytes=...)`` reads (``litdata.utilities.format``): a number and a unit
+CHUNK_BYTES = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(tb|gb|mb|kb|t|g|m|k|b)\s*", re.IGNORECASE)
+_UNIT = {"b": 1, "k": 10 ** 3, "m": 10 ** 6, "g": 10 ** 9, "t": 10 ** 12}
+
+
+def _validate_chunk_bytes(value) -> None:
+    m = CHUNK_BYTES.fullmatch(str(value))
+    if m is None or int(float(m.group(1)) * _UNIT[m.group(2)[0].lower()]) < 1:
+        raise ConfigError(f"data.chunk_bytes={value!r} is not a size: write a positive number and a unit, "
+                          f"B, KB, MB, GB or TB (or K, M, G, T), e.g. data.chunk_bytes=16MB")
 
 
 def _validate_hf(d: DataConfig) -> None:
