@@ -16,6 +16,10 @@ def world_size(trainer_cfg) -> int:
     if devices in (-1, "-1", "auto"):
         import torch
         devices = torch.cuda.device_count() if trainer_cfg.accelerator in ("gpu", "cuda") else 1
+        if not devices:
+            raise ConfigError(f"trainer.devices={trainer_cfg.devices} (every GPU) with trainer.accelerator="
+                              f"{trainer_cfg.accelerator}, but torch sees no GPU: run on a GPU machine, or use "
+                              f"trainer=cpu")
     if isinstance(devices, (list, tuple)) or hasattr(devices, "__len__") and not isinstance(devices, str):
         devices = len(devices)
     return int(devices) * int(trainer_cfg.num_nodes)
@@ -49,3 +53,25 @@ def make_strategy(trainer_cfg):
                               "use trainer.accelerator=gpu, or trainer.strategy=ddp on CPUs")
         return FSDPStrategy(auto_wrap_policy={Block}, state_dict_type="full")
     return trainer_cfg.strategy
+
+
+def build_trainer(**kwargs):
+    """``lightning.pytorch.Trainer(**kwargs)``; the settings Lightning refuses (an accelerator this machine
+    lacks, devices or a strategy it cannot use) become one :class:`ConfigError` line.
+
+    Raises:
+        ConfigError: Lightning's ValueError, TypeError or MisconfigurationException, first line.
+    """
+    import lightning.pytorch as pl
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    try:
+        return pl.Trainer(**kwargs)
+    except (ValueError, TypeError, MisconfigurationException) as e:
+        shown = ", ".join(f"{k}={kwargs.get(k)!r}" for k in ("accelerator", "devices", "num_nodes", "precision")
+                          if k in kwargs)
+        strategy = kwargs.get("strategy")
+        shown += f", strategy={strategy if isinstance(strategy, str) else type(strategy).__name__}"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"Lightning refused the trainer settings ({shown}): {first}: fix conf/trainer or the "
+                          f"trainer.* overrides") from e

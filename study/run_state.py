@@ -166,22 +166,67 @@ def config_part(record: dict) -> dict:
     return {k: v for k, v in record.items() if ":" not in k}
 
 
+REPLACED = ".replaced"  # a run folder's sub-folder holding what a start replaces until its Trainer exists
+
+#: what a new start of a run folder replaces: the outputs of its last run and (starting afresh) its checkpoints
+RUN_OUTPUTS = ("metrics.json", "record.json", "curve.csv", "config.json")
+
+
+class Replaced:
+    """What :func:`open_run_folder` moved aside into ``out_dir/.replaced/``: put back by :meth:`restore`
+    (the start failed before its Trainer was built: a rejected trainer setting loses nothing), dropped by
+    :meth:`discard` (the Trainer exists: the run goes ahead and writes its own)."""
+
+    def __init__(self, out_dir: Path, moved: list[str], owner: bool = True):
+        self.out_dir, self.moved, self.owner = out_dir, list(moved), owner  # owner: global rank 0, which moved them
+
+    @property
+    def aside(self) -> Path:
+        return self.out_dir / REPLACED
+
+    def restore(self) -> None:
+        """Put every moved file back, replacing what this start wrote in its place (run.json)."""
+        if not self.owner:
+            return
+        for n in self.moved:
+            target, kept = self.out_dir / n, self.aside / n
+            if not kept.exists():
+                continue
+            if target.is_dir():
+                shutil.rmtree(target)
+            else:
+                target.unlink(missing_ok=True)
+            kept.replace(target)
+        self.moved = []
+        shutil.rmtree(self.aside, ignore_errors=True)
+
+    def discard(self) -> None:
+        if not self.owner:
+            return
+        self.moved = []
+        shutil.rmtree(self.aside, ignore_errors=True)
+
+
 def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) -> tuple:
-    """Decide, from ``out_dir/checkpoints/run.json``, whether this start resumes, and clear what it replaces.
+    """Decide, from ``out_dir/checkpoints/run.json``, whether this start resumes, and set aside what it replaces.
 
     A checkpoint is resumed only under the same resume key (:func:`run_digest`) and when its run has not
-    finished; otherwise rank 0 prints the keys that differ (``NAME: starting afresh, ...``) and deletes
-    the checkpoints.  Rank 0 removes the outputs of the folder's last run (metrics.json, curve.csv,
-    config.json), which appear again only when this run ends.
+    finished; otherwise rank 0 prints the keys that differ (``NAME: starting afresh, ...``) and moves
+    the checkpoints aside.  Rank 0 moves the outputs of the folder's last run (metrics.json, curve.csv,
+    config.json) aside, into ``out_dir/.replaced/``; they appear again when this run ends.  The caller
+    calls the returned :class:`Replaced`'s ``discard()`` once its Trainer is built and ``restore()`` if
+    the start fails before that; a ``.replaced/`` left by a process that died in between is restored here.
 
     Returns:
         (resume record, resume key, run.json's state (empty when starting afresh), the MLflow run id of
-        the folder's last process or None, the checkpoint to resume or None).
+        the folder's last process or None, the checkpoint to resume or None, the :class:`Replaced`).
 
     Raises:
         ConfigError: the folder holds a finished run with other settings and ``train.overwrite`` is off.
     """
     ckpt_dir = out_dir / "checkpoints"
+    if rank == 0 and (out_dir / REPLACED).is_dir():  # a start that died before its Trainer existed
+        Replaced(out_dir, [p.name for p in (out_dir / REPLACED).iterdir()]).restore()
     record = resume_record(cfg, data_dir)
     digest = run_digest(cfg, data_dir, record)
     state_path = ckpt_dir / "run.json"
@@ -204,13 +249,18 @@ def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) ->
             print(f"{name}: starting afresh, the checkpoint in {ckpt_dir} was written with other settings: "
                   f"{'; '.join(differ)}", flush=True)
         resume, state = None, {}
-        if rank == 0:
-            shutil.rmtree(ckpt_dir, ignore_errors=True)
+        replaced = ["checkpoints", *RUN_OUTPUTS]
+    else:
+        replaced = list(RUN_OUTPUTS)
+    moved = []
     if rank == 0:
-        for stale in ("metrics.json", "record.json", "curve.csv", "config.json"):
-            (out_dir / stale).unlink(missing_ok=True)
+        (out_dir / REPLACED).mkdir(parents=True, exist_ok=True)
+        for n in replaced:
+            if (out_dir / n).exists():
+                (out_dir / n).replace(out_dir / REPLACED / n)
+                moved.append(n)
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-    return record, digest, state, previous_run_id, resume
+    return record, digest, state, previous_run_id, resume, Replaced(out_dir, moved, owner=rank == 0)
 
 
 def settle_previous_run(uri: str, run_id: str, resuming: bool, state: dict) -> dict:

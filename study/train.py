@@ -49,7 +49,7 @@ from study.data import DataError
 from study.data.records import check_prepared
 from study.data.records import data_digest as prepared_data_digest
 from study.data.windows import check_train_windows
-from study.launch import launch_rank, make_strategy, world_size
+from study.launch import build_trainer, launch_rank, make_strategy, world_size
 from study.run_state import (METRICS, end_status, hold_run_lock, loop_state_callback, open_run_folder,  # noqa: F401
                              restore_env, settle_previous_run, split_result, terminate_as_exception)
 
@@ -134,7 +134,8 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
     stack.enter_context(terminate_as_exception())
 
     # resume only a checkpoint of this very config, code and data that has not finished
-    record, digest, state, previous_run_id, resume = open_run_folder(cfg, name, out_dir, data_dir, rank)
+    record, digest, state, previous_run_id, resume, replaced = open_run_folder(cfg, name, out_dir, data_dir, rank)
+    stack.callback(replaced.restore)  # the last run's outputs come back unless the Trainer gets built (discard)
     state_path = ckpt_dir / "run.json"
 
     quiet_logs()
@@ -175,7 +176,7 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
         callbacks = [checkpoint, loop_state_callback(accum)] + ([progress] if progress is not None else [])
         if wants_throughput_monitor(cfg.trainer):  # throughput and MFU against the datasheet peak (no MFU on CPUs)
             callbacks.append(throughput_monitor(window=min(100, steps * accum // 4)))
-        trainer = pl.Trainer(
+        trainer = build_trainer(
             accelerator=cfg.trainer.accelerator, devices=cfg.trainer.devices, num_nodes=cfg.trainer.num_nodes,
             strategy=make_strategy(cfg.trainer), precision=cfg.trainer.precision,
             max_steps=steps, max_epochs=-1, accumulate_grad_batches=accum, gradient_clip_val=cfg.train.grad_clip,
@@ -185,6 +186,7 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
             logger=logger, callbacks=callbacks, enable_progress_bar=isinstance(progress, ProgressBar),
             enable_model_summary=False, deterministic=cfg.trainer.accelerator == "cpu",
             default_root_dir=str(out_dir))
+        replaced.discard()  # the Trainer took its settings: this run replaces the folder's last one
         logger.step_of = lambda: trainer.global_step  # metric steps = optimizer steps, as in curve.csv
         t0 = time.time()
         start_step = 0

@@ -99,6 +99,59 @@ def test_prepare_refuses_a_bad_chunk_size_before_it_starts(nano_project, tmp_pat
     assert {p: p.read_bytes() for p in data.rglob("*") if p.is_file()} == before
 
 
+def _folder(run: Path) -> dict:
+    return {p.relative_to(run).as_posix(): p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
+
+
+def test_a_trainer_lightning_refuses_keeps_the_finished_run(run_in, nano_project, tmp_path, monkeypatch, capsys):
+    """Re-running a finished run with trainer settings that are refused (up front, or by Lightning when the
+    Trainer is built, with train.overwrite=true or with the same resume key) exits 2 with one `error:` line
+    and leaves the finished run's files as they were: what a start replaces is only set aside
+    (run folder's .replaced/) until its Trainer exists, and put back when it does not."""
+    import lightning.pytorch
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    from study.train import main
+
+    tiny = ["train.tokens=4096", "train.warmup_tokens=0"]
+    run_in(*tiny)
+    run = tmp_path / "runs/baseline-s1"
+    before = _folder(run)
+    assert {"metrics.json", "record.json", "curve.csv", "config.json", "checkpoints/run.json",
+            "checkpoints/last.ckpt"} <= set(before)
+    args = [f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={tmp_path / 'mlruns.db'}",
+            f"study.artifact_dir={tmp_path / 'mlartifacts'}", "trainer.progress_bar=false", *tiny]
+
+    def refused(*extra, words):
+        assert main([*args, *extra]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+        assert all(w in err for w in words), (words, err)
+        assert _folder(run) == before and not (run / ".replaced").exists()
+
+    refused("trainer.strategy=bogus", words=["trainer.strategy='bogus'"])  # same resume key: would retrain
+    refused("trainer.devices=[0,1]", "train.overwrite=true", words=["trainer.devices=[0, 1]"])
+    refused("trainer.devices=abc", words=["trainer.devices='abc'"])
+    if sys.platform != "darwin":  # passes the checks; Lightning refuses it when the Trainer is built
+        refused("trainer.accelerator=mps", "train.overwrite=true", words=["Lightning refused the trainer settings",
+                                                                         "accelerator='mps'", "MPSAccelerator"])
+
+    def lightning_refuses(**kwargs):
+        raise MisconfigurationException("`devices` selected with `CPUAccelerator` should be an int > 0.\nmore")
+
+    monkeypatch.setattr(lightning.pytorch, "Trainer", lightning_refuses)
+    refused(words=["Lightning refused the trainer settings", "should be an int > 0", "conf/trainer"])
+    refused("train.overwrite=true", "train.lr=1e-3", words=["Lightning refused"])  # afresh: checkpoints set aside too
+    # a start that died with the outputs set aside (SIGKILL before its Trainer existed): the next start puts
+    # them back before it decides anything
+    (run / ".replaced").mkdir()
+    for name in ("metrics.json", "record.json", "checkpoints"):
+        (run / name).replace(run / ".replaced" / name)
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints/run.json").write_text("{}")  # what the dead start had begun to write
+    refused(words=["Lightning refused"])
+
+
 def _copy_data(nano_project: Path, dest: Path) -> Path:
     shutil.copytree(nano_project / "data/tokens", dest)
     return dest
