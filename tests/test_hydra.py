@@ -245,3 +245,55 @@ def test_dvc_exp_run_set_param_reaches_the_stages(tmp_path):
     assert (config["model"]["name"], config["model"]["n_layer"], config["train"]["lr"]) == ("nano1", 1, 6e-3)
     params = yaml.safe_load((project / "params.yaml").read_text())
     assert (params["model"]["name"], params["train"]["lr"]) == ("nano1", 6e-3)
+
+
+# -- broken conf/ files, params.yaml and command lines: one line, nothing written ----------------------
+def _one_line(r: subprocess.CompletedProcess) -> str:
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("file, text, words", [
+    ("model/nano.yaml", "name: nano\nn_layer: [1\n", ["conf/model/nano.yaml: expected ',' or ']'", "(line 3)"]),
+    ("model/nano.yaml", "name: nano\nn_layer: 1\nn_layer: 2\nn_head: 2\n", ["conf/model/nano.yaml: found duplicate key "
+                                                                          "n_layer (line 3)"]),
+    ("study.yaml", "APPEND\nseed: [1\n", ["conf/study.yaml: expected ',' or ']'"]),
+    ("study.yaml", "APPEND\nmodel: {}\n", ["conf/study.yaml: found duplicate key model"]),
+])
+def test_a_conf_file_that_is_not_yaml_is_named_in_one_line(tmp_path, file, text, words):
+    from study.config import ConfigError, load_config
+
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    path = tmp_path / "conf" / file
+    path.write_text(text.replace("APPEND", path.read_text().rstrip("\n")))
+    with pytest.raises(ConfigError) as e:
+        load_config(NANO, tmp_path)
+    msg = str(e.value)
+    assert "\n" not in msg and all(w in msg for w in words), msg
+    if file == "study.yaml":
+        line = text.replace("APPEND", (ROOT / "conf" / file).read_text().rstrip("\n")).count("\n")
+        assert f"(line {line})" in msg or f"(line {line + 1})" in msg, msg  # the line of the problem
+    if file == "model/nano.yaml":  # the stage CLI and `python -m study.config` say the same, in one line
+        assert _one_line(_cli(tmp_path, "study.train", "--cfg", "job", *NANO)) == f"error: {msg}"
+        assert _one_line(_cli(tmp_path, "study.config", *NANO)) == f"error: {msg}"
+        assert not (tmp_path / "params.yaml").exists()
+
+
+@pytest.mark.parametrize("file, line, words", [
+    ("model/nano.yaml", "n_layerz: 3", ["unknown key 'model.n_layerz' in conf/model/nano.yaml", "fix the spelling"]),
+    ("study.yaml", "  lrr: 3", ["unknown key 'train.lrr' in conf/study.yaml"]),
+    ("model/nano.yaml", "dropout: lots", ["conf/model/nano.yaml: model.dropout: Value 'lots'", "fix the value's type"]),
+])
+def test_an_unknown_key_in_a_conf_file_names_the_key_and_the_file(tmp_path, file, line, words):
+    from study.config import ConfigError, load_config
+
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    path = tmp_path / "conf" / file
+    text = path.read_text()
+    path.write_text(text.replace("train:\n", f"train:\n{line}\n", 1) if file == "study.yaml" else text + line + "\n")
+    with pytest.raises(ConfigError) as e:
+        load_config(NANO, tmp_path)
+    msg = str(e.value)
+    assert "\n" not in msg and "raised while composing" not in msg and all(w in msg for w in words), msg

@@ -63,12 +63,49 @@ def _first(text: object) -> str:
     return str(text).strip().splitlines()[0] if str(text).strip() else ""
 
 
-def _hydra_error(e: Exception, overrides: list[str]) -> ConfigError:
-    """One line for one of Hydra's (or OmegaConf's) composition errors: the problem and the fix."""
+def _chain(e: BaseException) -> list[BaseException]:
+    """``e`` and the exceptions it was raised from or while handling (``__cause__``, ``__context__``)."""
+    out: list[BaseException] = []
+    while e is not None and e not in out:
+        out.append(e)
+        e = e.__cause__ or e.__context__
+    return out
+
+
+def _yaml_error(e: Exception, root: Path | None) -> ConfigError:
+    """One line for a YAML error in a file: ``conf/model/nano.yaml: found duplicate key n_layer (line 3)``."""
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    where = str(getattr(mark, "name", "") or "a YAML file")
+    if root is not None:
+        try:
+            where = Path(where).resolve().relative_to(Path(root).resolve()).as_posix()
+        except ValueError:
+            pass
+    problem = getattr(e, "problem", None) or _first(e)
+    line = f" (line {mark.line + 1})" if mark is not None else ""
+    return ConfigError(f"{where}: {problem}{line}: fix the file's YAML (one key per line, key: value, "
+                       f"brackets closed)")
+
+
+def _conf_file(text: str) -> str | None:
+    """``In 'model/nano': ...`` (Hydra, composing a file of conf/) -> ``conf/model/nano.yaml``."""
+    if text.startswith("In '") and "'" in text[4:]:
+        return f"conf/{text[4:].split(chr(39), 1)[0]}.yaml"
+    return None
+
+
+def _hydra_error(e: Exception, overrides: list[str], root: Path | None = None) -> ConfigError:
+    """One line for one of Hydra's (or OmegaConf's) composition errors: the problem and the fix.  The
+    exception's chain (``__cause__``, ``__context__``) is followed to OmegaConf's own error, which names the key."""
+    import yaml
     from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
-    cause = e.__cause__
+    chain = _chain(e)
+    bad_yaml = next((c for c in chain if isinstance(c, yaml.YAMLError)), None)
+    if bad_yaml is not None:
+        return _yaml_error(bad_yaml, root)
+    cause = next((c for c in chain[1:] if isinstance(c, OmegaConfBaseException)), e.__cause__)
     if isinstance(e, MissingConfigException):
         missing = str(getattr(e, "missing_cfg_file", "") or "")
         if "/" in missing and e.options is not None:
@@ -84,12 +121,23 @@ def _hydra_error(e: Exception, overrides: list[str]) -> ConfigError:
         return ConfigError(f"bad override ({_first(text)}) in {overrides}: fix its syntax ({GRAMMAR})")
     if isinstance(e, ConfigCompositionException):
         text = _first(e)
+        conf_file = _conf_file(text)
         if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
             key = getattr(cause, "full_key", None) or text
+            if conf_file:
+                return ConfigError(f"unknown key {key!r} in {conf_file} ({_first(cause)}): fix the spelling in the "
+                                   f"file (the keys are the fields of study/config/schema.py)")
             return ConfigError(f"unknown key {key!r} ({_first(cause)}): fix the spelling (the keys are the fields "
                                f"of study/config/schema.py), or add a new key with +{key}=...")
         if isinstance(cause, ValidationError):
+            if conf_file:
+                key = getattr(cause, "full_key", None)
+                return ConfigError(f"{conf_file}: {key + ': ' if key else ''}{_first(cause)}: fix the value's type "
+                                   f"in the file")
             return ConfigError(f"{text.removeprefix('Error merging override ')}: {_first(cause)}: fix the value's type")
+        if conf_file and cause is not None:
+            key = getattr(cause, "full_key", None)
+            return ConfigError(f"{conf_file}: {key + ': ' if key else ''}{_first(cause)}: fix the file")
         if text.startswith("Ambiguous value"):
             return ConfigError(f"{text}: sweep it with -m (--multirun), or write a list as key=[a,b]")
         return ConfigError(f"{text}{': ' + _first(cause) if cause else ''}: fix the override or conf/")
@@ -104,12 +152,14 @@ def _compose(config_dir: Path, config_name: str, overrides: list[str]) -> tuple[
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
 
+    import yaml
+
     register()
     try:
         with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base="1.3"):
             cfg = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
-    except (HydraException, OmegaConfBaseException, ValueError) as e:
-        raise _hydra_error(e, list(overrides)) from e
+    except (HydraException, OmegaConfBaseException, ValueError, yaml.YAMLError) as e:
+        raise _hydra_error(e, list(overrides), config_dir.parent) from e
     choices = {g: cfg.hydra.runtime.choices.get(g) for g in GROUPS}
     return OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"]), choices  # less Hydra's own node
 
