@@ -297,3 +297,72 @@ def test_an_unknown_key_in_a_conf_file_names_the_key_and_the_file(tmp_path, file
         load_config(NANO, tmp_path)
     msg = str(e.value)
     assert "\n" not in msg and "raised while composing" not in msg and all(w in msg for w in words), msg
+
+
+def test_study_config_refuses_a_group_file_naming_another_file(tmp_path, monkeypatch):
+    """`python -m study.config` (writing params.yaml) and `--check` refuse what the stages refuse."""
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    assert _cli(tmp_path, "study.config").returncode == 0
+    committed = (tmp_path / "params.yaml").read_bytes()
+    cpu = tmp_path / "conf/model/cpu.yaml"  # the default model: chosen by both
+    cpu.write_text(cpu.read_text().replace("name: cpu", "name: cpu2"))
+    expected = "error: conf/model/cpu.yaml says name: cpu2: write name: cpu (a group file's name is its file name)"
+    assert _one_line(_cli(tmp_path, "study.config", "--check")) == expected
+    assert _one_line(_cli(tmp_path, "study.config")) == expected
+    assert (tmp_path / "params.yaml").read_bytes() == committed
+    cpu.write_text(cpu.read_text().replace("name: cpu2", "name: cpu"))
+    nano = tmp_path / "conf/model/nano.yaml"  # chosen by an override
+    nano.write_text(nano.read_text().replace("name: nano", "name: pico"))
+    assert "conf/model/nano.yaml says name: pico" in _one_line(_cli(tmp_path, "study.config", *NANO))
+    variant = tmp_path / "conf/variant/nonlinear_q.yaml"  # listed in study.variants: every train stage runs it
+    variant.write_text(variant.read_text().replace("name: nonlinear_q", "name: nlq"))
+    assert "conf/variant/nonlinear_q.yaml says name: nlq" in _one_line(_cli(tmp_path, "study.config", "--check"))
+    assert (tmp_path / "params.yaml").read_bytes() == committed
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["train.lr=-1"], ["train.lr=-1.0 must be > 0"]),
+    (["model.n_head=3"], ["not divisible by model.n_head=3"]),
+    (["~model"], ["~model: the model group cannot be deleted", "model=NAME"]),
+    (["~trainer"], ["~trainer: the trainer group cannot be deleted"]),
+    (["train.lr=1e-3,2e-3"], ["'train.lr=1e-3,2e-3' sweeps several values: a sweep needs -m"]),
+    (["--foo"], ["unknown option --foo (see --help)"]),
+])
+def test_study_config_writes_nothing_from_a_config_a_stage_refuses(tmp_path, overrides, words):
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    (tmp_path / "params.yaml").write_bytes((ROOT / "params.yaml").read_bytes())
+    err = _one_line(_cli(tmp_path, "study.config", *overrides))
+    assert all(w in err for w in words), err
+    assert (tmp_path / "params.yaml").read_bytes() == (ROOT / "params.yaml").read_bytes()
+
+
+def test_deleting_a_group_is_refused_by_the_stages():
+    from study.config import ConfigError, load_config, run_stage
+
+    for group in ("model", "variant", "data", "trainer"):
+        with pytest.raises(ConfigError, match=rf"^~{group}: the {group} group cannot be deleted"):
+            load_config([f"~{group}"], ROOT)
+    assert run_stage(lambda cfg, root: 0, ["-m", "~variant", "seed=1,2"]) == 2  # a multirun checks it too
+
+
+def test_a_sweep_without_multirun_and_an_unknown_option_are_one_clear_line(tmp_path):
+    """With or without --params (DVC's stages), a sweep value without -m says a sweep needs -m; an option the
+    CLI does not take is an unknown option, not a bad override."""
+    from study.config import ConfigError, composed_params, load_config
+
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    (tmp_path / "params.yaml").write_text(composed_params(tmp_path))
+    for sweep in ("train.lr=1e-3,2e-3", "variant=baseline,nonlinear_q"):
+        messages = set()
+        for params in (None, "params.yaml"):
+            with pytest.raises(ConfigError) as e:
+                load_config([sweep], tmp_path, params=params)
+            messages.add(str(e.value))
+        assert messages == {f"{sweep!r} sweeps several values: a sweep needs -m (--multirun), e.g. -m {sweep}; "
+                            f"or write a list as key=[a,b]"}, messages
+    err = _one_line(_cli(tmp_path, "study.train", "--params", "params.yaml", "--cfg", "job", "variant=baseline,nonlinear_q"))
+    assert "a sweep needs -m" in err and "ChoiceSweep" not in err, err
+    for module in ("study.train", "study.config", "study.compare"):
+        err = _one_line(_cli(tmp_path, module, "--foo"))
+        assert err.startswith("error: unknown option --foo (see --help)"), (module, err)

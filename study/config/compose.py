@@ -27,6 +27,7 @@ composed and validated.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -164,25 +165,71 @@ def _compose(config_dir: Path, config_name: str, overrides: list[str]) -> tuple[
     return OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"]), choices  # less Hydra's own node
 
 
-def _name_groups(cfg: DictConfig, choices: dict, config_dir: Path, groups=NAMED_GROUPS) -> None:
+def _check_name(config_dir: Path, group: str, choice: str) -> None:
+    """A group file that states another name than its own (``name:`` in conf/GROUP/CHOICE.yaml) is refused."""
+    import yaml
+
+    path = config_dir / group / f"{choice}.yaml"
+    if not path.is_file():
+        return
+    try:
+        stated = OmegaConf.load(path)
+    except yaml.YAMLError as e:
+        raise _yaml_error(e, config_dir.parent) from e
+    stated = stated.get("name") if isinstance(stated, DictConfig) else None
+    if stated is not None and stated != choice:
+        raise ConfigError(f"conf/{group}/{choice}.yaml says name: {stated}: write name: {choice} "
+                          f"(a group file's name is its file name)")
+
+
+def _name_groups(cfg: DictConfig, choices: dict, config_dir: Path, groups=NAMED_GROUPS, set_names: bool = True) -> None:
     """Set ``GROUP.name`` to the chosen file's name; a file that states another name is refused."""
     for g in groups:
         choice = choices.get(g)
         if choice is None:
             continue
-        stated = OmegaConf.load(config_dir / g / f"{choice}.yaml").get("name")
-        if stated is not None and stated != choice:
-            raise ConfigError(f"conf/{g}/{choice}.yaml says name: {stated}: write name: {choice} "
-                              f"(a group file's name is its file name)")
-        cfg[g].name = choice
+        _check_name(config_dir, g, choice)
+        if set_names:
+            cfg[g].name = choice
 
 
 def composed_params(root: Path, overrides: list[str] | None = None) -> str:
     """What DVC's Hydra mode writes into params.yaml for these overrides (``dvc.utils.hydra.compose_and_dump``:
     the resolved composition of conf/study.yaml as YAML), for ``make params`` and the sync test."""
-    cfg, _ = _compose(root / "conf", "study", list(overrides or []))
+    overrides = list(overrides or [])
+    _check_overrides(overrides)
+    cfg, choices = _compose(root / "conf", "study", overrides)
+    _name_groups(cfg, choices, root / "conf", set_names=False)  # refused, not renamed: DVC writes the files' own
+    _check(cfg, root)  # nothing is written from a config a stage would refuse
     OmegaConf.resolve(cfg)
     return OmegaConf.to_yaml(cfg)
+
+
+def _check_overrides(overrides: list[str], sweeps: bool = False) -> None:
+    """Refuse, in one line, what Hydra would take silently or report badly: an option the CLI does not take
+    (``--foo``), the deletion of a group or section (``~model``: schema defaults, not a conf/ file) and,
+    unless ``sweeps``, a sweep (``train.lr=1e-3,2e-3`` without -m)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    for o in overrides:
+        if o.startswith("-"):
+            raise ConfigError(f"unknown option {o.split('=', 1)[0]} (see --help)")
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
+    except HydraException as e:
+        raise _hydra_error(e, list(overrides)) from e
+    sections = [f.name for f in dataclasses.fields(RunConfig)]
+    for o in parsed:
+        if o.is_delete() and o.key_or_group in sections:
+            kind = "group" if o.key_or_group in GROUPS else "section"
+            fix = (f"choose another file with {o.key_or_group}=NAME" if kind == "group"
+                   else f"set its keys with {o.key_or_group}.KEY=VALUE")
+            raise ConfigError(f"{o.input_line}: the {o.key_or_group} {kind} cannot be deleted (every run needs one; "
+                              f"deleting it leaves the schema's defaults): {fix}")
+        if not sweeps and o.is_sweep_override():
+            raise ConfigError(f"{o.input_line!r} sweeps several values: a sweep needs -m (--multirun), e.g. "
+                              f"-m {o.input_line}; or write a list as key=[a,b]")
 
 
 def _group_overrides(overrides: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -210,7 +257,9 @@ def stale_sections(root: Path, params: DictConfig, study_file: Path | None = Non
     if os.environ.get("DVC_EXP_NAME"):
         return []
     study_file = study_file or root / "conf" / "study.yaml"
-    fresh, _ = _compose(study_file.parent, study_file.stem, [])
+    fresh, choices = _compose(study_file.parent, study_file.stem, [])
+    _name_groups(fresh, choices, study_file.parent, set_names=False)
+    _check(fresh, root)
     OmegaConf.resolve(fresh)
     return [k for k in sorted(set(params.keys()) | set(fresh.keys())) if k != "variant" and params.get(k) != fresh.get(k)]
 
@@ -270,12 +319,20 @@ def load_config(overrides: list[str] | None = None, root: Path | None = None,
     if not study.is_file():
         raise ConfigError(f"{study} not found: run from the project root")
     overrides = list(overrides or [])
+    _check_overrides(overrides)
     if params is not None:
         cfg = _from_params(root / params, overrides, root, study)
     else:
         composed, choices = _compose(study.parent, study.stem, overrides)
         _name_groups(composed, choices, study.parent)
         cfg = composed  # typed by the schema at the head of the defaults list
+    _check(cfg, root)
+    return cfg
+
+
+def _check(cfg: RunConfig, root: Path) -> None:
+    """:func:`validate`, and every variant and model that the study's lists name is a file of conf/ that
+    states its own name."""
     validate(cfg)
     for key, group, names in (("study.variants", "variant", cfg.study.variants),
                               ("lr_sweep.variants", "variant", cfg.lr_sweep.variants),
@@ -284,7 +341,8 @@ def load_config(overrides: list[str] | None = None, root: Path | None = None,
         unknown = [v for v in names if not (root / "conf" / group / f"{v}.yaml").is_file()]
         if unknown:
             raise ConfigError(f"{key} lists unknown {unknown}: choose from {available(root, group)}")
-    return cfg
+        for name in names:
+            _check_name(root / "conf", group, name)
 
 
 def sweep(overrides: list[str]) -> list[list[str]]:
@@ -294,6 +352,7 @@ def sweep(overrides: list[str]) -> list[list[str]]:
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
+    _check_overrides(overrides, sweeps=True)
     try:
         parsed = OverridesParser.create().parse_overrides(overrides=list(overrides))
         batches = BasicSweeper.split_arguments(parsed, None)
@@ -329,8 +388,8 @@ def _parse_argv(argv: list[str]) -> tuple[dict, list[str]]:
                 raise ConfigError(f"{a} needs a value: --cfg job, --params params.yaml")
             opts[key] = value
         elif a.startswith("-"):
-            raise ConfigError(f"unknown option {a!r}: the options are --help, --cfg job, -m/--multirun, "
-                              f"--params FILE; everything else is a key=value override")
+            raise ConfigError(f"unknown option {a.split('=', 1)[0]} (see --help): the options are --help, --cfg job, "
+                              f"-m/--multirun, --params FILE; everything else is a key=value override")
         else:
             rest.append(a)
     if opts["cfg"] not in (None, "job", "all"):
