@@ -346,6 +346,28 @@ def test_deleting_a_group_is_refused_by_the_stages():
     assert run_stage(lambda cfg, root: 0, ["-m", "~variant", "seed=1,2"]) == 2  # a multirun checks it too
 
 
+@pytest.mark.parametrize("content, words", [
+    ("study: [1\n", ["not valid YAML", "line 2"]),
+    ("- 1\n- 2\n", ["top level is a List"]),
+    ("model: {}\n", ["sections ['study', 'variant'"]),
+    ("", ["missing"]),
+    ("ROOT_WITH_MODEL_3", ["sections ['model'] are not mappings"]),
+])
+def test_check_params_says_a_malformed_params_yaml_is_malformed(tmp_path, monkeypatch, content, words):
+    """`--check` and a stage's --params: one line saying params.yaml is malformed and to run `make params`."""
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    if content == "ROOT_WITH_MODEL_3":
+        params = yaml.safe_load((ROOT / "params.yaml").read_text())
+        content = yaml.safe_dump({**params, "model": 3})
+    (tmp_path / "params.yaml").write_text(content)
+    for args in (["study.config", "--check"], ["study.train", "--params", "params.yaml", "--cfg", "job"]):
+        err = _one_line(_cli(tmp_path, *args))
+        assert err.startswith("error: params.yaml is malformed (") and "run `make params`" in err, err
+        assert all(w in err for w in words), err
+    assert (tmp_path / "params.yaml").read_text() == content  # --check writes nothing
+
+
 def test_a_sweep_without_multirun_and_an_unknown_option_are_one_clear_line(tmp_path):
     """With or without --params (DVC's stages), a sweep value without -m says a sweep needs -m; an option the
     CLI does not take is an unknown option, not a bad override."""

@@ -3,16 +3,15 @@ write it to params.yaml, the file dvc.yaml's stages read (``make params``; ``mak
 
 Run it after editing conf/ when you then call ``dvc repro`` yourself; ``dvc exp run`` composes params.yaml
 on its own.  ``python -m study.config --check`` (dvc.yaml's ``check_params`` stage, run whenever conf/
-changes) writes nothing and fails when params.yaml is not conf/ composed.  A bad override or conf/ file
-stops with one line ``error: ...`` (exit 2).
+changes) writes nothing and fails when params.yaml is not conf/ composed (or is malformed).  A bad
+override or conf/ file, or a config a stage would refuse (checked as the stages check it), stops with one
+line ``error: ...`` (exit 2) and writes nothing.
 """
 from __future__ import annotations
 
 import sys
 
-from omegaconf import OmegaConf
-
-from .compose import PARAMS_FILE, composed_params, project_root, stale_message, stale_sections
+from .compose import PARAMS_FILE, composed_params, load_params, project_root, stale_message, stale_sections
 from .schema import ConfigError, StudyError
 
 
@@ -27,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
             path = root / PARAMS_FILE
             if not path.is_file():
                 raise ConfigError(f"{PARAMS_FILE} not found: run `make params`")
-            stale = stale_sections(root, OmegaConf.load(path))
+            stale = stale_sections(root, load_params(path))  # a malformed params.yaml is refused in one line
             if stale:
                 raise ConfigError(stale_message(PARAMS_FILE, stale))
             print(f"{PARAMS_FILE} is conf/ composed")

@@ -269,17 +269,45 @@ def stale_message(name: str, stale: list[str]) -> str:
             f"(or `dvc exp run`, which composes it); to drop the values of a `dvc exp run -S`, `git checkout {name}`")
 
 
+def load_params(params: Path) -> DictConfig:
+    """A composed config (params.yaml), checked to be one: a mapping holding every section of
+    :class:`RunConfig`, each section a mapping.
+
+    Raises:
+        ConfigError: missing, not YAML, or not shaped like a composition; one line saying to run `make params`.
+    """
+    import yaml
+
+    fix = f"run `make params` to recompose it from conf/ (or `git checkout {params.name}`)"
+    if not params.is_file():
+        raise ConfigError(f"{params} not found: run `make params` (conf/ composed into {params.name})")
+    try:
+        base = OmegaConf.load(params)
+    except (yaml.YAMLError, OmegaConfBaseException, UnicodeDecodeError) as e:
+        mark = getattr(e, "problem_mark", None)
+        detail = (getattr(e, "problem", None) or _first(e)) + (f", line {mark.line + 1}" if mark is not None else "")
+        raise ConfigError(f"{params.name} is malformed (not valid YAML: {detail}): {fix}") from e
+    if not isinstance(base, DictConfig):
+        raise ConfigError(f"{params.name} is malformed (its top level is a {type(base).__name__.removesuffix('Config')}"
+                          f", not a mapping of sections): {fix}")
+    fields = {f.name: f for f in dataclasses.fields(RunConfig)}
+    missing = [k for k in fields if k not in base]
+    if missing:
+        raise ConfigError(f"{params.name} is malformed (sections {missing} missing): {fix}")
+    flat = [k for k, f in fields.items() if dataclasses.is_dataclass(f.default_factory if f.default_factory
+                                                                     is not dataclasses.MISSING else None)
+            and not isinstance(base.get(k), DictConfig)]
+    if flat:
+        raise ConfigError(f"{params.name} is malformed (sections {flat} are not mappings): {fix}")
+    return base
+
+
 def _from_params(params: Path, overrides: list[str], root: Path, study_file: Path) -> RunConfig:
     """The config of a DVC stage: params.yaml (DVC's composition), each group chosen in ``overrides``
     replaced by conf/ composed with that choice, then the field overrides."""
     from hydra.core.config_store import ConfigStore
 
-    if not params.is_file():
-        raise ConfigError(f"{params} not found: run `make params` (conf/ composed into params.yaml)")
-    try:
-        base = OmegaConf.load(params)
-    except Exception as e:  # yaml errors
-        raise ConfigError(f"{params}: not valid YAML ({_first(e)}): run `make params` to recompose it") from e
+    base = load_params(params)
     config_dir, name = study_file.parent, study_file.stem
     choices, fields = _group_overrides(overrides)
     stale = stale_sections(root, base, study_file)
