@@ -14,6 +14,8 @@ Trains one (variant, seed) run on the prepared token data and writes
   checkpoints/     last.ckpt (resumable) and run.json (resume key and the settings it covers,
                    MLflow run id)
   .lock            held by the one process that writes this folder (filelock)
+  .replaced/       only while a start builds its Trainer: the last run's files it replaces, put back
+                   if Lightning refuses the trainer settings (study.run_state.Replaced)
 (``runs/GROUP/VARIANT-sSEED/`` with ``study.group=GROUP``, as the lr-sweep and
 scale-ladder profiles do, see study/profiles.py)
 and one MLflow run (experiment = study.name, run name = [GROUP/]VARIANT-sSEED) in the
