@@ -103,13 +103,76 @@ def _folder(run: Path) -> dict:
     return {p.relative_to(run).as_posix(): p.read_bytes() for p in run.rglob("*") if p.is_file() and p.name != ".lock"}
 
 
-def test_a_trainer_lightning_refuses_keeps_the_finished_run(run_in, nano_project, tmp_path, monkeypatch, capsys):
-    """Re-running a finished run with trainer settings that are refused (up front, or by Lightning when the
-    Trainer is built, with train.overwrite=true or with the same resume key) exits 2 with one `error:` line
-    and leaves the finished run's files as they were: what a start replaces is only set aside
-    (run folder's .replaced/) until its Trainer exists, and put back when it does not."""
-    import lightning.pytorch
+def _refused(main, args, run, before, capsys, *extra, words):
+    """``study.train`` with ``extra`` exits 2 with one `error:` line holding ``words``; ``run`` is as it was."""
+    assert main([*args, *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert all(w in err for w in words), (words, err)
+    assert _folder(run) == before and not (run / ".replaced").exists()
+
+
+def _lightning_refuses(**kwargs):
     from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    raise MisconfigurationException("`devices` selected with `CPUAccelerator` should be an int > 0.\nmore")
+
+
+def test_a_trainer_lightning_refuses_keeps_the_finished_run(nano_project, tmp_path, monkeypatch, capsys):
+    """Re-running a finished run with trainer settings that are refused (up front, or by Lightning when the
+    Trainer is built; with train.overwrite=true or with the same resume key, which both replace it) exits 2
+    with one `error:` line and leaves the finished run's files as they were: what a start replaces is only
+    set aside (the run folder's .replaced/) until its Trainer exists, and put back when it does not.  The
+    finished run is written here as train writes one (its resume record, completed); the slow test below
+    trains it."""
+    import lightning.pytorch
+
+    from study.config import load_config
+    from study.run_state import resume_record, run_digest
+    from study.train import main, write_json
+
+    monkeypatch.chdir(nano_project)
+    args = [f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={tmp_path / 'mlruns.db'}",
+            f"study.artifact_dir={tmp_path / 'mlartifacts'}", "trainer.progress_bar=false"]
+    cfg = load_config(args, nano_project)
+    record = resume_record(cfg, nano_project / cfg.data.dir)
+    run = tmp_path / "runs/baseline-s1"
+    (run / "checkpoints").mkdir(parents=True)
+    write_json(run / "checkpoints/run.json", {"config_hash": run_digest(cfg, nano_project / cfg.data.dir, record),
+                                              "mlflow_run_id": None, "completed": True, "seconds": 1.0,
+                                              "resume": record})
+    (run / "checkpoints/last.ckpt").write_bytes(b"the finished run's weights")
+    write_json(run / "metrics.json", {"val_loss": 5.0, "val_perplexity": 148.4, "tokens": 20480})
+    write_json(run / "record.json", {"variant": "baseline", "seed": 1, "status": "ok"})
+    (run / "curve.csv").write_text("step,tokens,train_loss,val_loss,lr\n10,20480,5.1,5.0,0.0003\n")
+    write_json(run / "config.json", {"data_digest": "d"})
+    before = _folder(run)
+
+    _refused(main, args, run, before, capsys, "trainer.strategy=bogus", words=["trainer.strategy='bogus'"])
+    _refused(main, args, run, before, capsys, "trainer.devices=[0,1]", "train.overwrite=true",
+             words=["trainer.devices=[0, 1]"])
+    _refused(main, args, run, before, capsys, "trainer.devices=abc", words=["trainer.devices='abc'"])
+    if sys.platform != "darwin":  # passes the checks; Lightning refuses it when the Trainer is built
+        _refused(main, args, run, before, capsys, "trainer.accelerator=mps", "train.overwrite=true",
+                 words=["Lightning refused the trainer settings", "accelerator='mps'", "MPSAccelerator"])
+    monkeypatch.setattr(lightning.pytorch, "Trainer", _lightning_refuses)
+    _refused(main, args, run, before, capsys, words=["Lightning refused the trainer settings",
+                                                     "should be an int > 0", "conf/trainer"])
+    _refused(main, args, run, before, capsys, "train.overwrite=true", "train.lr=1e-3", words=["Lightning refused"])
+    # a start that died with the outputs set aside (SIGKILL before its Trainer existed): the next start puts
+    # them back before it decides anything
+    (run / ".replaced").mkdir()
+    for name in ("metrics.json", "record.json", "checkpoints"):
+        (run / name).replace(run / ".replaced" / name)
+    (run / "checkpoints").mkdir()
+    (run / "checkpoints/run.json").write_text("{}")  # what the dead start had begun to write
+    _refused(main, args, run, before, capsys, words=["Lightning refused"])
+
+
+@pytest.mark.slow
+def test_a_trained_run_survives_a_rerun_lightning_refuses(run_in, tmp_path, monkeypatch, capsys):
+    """The same with a run trained here: a refused re-run keeps every file of it."""
+    import lightning.pytorch
 
     from study.train import main
 
@@ -121,35 +184,12 @@ def test_a_trainer_lightning_refuses_keeps_the_finished_run(run_in, nano_project
             "checkpoints/last.ckpt"} <= set(before)
     args = [f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={tmp_path / 'mlruns.db'}",
             f"study.artifact_dir={tmp_path / 'mlartifacts'}", "trainer.progress_bar=false", *tiny]
-
-    def refused(*extra, words):
-        assert main([*args, *extra]) == 2
-        err = capsys.readouterr().err.strip()
-        assert err.startswith("error: ") and len(err.splitlines()) == 1, err
-        assert all(w in err for w in words), (words, err)
-        assert _folder(run) == before and not (run / ".replaced").exists()
-
-    refused("trainer.strategy=bogus", words=["trainer.strategy='bogus'"])  # same resume key: would retrain
-    refused("trainer.devices=[0,1]", "train.overwrite=true", words=["trainer.devices=[0, 1]"])
-    refused("trainer.devices=abc", words=["trainer.devices='abc'"])
-    if sys.platform != "darwin":  # passes the checks; Lightning refuses it when the Trainer is built
-        refused("trainer.accelerator=mps", "train.overwrite=true", words=["Lightning refused the trainer settings",
-                                                                         "accelerator='mps'", "MPSAccelerator"])
-
-    def lightning_refuses(**kwargs):
-        raise MisconfigurationException("`devices` selected with `CPUAccelerator` should be an int > 0.\nmore")
-
-    monkeypatch.setattr(lightning.pytorch, "Trainer", lightning_refuses)
-    refused(words=["Lightning refused the trainer settings", "should be an int > 0", "conf/trainer"])
-    refused("train.overwrite=true", "train.lr=1e-3", words=["Lightning refused"])  # afresh: checkpoints set aside too
-    # a start that died with the outputs set aside (SIGKILL before its Trainer existed): the next start puts
-    # them back before it decides anything
-    (run / ".replaced").mkdir()
-    for name in ("metrics.json", "record.json", "checkpoints"):
-        (run / name).replace(run / ".replaced" / name)
-    (run / "checkpoints").mkdir()
-    (run / "checkpoints/run.json").write_text("{}")  # what the dead start had begun to write
-    refused(words=["Lightning refused"])
+    _refused(main, args, run, before, capsys, "trainer.strategy=bogus", words=["trainer.strategy='bogus'"])
+    if sys.platform != "darwin":
+        _refused(main, args, run, before, capsys, "trainer.accelerator=mps", "train.overwrite=true",
+                 words=["Lightning refused the trainer settings"])
+    monkeypatch.setattr(lightning.pytorch, "Trainer", _lightning_refuses)
+    _refused(main, args, run, before, capsys, "train.overwrite=true", words=["Lightning refused"])
 
 
 def _copy_data(nano_project: Path, dest: Path) -> Path:
