@@ -201,10 +201,16 @@ class Replaced:
         shutil.rmtree(self.aside, ignore_errors=True)
 
     def discard(self) -> None:
+        """Drop what was set aside: renamed first (one step), so that a process dying while it is deleted
+        leaves nothing that a later start would take for a set-aside run and put back."""
         if not self.owner:
             return
         self.moved = []
-        shutil.rmtree(self.aside, ignore_errors=True)
+        if self.aside.is_dir():
+            gone = self.out_dir / f"{REPLACED}.discarded"
+            shutil.rmtree(gone, ignore_errors=True)
+            self.aside.replace(gone)
+            shutil.rmtree(gone, ignore_errors=True)
 
 
 def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) -> tuple:
@@ -227,6 +233,8 @@ def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) ->
     ckpt_dir = out_dir / "checkpoints"
     if rank == 0 and (out_dir / REPLACED).is_dir():  # a start that died before its Trainer existed
         Replaced(out_dir, [p.name for p in (out_dir / REPLACED).iterdir()]).restore()
+    if rank == 0:  # one that died while dropping what it had replaced
+        shutil.rmtree(out_dir / f"{REPLACED}.discarded", ignore_errors=True)
     record = resume_record(cfg, data_dir)
     digest = run_digest(cfg, data_dir, record)
     state_path = ckpt_dir / "run.json"
