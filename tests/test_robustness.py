@@ -257,3 +257,70 @@ def test_prepare_never_replaces_the_project_or_a_folder_of_other_files(tmp_path)
     (tmp_path / "data/tokens/meta.json").write_text("{}")
     check_replaceable(tmp_path / "data/tokens", tmp_path, "data/tokens")  # earlier prepared data: replaced
     check_replaceable(tmp_path / "new", tmp_path, "new")  # not there yet: fine
+
+
+# -- corrupt meta.json / index.json: one line naming the file and the field -------------------------
+def _edit_json(path: Path, edit) -> None:
+    obj = json.loads(path.read_text())
+    edit(obj)
+    path.write_text(json.dumps(obj))
+
+
+CORRUPT_PREPARED = [  # (id, file under data.dir, edit of its JSON (or None: not JSON at all), the field named)
+    ("meta vocab_size null", "meta.json", lambda m: m.update(vocab_size=None), "'vocab_size' is null"),
+    ("meta tokens.val string", "meta.json", lambda m: m["tokens"].update(val="12"), "'tokens.val' is a string"),
+    ("meta tokens missing", "meta.json", lambda m: m.pop("tokens"), "'tokens' is missing"),
+    ("meta tokenizer number", "meta.json", lambda m: m.update(tokenizer=3), "'tokenizer' is a number"),
+    ("meta corpus_tokens list", "meta.json", lambda m: m.update(corpus_tokens=[]), "'corpus_tokens' is a list"),
+    ("meta corpus pair", "meta.json", lambda m: m["corpus_tokens"]["val"][0].__setitem__(1, None),
+     "'corpus_tokens.val[0]'"),
+    ("meta not JSON", "meta.json", None, "is not valid JSON"),
+    ("index chunks null", "train/index.json", lambda i: i.update(chunks=None), "'chunks' is null"),
+    ("index dim string", "val/index.json", lambda i: i["chunks"][0].update(dim="7"), "'chunks[0].dim' is a string"),
+    ("index filename missing", "train/index.json", lambda i: i["chunks"][0].pop("filename"),
+     "'chunks[0].filename' is missing"),
+    ("index data_format", "val/index.json", lambda i: i["config"].update(data_format="x"), "'config.data_format'"),
+    ("index not JSON", "train/index.json", None, "is not valid JSON"),
+]
+
+
+@pytest.mark.parametrize("case,name,edit,words", CORRUPT_PREPARED, ids=[c[0] for c in CORRUPT_PREPARED])
+def test_corrupt_meta_or_index_is_refused_in_one_line(nano_project, tmp_path, monkeypatch, capsys, case, name, edit,
+                                                      words):
+    from study.train import main
+
+    data = _copy_data(nano_project, tmp_path / "tokens")
+    if edit is None:
+        (data / name).write_text((data / name).read_text()[:-20])  # cut short: invalid JSON
+    else:
+        _edit_json(data / name, edit)
+    monkeypatch.chdir(nano_project)
+    runs = tmp_path / "runs"
+    rc = main([f"data.dir={data}", f"study.runs_dir={runs}", f"study.tracking_db={tmp_path / 'm.db'}"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert str(data / name) in err and words in err and "python -m study.prepare" in err, err
+    assert not runs.exists() or not list(runs.rglob("*.json"))  # refused before the run folder is written
+
+
+def test_compare_refuses_a_corrupt_meta_json_in_one_line_and_keeps_the_reports(nano_project, tmp_path, monkeypatch,
+                                                                                 capsys):
+    from study.compare import main
+    from tests.synthetic_runs import write_run
+
+    data = _copy_data(nano_project, tmp_path / "tokens")
+    for v, loss in (("baseline", 4.0), ("nonlinear_q", 3.9)):
+        for s in (1, 2):
+            write_run(tmp_path / f"runs/{v}-s{s}", v, s, loss + 0.01 * s)
+    args = [f"data.dir={data}", f"study.runs_dir={tmp_path / 'runs'}", f"study.reports_dir={tmp_path / 'reports'}",
+            "study.seeds=[1,2]", "study.variants=[baseline,nonlinear_q]", f"study.tracking_db={tmp_path / 'm.db'}"]
+    monkeypatch.chdir(nano_project)
+    assert main(args) == 0
+    before = (tmp_path / "reports/summary.json").read_text()
+    _edit_json(data / "meta.json", lambda m: m.update(yardsticks="none"))
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert str(data / "meta.json") in err and "'yardsticks' is a string" in err and "study.prepare" in err
+    assert (tmp_path / "reports/summary.json").read_text() == before

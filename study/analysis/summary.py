@@ -6,7 +6,6 @@ the statistics are :mod:`study.analysis.stats`.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -100,10 +99,10 @@ def yardsticks(meta_path: Path, settings: dict) -> dict:
     """
     if not meta_path.is_file():
         return {"available": False, "note": f"{meta_path} not found"}
-    from study.data.records import data_digest
+    from study.data.records import data_digest, read_meta
 
+    y = read_meta(meta_path.parent).get("yardsticks")  # a corrupt meta.json: DataError, one line
     digest = data_digest(meta_path.parent)
-    y = json.loads(meta_path.read_text()).get("yardsticks")
     runs_digest = settings.get("data_digest")
     if not y:
         return {"available": False, "note": "the prepared data records no yardsticks (re-run `python -m study.prepare`)"}
