@@ -91,9 +91,9 @@ def _check_meta(path: Path, meta) -> dict:
     return meta
 
 
-def read_meta(data_dir: Path) -> dict:
-    """data/tokens/meta.json, checked (:func:`_check_meta`), or a DataError that names the file (and
-    the field) and says to run the prepare stage."""
+def read_meta(data_dir: Path, check: bool = True) -> dict:
+    """data/tokens/meta.json, checked (:func:`_check_meta`; ``check=False``: only that it is a JSON object),
+    or a DataError that names the file (and the field) and says to run the prepare stage."""
     path = Path(data_dir) / "meta.json"
     if not path.is_file():
         raise DataError(f"{path} not found: prepare the data first with `python -m study.prepare` "
@@ -102,7 +102,9 @@ def read_meta(data_dir: Path) -> dict:
         meta = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as e:
         raise DataError(f"{path} is not valid JSON ({e}): the prepared data are corrupt; {PREPARE_FIX}") from e
-    return _check_meta(path, meta)
+    if not check and not isinstance(meta, dict):
+        raise DataError(f"{path} holds {_kind(meta)}, not a JSON object: the prepared data are corrupt; {PREPARE_FIX}")
+    return _check_meta(path, meta) if check else meta
 
 
 def read_index(split_dir: Path) -> dict:
@@ -234,8 +236,11 @@ def prepared_overrides(data_dir: Path) -> list[str]:
             return "[" + ",".join(str(x) for x in v) + "]"
         return str(v)
     not_applicable = ("data.corpora", "data.bpe_vocab_size")  # None there: another source / tokenizer
-    return [f"{k}={value(v)}" for k, v in read_meta(Path(data_dir)).get("prepared_with", {}).items()
-            if v is not None or k not in not_applicable]
+    meta = read_meta(Path(data_dir), check=False)  # only prepared_with is read here
+    was = meta.get("prepared_with", {})
+    if not isinstance(was, dict):
+        raise _corrupt(Path(data_dir) / "meta.json", "prepared_with", was, "an object")
+    return [f"{k}={value(v)}" for k, v in was.items() if v is not None or k not in not_applicable]
 
 
 # meta.json keys of prepares older than ``prepared_with``: the data.* keys they recorded
