@@ -331,3 +331,40 @@ def test_two_ladder_sizes_are_not_fitted_and_a_size_at_another_lr_is_refused(nan
     assert _compare(nano_project, monkeypatch, args) == 2
     err = capsys.readouterr().err
     assert "scale_ladder/ladder-96/nonlinear_q-s2 differs in train.lr 0.001 (vs 0.003)" in err
+
+
+# -- hand-edited run files: one line naming the file, the key and the fix; the reports kept ---------------
+HAND_EDITED = [  # (id, file of runs/nonlinear_q-s2, new content, words of the error)
+    ("val_loss a string", "metrics.json", {"val_loss": "3.9", "tokens": 1000}, ["'val_loss' is a string"]),
+    ("val_loss missing", "metrics.json", {"tokens": 1000}, ["'val_loss' is missing"]),
+    ("val_loss null", "metrics.json", {"val_loss": None, "tokens": 1000}, ["'val_loss' is null"]),
+    ("metrics not JSON", "metrics.json", "{\"val_loss\": 3.", ["is not valid JSON"]),
+    ("metrics a list", "metrics.json", [3.9], ["not a JSON object"]),
+    ("record not JSON", "record.json", "{\"status\": ", ["is not valid JSON"]),
+    ("status unknown", "record.json", {"status": "great", "variant": "nonlinear_q", "seed": 2}, ["'status' is a string"]),
+    ("params a string", "record.json", {"status": "ok", "variant": "nonlinear_q", "seed": 2,
+                                        "non_embedding_params": "1k"}, ["'non_embedding_params' is a string"]),
+]
+
+
+@pytest.mark.parametrize("case,name,content,words", HAND_EDITED, ids=[c[0] for c in HAND_EDITED])
+def test_hand_edited_run_files_are_refused_in_one_line_and_the_reports_kept(nano_project, tmp_path, monkeypatch,
+                                                                            capsys, case, name, content, words):
+    for s in (1, 2):
+        write_run(tmp_path / f"runs/baseline-s{s}", "baseline", s, BASE[s])
+        write_run(tmp_path / f"runs/nonlinear_q-s{s}", "nonlinear_q", s, BASE[s] - 0.03)
+    args = _study(tmp_path, seeds=(1, 2))
+    assert _compare(nano_project, monkeypatch, args) == 0
+    reports = sorted(p for p in (tmp_path / "reports").rglob("*") if p.is_file())
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in reports}
+    path = tmp_path / "runs/nonlinear_q-s2" / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    capsys.readouterr()
+    assert _compare(nano_project, monkeypatch, args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert str(path) in err and "python -m study.train variant=nonlinear_q seed=2" in err and "restore" in err, err
+    for w in words:
+        assert w in err, (w, err)
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in reports} == before  # nothing overwritten
+    assert sorted(p for p in (tmp_path / "reports").rglob("*") if p.is_file()) == reports

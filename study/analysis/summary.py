@@ -99,9 +99,11 @@ def yardsticks(meta_path: Path, settings: dict) -> dict:
     """
     if not meta_path.is_file():
         return {"available": False, "note": f"{meta_path} not found"}
-    from study.data.records import data_digest, read_meta
+    from study.data.records import corrupt_field, data_digest, read_meta
 
-    y = read_meta(meta_path.parent).get("yardsticks")  # a corrupt meta.json: DataError, one line
+    y = read_meta(meta_path.parent, check=False).get("yardsticks")  # not JSON: DataError, one line
+    if y is not None and not isinstance(y, dict):
+        raise corrupt_field(meta_path, "yardsticks", y, "an object")
     digest = data_digest(meta_path.parent)
     runs_digest = settings.get("data_digest")
     if not y:

@@ -29,7 +29,7 @@ def data_digest(data_dir: Path) -> str:
     hashes, settings, validation ids, yardsticks), parsed, so that formatting or the ``seconds`` field
     of older prepares does not count.  The resume key and each run's config.json hold it; compare pairs
     runs and shows yardsticks only for one digest."""
-    meta = dict(read_meta(Path(data_dir)))
+    meta = dict(read_meta(Path(data_dir), check=False))  # identity only: train checks the fields first
     meta.pop("seconds", None)  # wall-clock time of older prepares
     return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -48,7 +48,8 @@ def _is_count(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 0
 
 
-def _corrupt(path: Path, field: str, v, want: str) -> DataError:
+def corrupt_field(path: Path, field: str, v, want: str) -> DataError:
+    """The one-line error for field ``field`` of a prepared-data file holding ``v`` where ``want`` belongs."""
     got = "missing" if v is _MISSING else f"{_kind(v)} ({json.dumps(v)[:40]})"
     return DataError(f"{path}: field {field!r} is {got}, expected {want}: the prepared data are corrupt; "
                      f"{PREPARE_FIX}")
@@ -66,28 +67,28 @@ def _check_meta(path: Path, meta) -> dict:
         raise DataError(f"{path} holds {_kind(meta)}, not a JSON object: the prepared data are corrupt; {PREPARE_FIX}")
     tokenizer = meta.get("tokenizer", _MISSING)
     if not isinstance(tokenizer, str):
-        raise _corrupt(path, "tokenizer", tokenizer, "the tokenizer's name")
+        raise corrupt_field(path, "tokenizer", tokenizer, "the tokenizer's name")
     vocab = meta.get("vocab_size", _MISSING)
     if not (_is_count(vocab) and vocab > 0):
-        raise _corrupt(path, "vocab_size", vocab, "a positive integer")
+        raise corrupt_field(path, "vocab_size", vocab, "a positive integer")
     tokens = meta.get("tokens", _MISSING)
     if not isinstance(tokens, dict):
-        raise _corrupt(path, "tokens", tokens, "an object {\"train\": N, \"val\": N}")
+        raise corrupt_field(path, "tokens", tokens, "an object {\"train\": N, \"val\": N}")
     for split in ("train", "val"):
         if not _is_count(tokens.get(split, _MISSING)):
-            raise _corrupt(path, f"tokens.{split}", tokens.get(split, _MISSING), "a token count (integer >= 0)")
+            raise corrupt_field(path, f"tokens.{split}", tokens.get(split, _MISSING), "a token count (integer >= 0)")
     for key in ("corpus_tokens", "prepared_with", "chunks_sha256", "yardsticks"):
         if key in meta and not isinstance(meta[key], dict):
-            raise _corrupt(path, key, meta[key], "an object")
+            raise corrupt_field(path, key, meta[key], "an object")
     for split, runs in meta.get("corpus_tokens", {}).items():
         if not isinstance(runs, list):
-            raise _corrupt(path, f"corpus_tokens.{split}", runs, "a list of [corpus, tokens] pairs")
+            raise corrupt_field(path, f"corpus_tokens.{split}", runs, "a list of [corpus, tokens] pairs")
         for i, run in enumerate(runs):
             if not (isinstance(run, list) and len(run) == 2 and isinstance(run[0], str) and _is_count(run[1])):
-                raise _corrupt(path, f"corpus_tokens.{split}[{i}]", run, "a [corpus, tokens] pair")
+                raise corrupt_field(path, f"corpus_tokens.{split}[{i}]", run, "a [corpus, tokens] pair")
     for name, digest in meta.get("chunks_sha256", {}).items():
         if not isinstance(digest, str):
-            raise _corrupt(path, f"chunks_sha256.{name}", digest, "a sha256 hex string")
+            raise corrupt_field(path, f"chunks_sha256.{name}", digest, "a sha256 hex string")
     return meta
 
 
@@ -126,15 +127,15 @@ def read_index(split_dir: Path) -> dict:
                         f"{PREPARE_FIX}")
     chunks = index.get("chunks", _MISSING)
     if not isinstance(chunks, list):
-        raise _corrupt(index_path, "chunks", chunks, "a list of chunk entries")
+        raise corrupt_field(index_path, "chunks", chunks, "a list of chunk entries")
     for i, chunk in enumerate(chunks):
         if not isinstance(chunk, dict):
-            raise _corrupt(index_path, f"chunks[{i}]", chunk, "an object")
+            raise corrupt_field(index_path, f"chunks[{i}]", chunk, "an object")
         if not isinstance(chunk.get("filename", _MISSING), str):
-            raise _corrupt(index_path, f"chunks[{i}].filename", chunk.get("filename", _MISSING), "a file name")
+            raise corrupt_field(index_path, f"chunks[{i}].filename", chunk.get("filename", _MISSING), "a file name")
         for key in ("chunk_bytes", "dim"):
             if not _is_count(chunk.get(key, _MISSING)):
-                raise _corrupt(index_path, f"chunks[{i}].{key}", chunk.get(key, _MISSING), "an integer >= 0")
+                raise corrupt_field(index_path, f"chunks[{i}].{key}", chunk.get(key, _MISSING), "an integer >= 0")
     return index
 
 
@@ -239,7 +240,7 @@ def prepared_overrides(data_dir: Path) -> list[str]:
     meta = read_meta(Path(data_dir), check=False)  # only prepared_with is read here
     was = meta.get("prepared_with", {})
     if not isinstance(was, dict):
-        raise _corrupt(Path(data_dir) / "meta.json", "prepared_with", was, "an object")
+        raise corrupt_field(Path(data_dir) / "meta.json", "prepared_with", was, "an object")
     return [f"{k}={value(v)}" for k, v in was.items() if v is not None or k not in not_applicable]
 
 
