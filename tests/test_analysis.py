@@ -368,3 +368,32 @@ def test_hand_edited_run_files_are_refused_in_one_line_and_the_reports_kept(nano
         assert w in err, (w, err)
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in reports} == before  # nothing overwritten
     assert sorted(p for p in (tmp_path / "reports").rglob("*") if p.is_file()) == reports
+
+
+def test_missing_run_hint_keeps_the_overrides_when_the_picks_alone_fail_validation(tmp_path, monkeypatch, capsys):
+    """The project's own conf/: model=nano alone fails validation (the default BPE vocabulary is larger than
+    nano's vocab_size), so the hint used to drop every override; run as printed, it must train that run."""
+    import re
+    import shlex
+
+    from study.compare import main
+    from study.config import ConfigError, load_config, run_dir
+
+    root = Path(__file__).resolve().parent.parent
+    with pytest.raises(ConfigError):
+        load_config(["model=nano"], root)  # the premise: the pick alone does not validate
+    runs = tmp_path / "runs"
+    given = ["model=nano", "data.bpe_vocab_size=512", "train.tokens=20480", "train.warmup_tokens=4096"]
+    monkeypatch.chdir(root)
+    assert main([f"study.runs_dir={runs}", f"study.reports_dir={tmp_path / 'reports'}", "study.seeds=[1]",
+                 "study.variants=[baseline,nonlinear_q]", *given]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    cmds = re.findall(r"`python -m study\.train ([^`]*)`", err)
+    assert len(cmds) == 2, err
+    overrides = shlex.split(cmds[1])
+    assert overrides[:2] == ["variant=nonlinear_q", "seed=1"] and set(given) <= set(overrides), overrides
+    cfg = load_config(overrides, root)  # the printed command composes and validates ...
+    assert (cfg.model.name, cfg.data.bpe_vocab_size, cfg.train.tokens) == ("nano", 512, 20480)
+    assert run_dir(root, cfg, cfg.variant.name, cfg.seed, cfg.study.group) == runs / "nonlinear_q-s1"  # ... here
+    assert not (tmp_path / "reports").exists()

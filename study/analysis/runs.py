@@ -54,6 +54,20 @@ def _value(v) -> str:
     return "[" + ",".join(map(str, v)) + "]" if isinstance(v, (list, tuple)) else str(v)
 
 
+def _composed(overrides: list[str], root: Path):
+    """conf/study.yaml composed with ``overrides``: validated where it passes, else as composed (group
+    names set), for comparison only."""
+    from study.config import ConfigError, load_config
+    from study.config.compose import _compose, _name_groups
+
+    try:
+        return load_config(overrides, root)
+    except ConfigError:
+        cfg, choices = _compose(root / "conf", "study", overrides)
+        _name_groups(cfg, choices, root / "conf")
+        return cfg
+
+
 def run_overrides(cfg, root: Path, group: str = "") -> list[str]:
     """The overrides that make ``study.train`` train a run of ``group`` under ``cfg``: the group choices
     (``model=NAME`` ...) and fields where ``cfg`` differs from the project's default composition (as
@@ -62,18 +76,21 @@ def run_overrides(cfg, root: Path, group: str = "") -> list[str]:
     swept lr; scale_ladder/MODEL: the model and the compute-matched budget)."""
     from study.config import load_config, to_dict
 
-    out = []
+    out, picks = [], []
     try:
         base = load_config([], root)
         picks = [f"{g}={getattr(cfg, g).name}" for g in ("model", "data", "trainer")
                  if getattr(getattr(cfg, g), "name", None) != getattr(getattr(base, g), "name", None)]
-        base = load_config(picks, root) if picks else base
+        out = list(picks)
+        # the picks alone may fail validation (model=nano with the default BPE vocabulary): compared
+        # with their composition unvalidated, so the settings given with them stay in the hint
+        base = _composed(picks, root) if picks else base
         now, was = flatten(to_dict(cfg)), flatten(to_dict(base))
         out = picks + [f"{k}={_value(v)}" for k, v in now.items()
                        if (k.split(".", 1)[0] in ("model", "data", "train", "trainer") or k in RUN_STUDY_KEYS)
                        and not k.endswith(".name") and v != was.get(k)]
     except Exception:  # noqa: BLE001  (a hint never hides the error it belongs to)
-        pass
+        out = out or picks
     if group.startswith("lr_sweep/lr"):
         out += [f"variant.lr={group.removeprefix('lr_sweep/lr')}", f"train.tokens={cfg.lr_sweep.tokens}"]
     elif group == "tuned":
