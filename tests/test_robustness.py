@@ -324,3 +324,27 @@ def test_compare_refuses_a_corrupt_meta_json_in_one_line_and_keeps_the_reports(n
     assert err.startswith("error: ") and len(err.splitlines()) == 1, err
     assert str(data / "meta.json") in err and "'yardsticks' is a string" in err and "study.prepare" in err
     assert (tmp_path / "reports/summary.json").read_text() == before
+
+
+# -- study.tracking_db that cannot hold the store: refused before anything is written ------------------
+@pytest.mark.parametrize("case", ["inside a file", "a folder", "not sqlite", "below a file"])
+def test_unusable_tracking_db_is_refused_before_the_run_starts(nano_project, tmp_path, monkeypatch, capsys, case):
+    from study.train import main
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep me")
+    db = {"inside a file": notes / "mlruns.db", "a folder": tmp_path,
+          "not sqlite": notes, "below a file": notes / "a" / "b" / "mlruns.db"}[case]
+    runs = tmp_path / "runs"
+    finished = runs / "baseline-s1"
+    finished.mkdir(parents=True)
+    (finished / "metrics.json").write_text('{"val_loss": 4.0}')  # an earlier result in the run's folder
+    monkeypatch.chdir(nano_project)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    rc = main([f"study.runs_dir={runs}", f"study.tracking_db={db}", "variant=baseline", "seed=1"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert f"study.tracking_db={db}" in err and "writable file path" in err, err
+    assert notes.read_text() == "keep me" and notes.is_file()
+    assert (finished / "metrics.json").read_text() == '{"val_loss": 4.0}'  # nothing lost
+    assert sorted(p.name for p in finished.iterdir()) == ["metrics.json"]  # no lock, no checkpoint
