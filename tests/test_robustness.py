@@ -348,3 +348,54 @@ def test_unusable_tracking_db_is_refused_before_the_run_starts(nano_project, tmp
     assert notes.read_text() == "keep me" and notes.is_file()
     assert (finished / "metrics.json").read_text() == '{"val_loss": 4.0}'  # nothing lost
     assert sorted(p.name for p in finished.iterdir()) == ["metrics.json"]  # no lock, no checkpoint
+
+
+# -- a prepare that fails or is killed leaves no temporary folder ------------------------------------
+def _tmp_folders(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.glob(".tokens.tmp-*"))
+
+
+def test_failed_prepare_removes_its_tmp_and_a_stale_one(nano_project, tmp_path, monkeypatch):
+    """An exception mid-way removes the prepare's own .tmp; a .tmp left by a dead prepare of the same target
+    (SIGKILL: no clean-up ran) is removed by the next prepare before it builds."""
+    import study.data.build as build_mod
+    from study.config import load_config
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".tokens.tmp-{int(dead.stdout)}"  # the pid of a process that has ended
+    (stale / "train").mkdir(parents=True)
+    (stale / "train/chunk-0-0.bin").write_bytes(b"\0" * 64)
+    seen = []
+
+    def failing_tokenizer(d, texts, path):
+        seen.append((_tmp_folders(tmp_path), path.parent.is_dir()))
+        path.write_text("{}")  # something written into the .tmp before the failure
+        raise RuntimeError("tokenizer blew up")
+
+    monkeypatch.setattr(build_mod, "make_tokenizer", failing_tokenizer)
+    cfg = load_config([f"data.dir={tmp_path / 'tokens'}"], nano_project)
+    with pytest.raises(RuntimeError, match="tokenizer blew up"):
+        build_mod.build(cfg, nano_project)
+    assert seen == [([f".tokens.tmp-{os.getpid()}"], True)]  # the stale one was gone before building
+    assert _tmp_folders(tmp_path) == [] and not (tmp_path / "tokens").exists()
+
+
+@pytest.mark.slow  # ~25 s: two prepare processes, each signalled mid-way
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signalled_prepare_removes_its_tmp(nano_project, tmp_path, sig):
+    out = tmp_path / "tokens"
+    proc = subprocess.Popen([sys.executable, "-m", "study.prepare", f"data.dir={out}", "data.max_docs_per_corpus=null"],
+                            cwd=nano_project, env=env_for(nano_project), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not _tmp_folders(tmp_path) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    assert _tmp_folders(tmp_path), "the prepare never made its .tmp folder"
+    time.sleep(0.5)  # mid-way: building
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0, "the prepare ended before the signal: the test did not interrupt it"
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert _tmp_folders(tmp_path) == [], err[-2000:]
+    assert not (out / "meta.json").exists()
