@@ -25,6 +25,9 @@ KNOWN_WARNINGS = (
     r"Your `IterableDataset` has `__len__` defined",  # litdata's StreamingDataset, one loader worker per rank
     r"The '(train|val)_dataloader' does not have many workers",
     r".*LeafSpec.* is deprecated",
+    # the loader's position is the optimizer step (WindowSampler, resumed from the checkpoint's global step):
+    # resuming mid-epoch continues with the windows an uninterrupted run reads
+    r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is\s+not resumable",
 )
 # Info lines (prefixes) of Lightning's rank-zero logger that carry nothing for this study.
 DROPPED_INFO = ("💡 Tip", "GPU available", "TPU available", "HPU available", "`Trainer.fit` stopped",

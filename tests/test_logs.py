@@ -6,6 +6,8 @@ import csv
 import json
 import re
 
+import pytest
+
 from conftest import run_cli
 
 NOISE = ("Tip:", "litlogger", "Create an account", "Checkpoint directory", "exists and is not empty", "Epoch 0/-2",
@@ -63,3 +65,43 @@ def test_prepare_log_has_no_account_prompt(nano_project, tmp_path):
     log = r.stdout + r.stderr
     assert "Create an account" not in log and "lightning.ai" not in log
     assert re.search(r"^prepared [\d,]+ train and [\d,]+ val tokens", r.stdout, re.M)
+
+
+@pytest.mark.slow  # ~45-80 s: a nano run killed after its first checkpoint, then resumed
+def test_a_resumed_run_counts_every_segment_and_does_not_warn_its_loader_is_not_resumable(nano_project, tmp_path):
+    """The study's loader resumes from the checkpoint's optimizer step (WindowSampler), so Lightning's
+    "dataloader is not resumable" warning is noise; wall_time_s counts the killed segment too."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import torch
+
+    from conftest import env_for, start_until_checkpoint
+    from study.train import WALL_CLOCK_KEY
+
+    runs = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "study.train", "variant=baseline", "seed=5", "train.tokens=163840",
+           "trainer.progress_bar=false", f"study.runs_dir={runs}", f"study.tracking_db={tmp_path / 'm.db'}",
+           f"study.artifact_dir={tmp_path / 'mlartifacts'}"]
+    ckpt = runs / "baseline-s5/checkpoints/last.ckpt"
+    t_start = time.time()
+    proc = start_until_checkpoint(cmd, nano_project, ckpt)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    outer = time.time() - t_start  # segment 1 from outside: interpreter start to the kill
+    saved = torch.load(ckpt, map_location="cpu", weights_only=False)
+    killed_at, first = saved["global_step"], saved[WALL_CLOCK_KEY]
+    assert 0 < killed_at < 80 and 0 < first < outer, (killed_at, first, outer)
+    r = subprocess.run(cmd, cwd=nano_project, env=env_for(nano_project), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"resuming from step {killed_at}" in r.stdout
+    log = r.stdout + r.stderr
+    assert "not resumable" not in log and "resuming from a checkpoint that ended before the epoch" not in log, log[-3000:]
+    record = json.loads((runs / "baseline-s5/record.json").read_text())
+    metrics = json.loads((runs / "baseline-s5/metrics.json").read_text())
+    last = (80 - killed_at) * 2048 / metrics["tokens_per_s"]  # the resumed segment's own time
+    assert record["wall_time_s"] >= first + last - 0.05, (record["wall_time_s"], first, last)
+    assert record["wall_time_s"] <= first + last + 0.05  # and nothing else
