@@ -25,10 +25,11 @@ from pathlib import Path
 
 from study.analysis.report import verdict_lines, write_report
 from study.config import run_stage
-from study.tracking import log_verdict
+from study.tracking import log_verdict, tracking_uri
 
 
 def _report(cfg, root: Path) -> int:
+    tracking_uri(root, cfg.study)  # an unusable store is refused before the reports are written
     summary = write_report(cfg, root)
     for line in verdict_lines(summary):
         print(line)

@@ -10,6 +10,7 @@ a tqdm bar on a terminal, and one plain line every tenth of the run where stderr
 from __future__ import annotations
 
 import logging
+import math
 import os
 import sys
 import time
@@ -24,6 +25,9 @@ KNOWN_WARNINGS = (
     r"Your `IterableDataset` has `__len__` defined",  # litdata's StreamingDataset, one loader worker per rank
     r"The '(train|val)_dataloader' does not have many workers",
     r".*LeafSpec.* is deprecated",
+    # the loader's position is the optimizer step (WindowSampler, resumed from the checkpoint's global step):
+    # resuming mid-epoch continues with the windows an uninterrupted run reads
+    r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is\s+not resumable",
 )
 # Info lines (prefixes) of Lightning's rank-zero logger that carry nothing for this study.
 DROPPED_INFO = ("💡 Tip", "GPU available", "TPU available", "HPU available", "`Trainer.fit` stopped",
@@ -104,10 +108,13 @@ class ProgressLines(Callback):
 
         baseline-s1: step 64/256 (25%), 262,144 tokens, train_loss 5.123, val_loss 5.301, 14,210 tokens/s, eta 41 s
 
-    ``every`` optimizer steps (default max_steps // 10, at least 1); train_loss is the last logged
-    step's mean loss (nats), val_loss the latest evaluation (nats), tokens/s since the previous line.
-    The last line waits for the final evaluation (it runs after the last step's batch, in fit or in the
-    ``trainer.validate`` that follows), so it shows the run's final val_loss.
+    ``every`` optimizer steps (default max_steps // 10, at least 1).  train_loss is curve.csv's quantity:
+    the mean of the optimizer steps' losses since the previous evaluation, up to and including this step
+    (nats; at a step that ends an evaluation, exactly that curve.csv row's train_loss); val_loss is the
+    latest evaluation (nats), that of this very step when it ends one; tokens/s since the previous line.
+    A line is printed once the step is complete: after the module has recorded the step's loss and after
+    the evaluation that step triggers (in fit, or, for the last step, in the ``trainer.validate`` that
+    follows), so the last line shows the run's final val_loss.
     """
 
     def __init__(self, label: str, max_steps: int, tokens_per_step: int, every: int | None = None, stream=None):
@@ -116,12 +123,14 @@ class ProgressLines(Callback):
         self.every = every or max(1, max_steps // 10)
         self.stream = stream
         self._last: tuple[float, int] | None = None
-        self._final: list[str] | None = None  # the last line, waiting for the final evaluation
+        self._pending: tuple[int, list[str], list[str]] | None = None  # (step, parts, after), not yet printed
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._last = (time.perf_counter(), trainer.global_step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        # runs before the module's own on_train_batch_end (the step's loss) and the step's evaluation:
+        # the line is composed here (rate, eta) and printed by _flush once both have run
         step = trainer.global_step
         if trainer.global_rank != 0 or self._last is None or step == self._last[1]:
             return
@@ -132,32 +141,43 @@ class ProgressLines(Callback):
         rate = (step - s0) / (now - t0) if now > t0 else 0.0
         parts = [f"{self.label}: step {step}/{self.max_steps} ({100 * step / self.max_steps:.0f}%)",
                  f"{step * self.tokens_per_step:,} tokens"]
-        m = trainer.callback_metrics
-        if "train_loss" in m:
-            parts.append(f"train_loss {float(m['train_loss']):.3f}")
         after = []
         if rate > 0:
             after.append(f"{rate * self.tokens_per_step:,.0f} tokens/s")
             if step < self.max_steps:
                 after.append(f"eta {_fmt_eta((self.max_steps - step) / rate)}")
         self._last = (now, step)
-        if step == self.max_steps:  # the final evaluation comes after this batch: print the line then
-            self._final = [parts, after]
-            return
-        self._print(parts, after, pl_module)
+        self._flush(pl_module)  # an earlier line still waiting (none in a normal run)
+        self._pending = (step, parts, after)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        # the previous step is complete and was not evaluated (on_validation_end would have printed it)
+        if self._pending is not None and self._pending[0] != self.max_steps:
+            self._flush(pl_module)
 
     def on_validation_end(self, trainer, pl_module) -> None:
         curve = getattr(pl_module, "curve", None)
-        if self._final is not None and trainer.global_rank == 0 and curve and curve[-1]["step"] == self.max_steps:
-            (parts, after), self._final = self._final, None
-            self._print(parts, after, pl_module)
+        if self._pending is not None and curve and curve[-1]["step"] == self._pending[0]:
+            self._flush(pl_module)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        if self._pending is not None and self._pending[0] != self.max_steps:  # stopped early
+            self._flush(pl_module)
 
     def teardown(self, trainer, pl_module, stage: str) -> None:
-        if self._final is not None and getattr(pl_module, "diverged", None):  # no final evaluation follows
-            (parts, after), self._final = self._final, None
-            self._print(parts, after, pl_module)
+        if self._pending is not None and (getattr(pl_module, "diverged", None) or stage != "fit"):
+            self._flush(pl_module)  # no final evaluation follows
 
-    def _print(self, parts: list[str], after: list[str], pl_module) -> None:
-        curve = getattr(pl_module, "curve", None)
+    def _flush(self, pl_module) -> None:
+        if self._pending is None:
+            return
+        (step, parts, after), self._pending = self._pending, None
+        curve = getattr(pl_module, "curve", None) or []
+        losses = getattr(pl_module, "_train_losses", None)
+        if curve and curve[-1]["step"] == step:  # this step ended an evaluation: its curve.csv row
+            train = curve[-1].get("train_loss")
+        else:  # the mean since the previous evaluation, as curve.csv's next row will hold it
+            train = sum(losses) / len(losses) if losses else None
+        loss = [f"train_loss {train:.3f}"] if train is not None and math.isfinite(train) else []
         val = [f"val_loss {curve[-1]['val_loss']:.3f}"] if curve else []
-        print(", ".join(parts + val + after), file=self.stream or sys.stderr, flush=True)
+        print(", ".join(parts + loss + val + after), file=self.stream or sys.stderr, flush=True)

@@ -7,7 +7,7 @@ Trains one (variant, seed) run on the prepared token data and writes
                    (a diverged run's loss) is left out
   record.json      the rest of the run's result: variant, seed, status ("ok"/"diverged") and
                    reason, per-corpus val_loss, steps, lr, parameter and FLOP counts, wall time
-                   (s), tokenizer, model, group, config_hash, mlflow_run_id
+                   (s, every segment of a resumed run), tokenizer, model, group, config_hash, mlflow_run_id
   curve.csv        step, tokens, train_loss, val_loss, lr (one row per evaluation)
   config.json      the resolved config it trained with and the prepared data's digest (compare
                    pairs only runs that agree on everything but the variant)
@@ -72,6 +72,25 @@ def write_json(path: Path, obj: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(obj, indent=1))
     tmp.replace(path)
+
+
+#: the checkpoint key of a run's training time up to that checkpoint (s, every segment of a resumed run)
+WALL_CLOCK_KEY = "study_wall_time_s"
+
+
+def wall_clock_callback():
+    """A callback that writes the run's wall time so far into every checkpoint (:data:`WALL_CLOCK_KEY`:
+    ``earlier`` (the segments before this process, from the resumed checkpoint) + the time since ``t0``),
+    so that record.json's wall_time_s of a killed and resumed run counts every segment."""
+    from lightning.pytorch.callbacks import Callback
+
+    class WallClock(Callback):
+        earlier, t0 = 0.0, None
+
+        def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+            if self.t0 is not None:
+                checkpoint[WALL_CLOCK_KEY] = self.earlier + time.time() - self.t0
+    return WallClock()
 
 
 def recorded_config(cfg, data_digest: str) -> dict:
@@ -175,7 +194,8 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
         checkpoint = ModelCheckpoint(dirpath=ckpt_dir, filename="last", monitor=None, save_top_k=1,
                                      enable_version_counter=False)
         progress = progress_callback(name, steps, cfg.train.batch_tokens, enabled=cfg.trainer.progress_bar)
-        callbacks = [checkpoint, loop_state_callback(accum)] + ([progress] if progress is not None else [])
+        clock = wall_clock_callback()
+        callbacks = [checkpoint, loop_state_callback(accum), clock] + ([progress] if progress is not None else [])
         if wants_throughput_monitor(cfg.trainer):  # throughput and MFU against the datasheet peak (no MFU on CPUs)
             callbacks.append(throughput_monitor(window=min(100, steps * accum // 4)))
         trainer = build_trainer(
@@ -191,11 +211,15 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
         replaced.discard()  # the Trainer took its settings: this run replaces the folder's last one
         logger.step_of = lambda: trainer.global_step  # metric steps = optimizer steps, as in curve.csv
         t0 = time.time()
-        start_step = 0
+        start_step, earlier = 0, 0.0
         if resume is not None:
-            start_step = torch.load(resume, map_location="cpu", weights_only=False)["global_step"]
+            resumed = torch.load(resume, map_location="cpu", weights_only=False)
+            start_step = resumed["global_step"]
+            earlier = float(resumed.get(WALL_CLOCK_KEY) or 0.0)  # the earlier segments' training time
+            del resumed
             if rank == 0:
                 print(f"{name}: resuming from step {start_step} ({resume})", flush=True)
+        clock.earlier, clock.t0 = earlier, t0
         trainer.fit(module, dm, ckpt_path=str(resume) if resume else None)
         if not module.diverged and (not module.curve or module.curve[-1]["step"] != trainer.global_step):
             trainer.validate(module, dm, verbose=False)
@@ -215,7 +239,7 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
                 pass
         raise
     trained_tokens = (trainer.global_step - start_step) * cfg.train.batch_tokens
-    state.update(completed=True, seconds=state.get("seconds", 0.0) + seconds)
+    state.update(completed=True, seconds=earlier + seconds)  # every segment of a resumed run
     trainer.save_checkpoint(ckpt_dir / "last.ckpt", weights_only=False)  # on every rank: it ends with a barrier
     lr, min_lr = peak_lr(cfg)
     final = module.curve[-1] if module.curve else {}

@@ -331,3 +331,69 @@ def test_two_ladder_sizes_are_not_fitted_and_a_size_at_another_lr_is_refused(nan
     assert _compare(nano_project, monkeypatch, args) == 2
     err = capsys.readouterr().err
     assert "scale_ladder/ladder-96/nonlinear_q-s2 differs in train.lr 0.001 (vs 0.003)" in err
+
+
+# -- hand-edited run files: one line naming the file, the key and the fix; the reports kept ---------------
+HAND_EDITED = [  # (id, file of runs/nonlinear_q-s2, new content, words of the error)
+    ("val_loss a string", "metrics.json", {"val_loss": "3.9", "tokens": 1000}, ["'val_loss' is a string"]),
+    ("val_loss missing", "metrics.json", {"tokens": 1000}, ["'val_loss' is missing"]),
+    ("val_loss null", "metrics.json", {"val_loss": None, "tokens": 1000}, ["'val_loss' is null"]),
+    ("metrics not JSON", "metrics.json", "{\"val_loss\": 3.", ["is not valid JSON"]),
+    ("metrics a list", "metrics.json", [3.9], ["not a JSON object"]),
+    ("record not JSON", "record.json", "{\"status\": ", ["is not valid JSON"]),
+    ("status unknown", "record.json", {"status": "great", "variant": "nonlinear_q", "seed": 2}, ["'status' is a string"]),
+    ("params a string", "record.json", {"status": "ok", "variant": "nonlinear_q", "seed": 2,
+                                        "non_embedding_params": "1k"}, ["'non_embedding_params' is a string"]),
+]
+
+
+@pytest.mark.parametrize("case,name,content,words", HAND_EDITED, ids=[c[0] for c in HAND_EDITED])
+def test_hand_edited_run_files_are_refused_in_one_line_and_the_reports_kept(nano_project, tmp_path, monkeypatch,
+                                                                            capsys, case, name, content, words):
+    for s in (1, 2):
+        write_run(tmp_path / f"runs/baseline-s{s}", "baseline", s, BASE[s])
+        write_run(tmp_path / f"runs/nonlinear_q-s{s}", "nonlinear_q", s, BASE[s] - 0.03)
+    args = _study(tmp_path, seeds=(1, 2))
+    assert _compare(nano_project, monkeypatch, args) == 0
+    reports = sorted(p for p in (tmp_path / "reports").rglob("*") if p.is_file())
+    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in reports}
+    path = tmp_path / "runs/nonlinear_q-s2" / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    capsys.readouterr()
+    assert _compare(nano_project, monkeypatch, args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert str(path) in err and "python -m study.train variant=nonlinear_q seed=2" in err and "restore" in err, err
+    for w in words:
+        assert w in err, (w, err)
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in reports} == before  # nothing overwritten
+    assert sorted(p for p in (tmp_path / "reports").rglob("*") if p.is_file()) == reports
+
+
+def test_missing_run_hint_keeps_the_overrides_when_the_picks_alone_fail_validation(tmp_path, monkeypatch, capsys):
+    """The project's own conf/: model=nano alone fails validation (the default BPE vocabulary is larger than
+    nano's vocab_size), so the hint used to drop every override; run as printed, it must train that run."""
+    import re
+    import shlex
+
+    from study.compare import main
+    from study.config import ConfigError, load_config, run_dir
+
+    root = Path(__file__).resolve().parent.parent
+    with pytest.raises(ConfigError):
+        load_config(["model=nano"], root)  # the premise: the pick alone does not validate
+    runs = tmp_path / "runs"
+    given = ["model=nano", "data.bpe_vocab_size=512", "train.tokens=20480", "train.warmup_tokens=4096"]
+    monkeypatch.chdir(root)
+    assert main([f"study.runs_dir={runs}", f"study.reports_dir={tmp_path / 'reports'}", "study.seeds=[1]",
+                 "study.variants=[baseline,nonlinear_q]", *given]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    cmds = re.findall(r"`python -m study\.train ([^`]*)`", err)
+    assert len(cmds) == 2, err
+    overrides = shlex.split(cmds[1])
+    assert overrides[:2] == ["variant=nonlinear_q", "seed=1"] and set(given) <= set(overrides), overrides
+    cfg = load_config(overrides, root)  # the printed command composes and validates ...
+    assert (cfg.model.name, cfg.data.bpe_vocab_size, cfg.train.tokens) == ("nano", 512, 20480)
+    assert run_dir(root, cfg, cfg.variant.name, cfg.seed, cfg.study.group) == runs / "nonlinear_q-s1"  # ... here
+    assert not (tmp_path / "reports").exists()

@@ -390,3 +390,145 @@ def test_prepare_never_replaces_the_project_or_a_folder_of_other_files(tmp_path)
     (tmp_path / "data/tokens/meta.json").write_text("{}")
     check_replaceable(tmp_path / "data/tokens", tmp_path, "data/tokens")  # earlier prepared data: replaced
     check_replaceable(tmp_path / "new", tmp_path, "new")  # not there yet: fine
+
+
+# -- corrupt meta.json / index.json: one line naming the file and the field -------------------------
+def _edit_json(path: Path, edit) -> None:
+    obj = json.loads(path.read_text())
+    edit(obj)
+    path.write_text(json.dumps(obj))
+
+
+CORRUPT_PREPARED = [  # (id, file under data.dir, edit of its JSON (or None: not JSON at all), the field named)
+    ("meta vocab_size null", "meta.json", lambda m: m.update(vocab_size=None), "'vocab_size' is null"),
+    ("meta tokens.val string", "meta.json", lambda m: m["tokens"].update(val="12"), "'tokens.val' is a string"),
+    ("meta tokens missing", "meta.json", lambda m: m.pop("tokens"), "'tokens' is missing"),
+    ("meta tokenizer number", "meta.json", lambda m: m.update(tokenizer=3), "'tokenizer' is a number"),
+    ("meta corpus_tokens list", "meta.json", lambda m: m.update(corpus_tokens=[]), "'corpus_tokens' is a list"),
+    ("meta corpus pair", "meta.json", lambda m: m["corpus_tokens"]["val"][0].__setitem__(1, None),
+     "'corpus_tokens.val[0]'"),
+    ("meta not JSON", "meta.json", None, "is not valid JSON"),
+    ("index chunks null", "train/index.json", lambda i: i.update(chunks=None), "'chunks' is null"),
+    ("index dim string", "val/index.json", lambda i: i["chunks"][0].update(dim="7"), "'chunks[0].dim' is a string"),
+    ("index filename missing", "train/index.json", lambda i: i["chunks"][0].pop("filename"),
+     "'chunks[0].filename' is missing"),
+    ("index data_format", "val/index.json", lambda i: i["config"].update(data_format="x"), "'config.data_format'"),
+    ("index not JSON", "train/index.json", None, "is not valid JSON"),
+]
+
+
+@pytest.mark.parametrize("case,name,edit,words", CORRUPT_PREPARED, ids=[c[0] for c in CORRUPT_PREPARED])
+def test_corrupt_meta_or_index_is_refused_in_one_line(nano_project, tmp_path, monkeypatch, capsys, case, name, edit,
+                                                      words):
+    from study.train import main
+
+    data = _copy_data(nano_project, tmp_path / "tokens")
+    if edit is None:
+        (data / name).write_text((data / name).read_text()[:-20])  # cut short: invalid JSON
+    else:
+        _edit_json(data / name, edit)
+    monkeypatch.chdir(nano_project)
+    runs = tmp_path / "runs"
+    rc = main([f"data.dir={data}", f"study.runs_dir={runs}", f"study.tracking_db={tmp_path / 'm.db'}"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert str(data / name) in err and words in err and "python -m study.prepare" in err, err
+    assert not runs.exists() or not list(runs.rglob("*.json"))  # refused before the run folder is written
+
+
+def test_compare_refuses_a_corrupt_meta_json_in_one_line_and_keeps_the_reports(nano_project, tmp_path, monkeypatch,
+                                                                                 capsys):
+    from study.compare import main
+    from tests.synthetic_runs import write_run
+
+    data = _copy_data(nano_project, tmp_path / "tokens")
+    for v, loss in (("baseline", 4.0), ("nonlinear_q", 3.9)):
+        for s in (1, 2):
+            write_run(tmp_path / f"runs/{v}-s{s}", v, s, loss + 0.01 * s)
+    args = [f"data.dir={data}", f"study.runs_dir={tmp_path / 'runs'}", f"study.reports_dir={tmp_path / 'reports'}",
+            "study.seeds=[1,2]", "study.variants=[baseline,nonlinear_q]", f"study.tracking_db={tmp_path / 'm.db'}"]
+    monkeypatch.chdir(nano_project)
+    assert main(args) == 0
+    before = (tmp_path / "reports/summary.json").read_text()
+    _edit_json(data / "meta.json", lambda m: m.update(yardsticks="none"))
+    capsys.readouterr()
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert str(data / "meta.json") in err and "'yardsticks' is a string" in err and "study.prepare" in err
+    assert (tmp_path / "reports/summary.json").read_text() == before
+
+
+# -- study.tracking_db that cannot hold the store: refused before anything is written ------------------
+@pytest.mark.parametrize("case", ["inside a file", "a folder", "not sqlite", "below a file"])
+def test_unusable_tracking_db_is_refused_before_the_run_starts(nano_project, tmp_path, monkeypatch, capsys, case):
+    from study.train import main
+
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep me")
+    db = {"inside a file": notes / "mlruns.db", "a folder": tmp_path,
+          "not sqlite": notes, "below a file": notes / "a" / "b" / "mlruns.db"}[case]
+    runs = tmp_path / "runs"
+    finished = runs / "baseline-s1"
+    finished.mkdir(parents=True)
+    (finished / "metrics.json").write_text('{"val_loss": 4.0}')  # an earlier result in the run's folder
+    monkeypatch.chdir(nano_project)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    rc = main([f"study.runs_dir={runs}", f"study.tracking_db={db}", "variant=baseline", "seed=1"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert f"study.tracking_db={db}" in err and "writable file path" in err, err
+    assert notes.read_text() == "keep me" and notes.is_file()
+    assert (finished / "metrics.json").read_text() == '{"val_loss": 4.0}'  # nothing lost
+    assert sorted(p.name for p in finished.iterdir()) == ["metrics.json"]  # no lock, no checkpoint
+
+
+# -- a prepare that fails or is killed leaves no temporary folder ------------------------------------
+def _tmp_folders(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.glob(".tokens.tmp-*"))
+
+
+def test_failed_prepare_removes_its_tmp_and_a_stale_one(nano_project, tmp_path, monkeypatch):
+    """An exception mid-way removes the prepare's own .tmp; a .tmp left by a dead prepare of the same target
+    (SIGKILL: no clean-up ran) is removed by the next prepare before it builds."""
+    import study.data.build as build_mod
+    from study.config import load_config
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f".tokens.tmp-{int(dead.stdout)}"  # the pid of a process that has ended
+    (stale / "train").mkdir(parents=True)
+    (stale / "train/chunk-0-0.bin").write_bytes(b"\0" * 64)
+    seen = []
+
+    def failing_tokenizer(d, texts, path):
+        seen.append((_tmp_folders(tmp_path), path.parent.is_dir()))
+        path.write_text("{}")  # something written into the .tmp before the failure
+        raise RuntimeError("tokenizer blew up")
+
+    monkeypatch.setattr(build_mod, "make_tokenizer", failing_tokenizer)
+    cfg = load_config([f"data.dir={tmp_path / 'tokens'}"], nano_project)
+    with pytest.raises(RuntimeError, match="tokenizer blew up"):
+        build_mod.build(cfg, nano_project)
+    assert seen == [([f".tokens.tmp-{os.getpid()}"], True)]  # the stale one was gone before building
+    assert _tmp_folders(tmp_path) == [] and not (tmp_path / "tokens").exists()
+
+
+@pytest.mark.slow  # ~25 s: two prepare processes, each signalled mid-way
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signalled_prepare_removes_its_tmp(nano_project, tmp_path, sig):
+    out = tmp_path / "tokens"
+    proc = subprocess.Popen([sys.executable, "-m", "study.prepare", f"data.dir={out}", "data.max_docs_per_corpus=null"],
+                            cwd=nano_project, env=env_for(nano_project), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not _tmp_folders(tmp_path) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    assert _tmp_folders(tmp_path), "the prepare never made its .tmp folder"
+    time.sleep(0.5)  # mid-way: building
+    proc.send_signal(sig)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode != 0, "the prepare ended before the signal: the test did not interrupt it"
+    if sig == signal.SIGTERM:
+        assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert _tmp_folders(tmp_path) == [], err[-2000:]
+    assert not (out / "meta.json").exists()

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 
 from study.analysis.pairing import check
@@ -53,6 +54,20 @@ def _value(v) -> str:
     return "[" + ",".join(map(str, v)) + "]" if isinstance(v, (list, tuple)) else str(v)
 
 
+def _composed(overrides: list[str], root: Path):
+    """conf/study.yaml composed with ``overrides``: validated where it passes, else as composed (group
+    names set), for comparison only."""
+    from study.config import ConfigError, load_config
+    from study.config.compose import _compose, _name_groups
+
+    try:
+        return load_config(overrides, root)
+    except ConfigError:
+        cfg, choices = _compose(root / "conf", "study", overrides)
+        _name_groups(cfg, choices, root / "conf")
+        return cfg
+
+
 def run_overrides(cfg, root: Path, group: str = "") -> list[str]:
     """The overrides that make ``study.train`` train a run of ``group`` under ``cfg``: the group choices
     (``model=NAME`` ...) and fields where ``cfg`` differs from the project's default composition (as
@@ -61,18 +76,21 @@ def run_overrides(cfg, root: Path, group: str = "") -> list[str]:
     swept lr; scale_ladder/MODEL: the model and the compute-matched budget)."""
     from study.config import load_config, to_dict
 
-    out = []
+    out, picks = [], []
     try:
         base = load_config([], root)
         picks = [f"{g}={getattr(cfg, g).name}" for g in ("model", "data", "trainer")
                  if getattr(getattr(cfg, g), "name", None) != getattr(getattr(base, g), "name", None)]
-        base = load_config(picks, root) if picks else base
+        out = list(picks)
+        # the picks alone may fail validation (model=nano with the default BPE vocabulary): compared
+        # with their composition unvalidated, so the settings given with them stay in the hint
+        base = _composed(picks, root) if picks else base
         now, was = flatten(to_dict(cfg)), flatten(to_dict(base))
         out = picks + [f"{k}={_value(v)}" for k, v in now.items()
                        if (k.split(".", 1)[0] in ("model", "data", "train", "trainer") or k in RUN_STUDY_KEYS)
                        and not k.endswith(".name") and v != was.get(k)]
     except Exception:  # noqa: BLE001  (a hint never hides the error it belongs to)
-        pass
+        out = out or picks
     if group.startswith("lr_sweep/lr"):
         out += [f"variant.lr={group.removeprefix('lr_sweep/lr')}", f"train.tokens={cfg.lr_sweep.tokens}"]
     elif group == "tuned":
@@ -84,11 +102,66 @@ def run_overrides(cfg, root: Path, group: str = "") -> list[str]:
     return out
 
 
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _kind(v) -> str:
+    return "null" if v is None else {bool: "true/false", str: "a string", list: "a list", dict: "an object"}.get(
+        type(v), "a non-finite number")
+
+
+#: record.json keys read as numbers where present (null allowed: not every run has each)
+RECORD_NUMBERS = ("seed", "steps", "lr", "min_lr", "non_embedding_params", "total_params", "flops_per_token",
+                  "wall_time_s", "data_seed", "init_seed")
+
+
 def read_result(d: Path) -> dict:
     """A run folder's result: record.json and metrics.json in one dict (metric keys the file lacks
-    are None).  Raises OSError or ValueError where either file is missing or not JSON."""
-    record = json.loads((d / "record.json").read_text())
-    return {**record, **dict.fromkeys(METRICS), **json.loads((d / "metrics.json").read_text())}
+    are None), checked: both JSON objects; metrics.json's values finite numbers, with a ``val_loss``
+    unless record.json says the run diverged; record.json's ``status`` "ok"/"diverged" and its numbers
+    (:data:`RECORD_NUMBERS`, ``val_loss_per_corpus``) numbers.
+
+    Raises:
+        RunsError: a file missing, not JSON or with a bad value, in one line that names the file and the
+            key and says to restore it or re-run the run.
+    """
+    variant, _, seed = d.name.rpartition("-s")
+    fix = f"restore the file, or re-run the run with {_train_cmd(variant or d.name, seed, '')}"
+
+    def load(name: str) -> dict:
+        try:
+            obj = json.loads((d / name).read_text())
+        except OSError as e:
+            raise RunsError(f"{d / name} cannot be read ({e.strerror or e}): {fix}") from None
+        except ValueError as e:
+            raise RunsError(f"{d / name} is not valid JSON ({e}): {fix}") from None
+        if not isinstance(obj, dict):
+            raise RunsError(f"{d / name} holds {_kind(obj)}, not a JSON object: {fix}")
+        return obj
+
+    def bad(name: str, key: str, v, want: str) -> RunsError:
+        got = "missing" if v is _MISSING else f"{_kind(v)} ({json.dumps(v)[:40]})"
+        return RunsError(f"{d / name}: {key!r} is {got}, expected {want}: {fix}")
+
+    record, metrics = load("record.json"), load("metrics.json")
+    if record.get("status", _MISSING) not in ("ok", "diverged"):
+        raise bad("record.json", "status", record.get("status", _MISSING), '"ok" or "diverged"')
+    for k in RECORD_NUMBERS:
+        if record.get(k) is not None and not _number(record[k]):
+            raise bad("record.json", k, record[k], "a number")
+    per = record.get("val_loss_per_corpus")
+    if per is not None and not (isinstance(per, dict) and all(_number(x) for x in per.values())):
+        raise bad("record.json", "val_loss_per_corpus", per, "an object of numbers")
+    for k, v in metrics.items():
+        if k in METRICS and not _number(v):
+            raise bad("metrics.json", k, v, "a finite number")
+    if record["status"] == "ok" and "val_loss" not in metrics:
+        raise bad("metrics.json", "val_loss", _MISSING, "the run's final validation loss (record.json says status ok)")
+    return {**record, **dict.fromkeys(METRICS), **metrics}
+
+
+_MISSING = object()
 
 
 def read_run(d: Path, root: Path | None = None) -> dict:
@@ -98,12 +171,12 @@ def read_run(d: Path, root: Path | None = None) -> dict:
         RunsError: metrics.json, record.json, curve.csv or config.json is missing or unreadable.
     """
     name = str(d.relative_to(root)) if root is not None and d.is_relative_to(root) else str(d)
+    m = read_result(d)
     try:
-        m = read_result(d)
         with open(d / "curve.csv") as f:
             m["curve"] = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
     except (OSError, ValueError) as e:
-        raise RunsError(f"{name}: unreadable metrics.json, record.json or curve.csv ({e}); re-run "
+        raise RunsError(f"{name}: unreadable curve.csv ({e}); restore it or re-run "
                         f"{_train_cmd(d.name.rsplit('-s', 1)[0], d.name.rsplit('-s', 1)[-1], '')}") from e
     try:
         config = json.loads((d / "config.json").read_text())

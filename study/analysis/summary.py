@@ -6,7 +6,6 @@ the statistics are :mod:`study.analysis.stats`.
 """
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
@@ -100,10 +99,12 @@ def yardsticks(meta_path: Path, settings: dict) -> dict:
     """
     if not meta_path.is_file():
         return {"available": False, "note": f"{meta_path} not found"}
-    from study.data.records import data_digest
+    from study.data.records import corrupt_field, data_digest, read_meta
 
+    y = read_meta(meta_path.parent, check=False).get("yardsticks")  # not JSON: DataError, one line
+    if y is not None and not isinstance(y, dict):
+        raise corrupt_field(meta_path, "yardsticks", y, "an object")
     digest = data_digest(meta_path.parent)
-    y = json.loads(meta_path.read_text()).get("yardsticks")
     runs_digest = settings.get("data_digest")
     if not y:
         return {"available": False, "note": "the prepared data records no yardsticks (re-run `python -m study.prepare`)"}

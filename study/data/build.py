@@ -87,15 +87,61 @@ def check_replaceable(out: Path, root: Path, name: str) -> None:
                         f"prepare would replace: give a new or empty folder")
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_tmp(out: Path) -> list[Path]:
+    """Remove the temporary folders (``.NAME.tmp-PID`` beside ``out``) that prepares of the same target
+    left behind when they died before their own clean-up (SIGKILL, power loss): those whose process is
+    gone.  A live prepare's folder is left alone.  Returns the folders removed."""
+    removed = []
+    for tmp in out.parent.glob(f".{out.name}.tmp-*"):
+        pid = tmp.name.rsplit("-", 1)[-1]
+        if tmp.is_dir() and pid.isdigit() and (int(pid) == os.getpid() or not _alive(int(pid))):
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+    return removed
+
+
+def _end_children() -> None:
+    """Stop the worker processes this prepare started (litdata's optimize) before its temporary folder
+    is removed, so that none writes into it afterwards."""
+    import multiprocessing
+
+    for child in multiprocessing.active_children():
+        child.terminate()
+    for child in multiprocessing.active_children():
+        child.join(timeout=10)
+
+
 def build(cfg, root: Path) -> dict:
     """Build the token data for ``cfg.data`` under ``root / cfg.data.dir``; return meta.json's content.
+
+    The work goes into ``.NAME.tmp-PID`` beside the output, removed whatever ends the build: an
+    exception, Ctrl-C, SIGTERM (turned into an exit with status 143 for the duration); a folder left
+    by a prepare that died without a word (SIGKILL) is removed by the next prepare of the same target.
 
     Raises:
         DataError / ConfigError: bad source files or settings (nothing is left at the output path).
     """
+    from study.run_state import terminate_as_exception
+
+    with terminate_as_exception():
+        return _build(cfg, root)
+
+
+def _build(cfg, root: Path) -> dict:
     t0 = time.time()
     out = root / cfg.data.dir
     check_replaceable(out, root, cfg.data.dir)
+    remove_stale_tmp(out)
     hf = cfg.data.source == "hf"
     if hf:  # read and checked before anything is written
         ds, src = load_hf_dataset(cfg.data)
@@ -159,6 +205,9 @@ def build(cfg, root: Path) -> dict:
         if out.exists():
             shutil.rmtree(out)
         tmp.rename(out)
+    except BaseException:
+        _end_children()
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     seconds = round(time.time() - t0, 1)

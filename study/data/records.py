@@ -29,32 +29,113 @@ def data_digest(data_dir: Path) -> str:
     hashes, settings, validation ids, yardsticks), parsed, so that formatting or the ``seconds`` field
     of older prepares does not count.  The resume key and each run's config.json hold it; compare pairs
     runs and shows yardsticks only for one digest."""
-    meta = json.loads((Path(data_dir) / "meta.json").read_text())
+    meta = dict(read_meta(Path(data_dir), check=False))  # identity only: train checks the fields first
     meta.pop("seconds", None)  # wall-clock time of older prepares
     return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def read_meta(data_dir: Path) -> dict:
-    """data/tokens/meta.json, or a DataError that says to run the prepare stage."""
-    path = data_dir / "meta.json"
+PREPARE_FIX = "re-run `python -m study.prepare` (or `dvc repro prepare`)"
+
+
+def _kind(v) -> str:
+    """How a JSON value reads in an error: null, a string, a list, an object, a number, true/false."""
+    if v is None:
+        return "null"
+    return {bool: "true/false", str: "a string", list: "a list", dict: "an object"}.get(type(v), "a number")
+
+
+def _is_count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+def corrupt_field(path: Path, field: str, v, want: str) -> DataError:
+    """The one-line error for field ``field`` of a prepared-data file holding ``v`` where ``want`` belongs."""
+    got = "missing" if v is _MISSING else f"{_kind(v)} ({json.dumps(v)[:40]})"
+    return DataError(f"{path}: field {field!r} is {got}, expected {want}: the prepared data are corrupt; "
+                     f"{PREPARE_FIX}")
+
+
+_MISSING = object()
+
+
+def _check_meta(path: Path, meta) -> dict:
+    """Refuse a meta.json whose fields that training and compare read have the wrong type (DataError
+    naming the file and the field): tokenizer (string), vocab_size (count > 0), tokens.train/val
+    (counts), and where present corpus_tokens ({split: [[name, count], ...]}), prepared_with,
+    chunks_sha256 and yardsticks (objects)."""
+    if not isinstance(meta, dict):
+        raise DataError(f"{path} holds {_kind(meta)}, not a JSON object: the prepared data are corrupt; {PREPARE_FIX}")
+    tokenizer = meta.get("tokenizer", _MISSING)
+    if not isinstance(tokenizer, str):
+        raise corrupt_field(path, "tokenizer", tokenizer, "the tokenizer's name")
+    vocab = meta.get("vocab_size", _MISSING)
+    if not (_is_count(vocab) and vocab > 0):
+        raise corrupt_field(path, "vocab_size", vocab, "a positive integer")
+    tokens = meta.get("tokens", _MISSING)
+    if not isinstance(tokens, dict):
+        raise corrupt_field(path, "tokens", tokens, "an object {\"train\": N, \"val\": N}")
+    for split in ("train", "val"):
+        if not _is_count(tokens.get(split, _MISSING)):
+            raise corrupt_field(path, f"tokens.{split}", tokens.get(split, _MISSING), "a token count (integer >= 0)")
+    for key in ("corpus_tokens", "prepared_with", "chunks_sha256", "yardsticks"):
+        if key in meta and not isinstance(meta[key], dict):
+            raise corrupt_field(path, key, meta[key], "an object")
+    for split, runs in meta.get("corpus_tokens", {}).items():
+        if not isinstance(runs, list):
+            raise corrupt_field(path, f"corpus_tokens.{split}", runs, "a list of [corpus, tokens] pairs")
+        for i, run in enumerate(runs):
+            if not (isinstance(run, list) and len(run) == 2 and isinstance(run[0], str) and _is_count(run[1])):
+                raise corrupt_field(path, f"corpus_tokens.{split}[{i}]", run, "a [corpus, tokens] pair")
+    for name, digest in meta.get("chunks_sha256", {}).items():
+        if not isinstance(digest, str):
+            raise corrupt_field(path, f"chunks_sha256.{name}", digest, "a sha256 hex string")
+    return meta
+
+
+def read_meta(data_dir: Path, check: bool = True) -> dict:
+    """data/tokens/meta.json, checked (:func:`_check_meta`; ``check=False``: only that it is a JSON object),
+    or a DataError that names the file (and the field) and says to run the prepare stage."""
+    path = Path(data_dir) / "meta.json"
     if not path.is_file():
         raise DataError(f"{path} not found: prepare the data first with `python -m study.prepare` "
                         f"(or `dvc repro prepare`)")
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise DataError(f"{path} is not valid JSON ({e}): re-run `python -m study.prepare`") from e
+        meta = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{path} is not valid JSON ({e}): the prepared data are corrupt; {PREPARE_FIX}") from e
+    if not check and not isinstance(meta, dict):
+        raise DataError(f"{path} holds {_kind(meta)}, not a JSON object: the prepared data are corrupt; {PREPARE_FIX}")
+    return _check_meta(path, meta) if check else meta
 
 
-def _read_index(split_dir: Path) -> dict:
-    index_path = split_dir / "index.json"
+def read_index(split_dir: Path) -> dict:
+    """A litdata split's index.json, checked: ``chunks`` a list of objects with ``filename`` (string),
+    ``chunk_bytes`` and ``dim`` (counts).
+
+    Raises:
+        DataError: missing, not JSON, or a field of the wrong type (names the file and the field).
+    """
+    index_path = Path(split_dir) / "index.json"
     if not index_path.is_file():
-        raise DataError(f"{index_path} not found: re-run `python -m study.prepare`")
+        raise DataError(f"{index_path} not found: {PREPARE_FIX}")
     try:
         index = json.loads(index_path.read_text())
-        index["chunks"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise DataError(f"{index_path} is corrupt ({e}): re-run `python -m study.prepare`") from e
+    except (ValueError, UnicodeDecodeError) as e:
+        raise DataError(f"{index_path} is not valid JSON ({e}): the prepared data are corrupt; {PREPARE_FIX}") from e
+    if not isinstance(index, dict):
+        raise DataError(f"{index_path} holds {_kind(index)}, not a JSON object: the prepared data are corrupt; "
+                        f"{PREPARE_FIX}")
+    chunks = index.get("chunks", _MISSING)
+    if not isinstance(chunks, list):
+        raise corrupt_field(index_path, "chunks", chunks, "a list of chunk entries")
+    for i, chunk in enumerate(chunks):
+        if not isinstance(chunk, dict):
+            raise corrupt_field(index_path, f"chunks[{i}]", chunk, "an object")
+        if not isinstance(chunk.get("filename", _MISSING), str):
+            raise corrupt_field(index_path, f"chunks[{i}].filename", chunk.get("filename", _MISSING), "a file name")
+        for key in ("chunk_bytes", "dim"):
+            if not _is_count(chunk.get(key, _MISSING)):
+                raise corrupt_field(index_path, f"chunks[{i}].{key}", chunk.get(key, _MISSING), "an integer >= 0")
     return index
 
 
@@ -65,7 +146,7 @@ def chunk_token_count(split_dir: Path) -> int:
         DataError: missing index, missing chunk, or a chunk whose size disagrees with its index entry.
     """
     total = 0
-    for chunk in _read_index(split_dir)["chunks"]:
+    for chunk in read_index(split_dir)["chunks"]:
         path = split_dir / chunk["filename"]
         if not path.is_file():
             raise DataError(f"{path} is missing: re-run `python -m study.prepare`")
@@ -90,8 +171,10 @@ def _token_dtype(split_dir: Path, index: dict) -> np.dtype:
             return torch.empty(0, dtype=_TORCH_DTYPES_MAPPING[int(i)]).numpy().dtype
     except (KeyError, IndexError, ValueError, TypeError):
         pass
-    raise DataError(f"{split_dir}/index.json is not a token split (data_format "
-                    f"{index.get('config', {}).get('data_format')}): re-run `python -m study.prepare`")
+    config = index.get("config")
+    raise DataError(f"{split_dir}/index.json: field 'config.data_format' is "
+                    f"{json.dumps(config.get('data_format') if isinstance(config, dict) else None)[:40]}, not a token "
+                    f"split's: the prepared data are corrupt; {PREPARE_FIX}")
 
 
 def chunk_token_range(split_dir: Path) -> tuple[int, int]:
@@ -104,7 +187,7 @@ def chunk_token_range(split_dir: Path) -> tuple[int, int]:
     Raises:
         DataError: missing or corrupt index, missing chunk, or a header that does not fit the file.
     """
-    index = _read_index(split_dir)
+    index = read_index(split_dir)
     dtype = _token_dtype(split_dir, index)
     lo, hi = None, None
     for chunk in index["chunks"]:
@@ -154,8 +237,11 @@ def prepared_overrides(data_dir: Path) -> list[str]:
             return "[" + ",".join(str(x) for x in v) + "]"
         return str(v)
     not_applicable = ("data.corpora", "data.bpe_vocab_size")  # None there: another source / tokenizer
-    return [f"{k}={value(v)}" for k, v in read_meta(Path(data_dir)).get("prepared_with", {}).items()
-            if v is not None or k not in not_applicable]
+    meta = read_meta(Path(data_dir), check=False)  # only prepared_with is read here
+    was = meta.get("prepared_with", {})
+    if not isinstance(was, dict):
+        raise corrupt_field(Path(data_dir) / "meta.json", "prepared_with", was, "an object")
+    return [f"{k}={value(v)}" for k, v in was.items() if v is not None or k not in not_applicable]
 
 
 # meta.json keys of prepares older than ``prepared_with``: the data.* keys they recorded
@@ -232,7 +318,7 @@ def chunks_sha256(data_dir: Path, meta: dict | None = None) -> dict[str, str]:
         return {}
     got = {}
     for split in ("train", "val"):
-        for chunk in _read_index(Path(data_dir) / split)["chunks"]:
+        for chunk in read_index(Path(data_dir) / split)["chunks"]:
             name = f"{split}/{chunk['filename']}"
             got[name] = sha256_file(Path(data_dir) / name)
             if want is not None and want.get(name) != got[name]:

@@ -7,7 +7,6 @@ config's batch fits the split (:func:`check_train_windows`).
 """
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -21,10 +20,9 @@ def split_chunks(split_dir: Path) -> list[dict]:
     Raises:
         DataError: index.json missing or corrupt.
     """
-    try:
-        return json.loads((split_dir / "index.json").read_text())["chunks"]
-    except (OSError, ValueError, KeyError) as e:
-        raise DataError(f"{split_dir}/index.json is missing or corrupt ({e}): re-run `python -m study.prepare`") from e
+    from study.data.records import read_index
+
+    return read_index(split_dir)["chunks"]
 
 
 def split_windows(split_dir: Path, window: int) -> int:
