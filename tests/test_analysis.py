@@ -344,6 +344,28 @@ HAND_EDITED = [  # (id, file of runs/nonlinear_q-s2, new content, words of the e
     ("status unknown", "record.json", {"status": "great", "variant": "nonlinear_q", "seed": 2}, ["'status' is a string"]),
     ("params a string", "record.json", {"status": "ok", "variant": "nonlinear_q", "seed": 2,
                                         "non_embedding_params": "1k"}, ["'non_embedding_params' is a string"]),
+    # another run's files, or a hand-edited variant/seed: the folder's name says which run it holds
+    ("record of another variant", "record.json", {"status": "ok", "variant": "baseline", "seed": 2},
+     ['records variant "baseline" seed 2', "is nonlinear_q-s2", "runs/baseline-s2"]),
+    ("record of another seed", "record.json", {"status": "ok", "variant": "nonlinear_q", "seed": 1},
+     ['records variant "nonlinear_q" seed 1', "runs/nonlinear_q-s1"]),
+    ("record without seed", "record.json", {"status": "ok", "variant": "nonlinear_q"}, ["seed missing"]),
+    ("config of another variant", "config.json", lambda t: t.replace('"name": "nonlinear_q"', '"name": "baseline"'),
+     ['records variant "baseline" seed 2']),
+    ("config of another seed", "config.json", lambda t: t.replace('"seed": 2', '"seed": 3'),
+     ['records variant "nonlinear_q" seed 3']),
+    ("config a list", "config.json", [1], ["holds a list, not a JSON object"]),
+    # losses no trained language model has (and exp() of which overflows)
+    ("val_loss 800", "metrics.json", {"val_loss": 800, "tokens": 1000}, ["'val_loss' is a number (800)", "(0, 100]"]),
+    ("val_loss 1e308", "metrics.json", {"val_loss": 1e308, "tokens": 1000}, ["'val_loss' is a number", "(0, 100]"]),
+    ("val_loss negative", "metrics.json", {"val_loss": -0.5, "tokens": 1000}, ["'val_loss' is a number (-0.5)"]),
+    ("val_loss zero", "metrics.json", {"val_loss": 0, "tokens": 1000}, ["'val_loss' is a number (0)"]),
+    # curve.csv: every row every column, a number
+    ("curve short row", "curve.csv", lambda t: t + "6,1,2\n", ["line 5 has 3 value(s) for 5 column(s)"]),
+    ("curve text cell", "curve.csv", lambda t: t + "6,1,2,x,3\n", ["line 5: val_loss is 'x', not a number"]),
+    ("curve empty", "curve.csv", "", ["is empty"]),
+    ("curve header only", "curve.csv", "step,tokens,train_loss,val_loss,lr\n", ["has no rows"]),
+    ("curve lacks a column", "curve.csv", "step,tokens,train_loss,lr\n1,2,3,4\n", ["lacks the column(s) val_loss"]),
 ]
 
 
@@ -358,7 +380,8 @@ def test_hand_edited_run_files_are_refused_in_one_line_and_the_reports_kept(nano
     reports = sorted(p for p in (tmp_path / "reports").rglob("*") if p.is_file())
     before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in reports}
     path = tmp_path / "runs/nonlinear_q-s2" / name
-    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    path.write_text(content(path.read_text()) if callable(content)
+                    else content if isinstance(content, str) else json.dumps(content))
     capsys.readouterr()
     assert _compare(nano_project, monkeypatch, args) == 2
     err = capsys.readouterr().err.strip()
@@ -368,6 +391,24 @@ def test_hand_edited_run_files_are_refused_in_one_line_and_the_reports_kept(nano
         assert w in err, (w, err)
     assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in reports} == before  # nothing overwritten
     assert sorted(p for p in (tmp_path / "reports").rglob("*") if p.is_file()) == reports
+
+
+def test_a_run_folder_copied_onto_another_runs_name_is_refused(nano_project, tmp_path, monkeypatch, capsys):
+    """`cp -a runs/baseline-s2 runs/nonlinear_q-s2` used to compare the baseline with itself (-0.00%)."""
+    import shutil
+
+    for s in (1, 2):
+        write_run(tmp_path / f"runs/baseline-s{s}", "baseline", s, BASE[s])
+    write_run(tmp_path / "runs/nonlinear_q-s1", "nonlinear_q", 1, BASE[1] - 0.03)
+    shutil.copytree(tmp_path / "runs/baseline-s2", tmp_path / "runs/nonlinear_q-s2")
+    assert _compare(nano_project, monkeypatch, _study(tmp_path, seeds=(1, 2))) == 2
+    cap = capsys.readouterr()
+    err = cap.err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert f"{tmp_path / 'runs/nonlinear_q-s2/record.json'} records variant \"baseline\" seed 2" in err, err
+    assert f"move the folder back to {tmp_path / 'runs/baseline-s2'}" in err, err
+    assert "python -m study.train variant=nonlinear_q seed=2" in err and "-0.00%" not in cap.out
+    assert not (tmp_path / "reports").exists()
 
 
 def test_missing_run_hint_keeps_the_overrides_when_the_picks_alone_fail_validation(tmp_path, monkeypatch, capsys):

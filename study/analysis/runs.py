@@ -107,6 +107,8 @@ def _number(v) -> bool:
 
 
 def _kind(v) -> str:
+    if _number(v):
+        return "a number"
     return "null" if v is None else {bool: "true/false", str: "a string", list: "a list", dict: "an object"}.get(
         type(v), "a non-finite number")
 
@@ -128,6 +130,7 @@ def read_result(d: Path) -> dict:
     """
     variant, _, seed = d.name.rpartition("-s")
     fix = f"restore the file, or re-run the run with {_train_cmd(variant or d.name, seed, '')}"
+    named = _named(d)
 
     def load(name: str) -> dict:
         try:
@@ -158,10 +161,39 @@ def read_result(d: Path) -> dict:
             raise bad("metrics.json", k, v, "a finite number")
     if record["status"] == "ok" and "val_loss" not in metrics:
         raise bad("metrics.json", "val_loss", _MISSING, "the run's final validation loss (record.json says status ok)")
+    # A cross-entropy in nats: a trained LM's loss lies below ln(vocab_size) (ln 50257 = 10.8 for GPT-2's
+    # vocabulary, ln 512 = 6.2 for nano's), and a diverged run carries no val_loss at all; 100 nats, ten
+    # times the largest vocabulary's uniform loss, leaves a wide margin and keeps exp(val_loss) finite.
+    if "val_loss" in metrics and not 0 < metrics["val_loss"] <= MAX_LOSS:
+        raise bad("metrics.json", "val_loss", metrics["val_loss"], f"a cross-entropy in (0, {MAX_LOSS:g}] nats")
+    if named is not None:
+        _same_run(d, "record.json", named, record.get("variant", _MISSING), record.get("seed", _MISSING))
     return {**record, **dict.fromkeys(METRICS), **metrics}
 
 
 _MISSING = object()
+
+#: the largest val_loss (nats) a run may record (see :func:`read_result`)
+MAX_LOSS = 100.0
+
+
+def _named(d: Path) -> tuple[str, int] | None:
+    """(variant, seed) a run folder's name VARIANT-sSEED says, or None for a folder not so named."""
+    variant, _, seed = d.name.rpartition("-s")
+    return (variant, int(seed)) if variant and seed.isdigit() else None
+
+
+def _same_run(d: Path, name: str, named: tuple[str, int], variant, seed) -> None:
+    """Refuse a run file whose variant/seed are not the folder's: a folder copied or renamed onto
+    another run's name, or a hand-edited file, would stand in for a run it is not."""
+    if variant == named[0] and type(seed) is int and seed == named[1]:
+        return
+    shown = lambda v: "missing" if v is _MISSING else json.dumps(v)[:40]  # noqa: E731
+    home = d.parent / f"{variant}-s{seed}" if isinstance(variant, str) and type(seed) is int else None
+    raise RunsError(f"{d / name} records variant {shown(variant)} seed {shown(seed)}, but the folder {d} is "
+                    f"{named[0]}-s{named[1]}: it holds another run, or was edited; "
+                    f"{'move the folder back to ' + str(home) + ', ' if home is not None else ''}"
+                    f"restore the file, or re-run the run with {_train_cmd(named[0], named[1], '')}")
 
 
 def read_run(d: Path, root: Path | None = None) -> dict:
@@ -172,23 +204,69 @@ def read_run(d: Path, root: Path | None = None) -> dict:
     """
     name = str(d.relative_to(root)) if root is not None and d.is_relative_to(root) else str(d)
     m = read_result(d)
-    try:
-        with open(d / "curve.csv") as f:
-            m["curve"] = [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
-    except (OSError, ValueError) as e:
-        raise RunsError(f"{name}: unreadable curve.csv ({e}); restore it or re-run "
-                        f"{_train_cmd(d.name.rsplit('-s', 1)[0], d.name.rsplit('-s', 1)[-1], '')}") from e
+    variant, _, seed = d.name.rpartition("-s")
+    fix = f"restore it, or re-run the run with {_train_cmd(variant or d.name, seed, '')}"
+    m["curve"] = read_curve(d / "curve.csv", fix, need_rows=m["status"] == "ok")
     try:
         config = json.loads((d / "config.json").read_text())
     except OSError:
         raise RunsError(f"{name} has no config.json (the settings it trained with): it predates runs that record "
                         f"them, so it cannot be checked to pair with the others; re-run it (`dvc repro`)") from None
     except ValueError as e:
-        raise RunsError(f"{name}/config.json is not valid JSON ({e}); re-run the run (`dvc repro`)") from e
+        raise RunsError(f"{d / 'config.json'} is not valid JSON ({e}): {fix}") from None
+    if not isinstance(config, dict):
+        raise RunsError(f"{d / 'config.json'} holds {_kind(config)}, not a JSON object: {fix}")
+    named = _named(d)
+    if named is not None:
+        var = config.get("variant", _MISSING)
+        _same_run(d, "config.json", named, var.get("name", _MISSING) if isinstance(var, dict) else var,
+                  config.get("seed", _MISSING))
     digest = config.pop("data_digest", None)
     m["settings"] = {**settings_of(config), "data_digest": digest}
     m["name"] = name
     return m
+
+
+#: the columns every curve.csv has (study.train's write_curve); val_loss/CORPUS columns may follow
+CURVE_COLUMNS = ("step", "tokens", "train_loss", "val_loss", "lr")
+
+
+def read_curve(path: Path, fix: str, need_rows: bool = True) -> list[dict]:
+    """A run's curve.csv, one dict of floats per row, checked: the :data:`CURVE_COLUMNS` present, every
+    cell of every row a number (nan allowed: a train_loss before any step, a diverged evaluation), at
+    least one row when ``need_rows`` (a finished run evaluated at least once).
+
+    Raises:
+        RunsError: in one line naming the file, the row and the column.
+    """
+    try:
+        with open(path, newline="") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            rows = list(reader)
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise RunsError(f"{path} cannot be read ({getattr(e, 'strerror', None) or e}): {fix}") from None
+    if not header:
+        raise RunsError(f"{path} is empty (no header row {','.join(CURVE_COLUMNS)}): {fix}")
+    lacking = [c for c in CURVE_COLUMNS if c not in header]
+    if lacking:
+        raise RunsError(f"{path} lacks the column(s) {', '.join(lacking)} (header {','.join(header)[:80]}): {fix}")
+    out = []
+    for i, row in enumerate(rows, start=2):
+        if not row:
+            continue  # a blank line
+        if len(row) != len(header):
+            raise RunsError(f"{path} line {i} has {len(row)} value(s) for {len(header)} column(s): {fix}")
+        vals = {}
+        for k, v in zip(header, row):
+            try:
+                vals[k] = float(v)
+            except ValueError:
+                raise RunsError(f"{path} line {i}: {k} is {v[:20]!r}, not a number: {fix}") from None
+        out.append(vals)
+    if need_rows and not out:
+        raise RunsError(f"{path} has no rows (the run finished, so it evaluated at least once): {fix}")
+    return out
 
 
 def load_runs(cfg, root: Path, variants=None, seeds=None, group: str = "", pair: bool = True) -> dict[str, dict[int, dict]]:

@@ -31,9 +31,17 @@ def pct_log_loss(loss: float, base: float) -> float:
     return 100.0 * (loss - base) / base
 
 
+def safe_exp(x: float) -> float:
+    """exp(x), inf where it overflows a float (x above ~709.8) instead of raising OverflowError."""
+    try:
+        return math.exp(x)
+    except OverflowError:
+        return float("inf")
+
+
 def pct_perplexity(loss: float, base: float) -> float:
     """Percent change of perplexity, 100 (exp(L - L_base) - 1) (arXiv 2603.13381)."""
-    return 100.0 * (math.exp(loss - base) - 1.0)
+    return 100.0 * (safe_exp(loss - base) - 1.0)
 
 
 def mean_ci(values, level: float = 0.95) -> tuple[float, float, float]:
@@ -147,8 +155,8 @@ def paired(variant: dict[int, float], baseline: dict[int, float], level: float =
             "pct_log_loss": 100.0 * diff / base,
             "pct_log_loss_ci95": [100.0 * lo / base, 100.0 * hi / base],
             "pct_perplexity": pct_perplexity(base + diff, base),
-            "pct_perplexity_ci95": [100.0 * (math.exp(lo) - 1) if math.isfinite(lo) else nan,
-                                    100.0 * (math.exp(hi) - 1) if math.isfinite(hi) else nan],
+            "pct_perplexity_ci95": [100.0 * (safe_exp(lo) - 1) if math.isfinite(lo) else nan,
+                                    100.0 * (safe_exp(hi) - 1) if math.isfinite(hi) else nan],
             "power": power_summary(n, sd if why is None else nan, base)}
 
 
@@ -199,7 +207,7 @@ def fit_power_law(params, losses) -> tuple[float, float]:
 
 def equivalent_params(loss: float, slope: float, intercept: float) -> float:
     """The size N on the fitted frontier whose loss is ``loss``: exp((log L - intercept) / slope)."""
-    return float(math.exp((math.log(loss) - intercept) / slope)) if slope < 0 else float("nan")
+    return float(safe_exp((math.log(loss) - intercept) / slope)) if slope < 0 else float("nan")
 
 
 def not_fitted(n_sizes: int) -> str | None:
@@ -247,7 +255,7 @@ def parameter_multiplier(family: dict[int, dict[int, float]], variant: dict[int,
         out["ci_note"] = f"no interval: the frontier of seed(s) {bad} alone does not fall with size"
     else:
         _, lo, hi = mean_ci(logs, level)
-        out["ci95"] = [math.exp(lo), math.exp(hi)] if math.isfinite(lo) else [nan, nan]
+        out["ci95"] = [safe_exp(lo), safe_exp(hi)] if math.isfinite(lo) else [nan, nan]
         if not math.isfinite(lo):
             out["ci_note"] = "identical per-seed multipliers: no spread to build an interval from"
     return out

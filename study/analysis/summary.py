@@ -14,7 +14,8 @@ import numpy as np
 from study.analysis import profiles
 from study.analysis.pairing import comparable, shared_settings
 from study.analysis.runs import final_losses
-from study.analysis.stats import MIN_FIT_SIZES, fit_power_law, mean_ci, not_fitted, paired, parameter_multiplier, verdict
+from study.analysis.stats import (MIN_FIT_SIZES, fit_power_law, mean_ci, not_fitted, paired, parameter_multiplier,
+                                  safe_exp, verdict)
 
 
 def in_family(variant: str, base_name: str) -> bool:
@@ -52,7 +53,7 @@ def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path, profiles_too: b
         per = ({c: float(np.mean([x[c] for x in corpora])) for c in corpora[0]}
                if corpora and all(corpora) else None)
         variants[v] = {"n_seeds": len(losses), "val_loss_mean": mean, "val_loss_sd": sd, "val_loss_ci95": [lo, hi],
-                       "val_perplexity_mean": math.exp(mean) if math.isfinite(mean) else float("nan"),
+                       "val_perplexity_mean": safe_exp(mean) if math.isfinite(mean) else float("nan"),
                        "lr": any_run.get("lr"), "min_lr": any_run.get("min_lr"),
                        "non_embedding_params": any_run["non_embedding_params"],
                        "total_params": any_run.get("total_params"), "flops_per_token": any_run["flops_per_token"],

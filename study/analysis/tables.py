@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from study.analysis.stats import safe_exp
 from study.config import run_name
 
 
@@ -79,7 +80,7 @@ def variants_table(summary: dict) -> list[str]:
         for name in ("unigram", "bigram"):
             if name in y:
                 lines.append(f"| *{name} yardstick* | | | | | {fmt(y[name].get('all'))} | | | "
-                             f"{fmt(math.exp(y[name]['all']) if y[name].get('all') is not None else None, '.2f')} |")
+                             f"{fmt(safe_exp(y[name]['all']) if y[name].get('all') is not None else None, '.2f')} |")
         lines += ["", f"Yardsticks: cross-entropy of a {' and a '.join(k for k in ('unigram', 'bigram') if k in y)} "
                   f"model of the training tokens on the same validation windows ({y.get('method', 'see meta.json')})."]
     elif y:
