@@ -242,6 +242,9 @@ def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) ->
         state = json.loads(state_path.read_text()) if state_path.is_file() else {}
     except ValueError:
         state = {}
+    if not isinstance(state, dict):
+        raise StudyError(f"{state_path} holds {type(state).__name__} {json.dumps(state)[:40]}, not a JSON object "
+                         f"(it was edited or damaged): delete {ckpt_dir} to start the run afresh")
     if (out_dir / "metrics.json").is_file() and not cfg.train.overwrite:  # a finished run: never replaced silently
         old = state.get("resume")
         differ = diff_keys(config_part(old), config_part(record)) if old is not None else ["(not recorded)"]
@@ -269,6 +272,25 @@ def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) ->
                 moved.append(n)
         ckpt_dir.mkdir(parents=True, exist_ok=True)
     return record, digest, state, previous_run_id, resume, Replaced(out_dir, moved, owner=rank == 0)
+
+
+def read_resume_checkpoint(resume: Path, wall_clock_key: str) -> tuple[int, float]:
+    """(global step, training seconds of the earlier segments) of the checkpoint a run resumes.
+
+    Raises:
+        StudyError: the checkpoint cannot be loaded (cut short by a kill or a full disk, edited): one
+            line naming it and saying to delete the run's checkpoints; it is never deleted here.
+    """
+    import torch
+
+    try:
+        ckpt = torch.load(resume, map_location="cpu", weights_only=False)
+        step, earlier = int(ckpt["global_step"]), float(ckpt.get(wall_clock_key) or 0.0)
+    except Exception as e:  # noqa: BLE001  (torch raises RuntimeError, EOFError, UnpicklingError ...)
+        why = " ".join(str(e).split())[:120] or type(e).__name__
+        raise StudyError(f"{resume} is unreadable ({type(e).__name__}: {why}): delete {resume.parent} to start "
+                         f"the run afresh") from None
+    return step, earlier
 
 
 def settle_previous_run(uri: str, run_id: str, resuming: bool, state: dict) -> dict:

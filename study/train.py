@@ -53,7 +53,8 @@ from study.data.records import data_digest as prepared_data_digest
 from study.data.windows import check_train_windows
 from study.launch import build_trainer, launch_rank, make_strategy, world_size
 from study.run_state import (METRICS, end_status, hold_run_lock, loop_state_callback, open_run_folder,  # noqa: F401
-                             restore_env, settle_previous_run, split_result, terminate_as_exception)
+                             read_resume_checkpoint, restore_env, settle_previous_run, split_result,
+                             terminate_as_exception)
 
 
 def write_curve(path: Path, rows: list[dict]) -> None:
@@ -157,6 +158,8 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
     # resume only a checkpoint of this very config, code and data that has not finished
     record, digest, state, previous_run_id, resume, replaced = open_run_folder(cfg, name, out_dir, data_dir, rank)
     stack.callback(replaced.restore)  # the last run's outputs come back unless the Trainer gets built (discard)
+    # read before MLflow or the folder changes: an unreadable checkpoint stops the start in one line
+    start_step, earlier = read_resume_checkpoint(resume, WALL_CLOCK_KEY) if resume is not None else (0, 0.0)
     state_path = ckpt_dir / "run.json"
 
     quiet_logs()
@@ -211,12 +214,7 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
         replaced.discard()  # the Trainer took its settings: this run replaces the folder's last one
         logger.step_of = lambda: trainer.global_step  # metric steps = optimizer steps, as in curve.csv
         t0 = time.time()
-        start_step, earlier = 0, 0.0
-        if resume is not None:
-            resumed = torch.load(resume, map_location="cpu", weights_only=False)
-            start_step = resumed["global_step"]
-            earlier = float(resumed.get(WALL_CLOCK_KEY) or 0.0)  # the earlier segments' training time
-            del resumed
+        if resume is not None:  # earlier: the earlier segments' training time
             if rank == 0:
                 print(f"{name}: resuming from step {start_step} ({resume})", flush=True)
         clock.earlier, clock.t0 = earlier, t0

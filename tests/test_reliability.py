@@ -148,6 +148,41 @@ def test_failed_run_resumes_on_other_settings_and_a_finished_run_is_not_overwrit
     assert sorted(r.info.status for r in _store(env_db)[1]) == ["FINISHED", "FINISHED"]
 
 
+def test_an_unreadable_checkpoint_or_run_json_is_refused_in_one_line_and_kept(
+        run_in, nano_project, tmp_path, monkeypatch, capsys):
+    """A checkpoint cut short (SIGKILL while saving, a full disk) used to raise `PytorchStreamReader failed
+    reading zip archive` on every start; a run.json that is not an object, an AttributeError."""
+    from study.train import main
+
+    db = tmp_path / "mlruns.db"
+    original = _fail_at(monkeypatch, 7)
+    with pytest.raises(RuntimeError, match="injected failure at step 7"):
+        run_in()
+    monkeypatch.setattr(__import__("study.lm", fromlist=["GPTModule"]).GPTModule, "on_train_batch_end", original)
+    ckpts = tmp_path / "runs/baseline-s1/checkpoints"
+    before = [(r.info.run_id, r.info.status) for r in _store(db)[1]]
+    argv = [f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={db}",
+            f"study.artifact_dir={tmp_path / 'mlartifacts'}", "trainer.progress_bar=false"]
+    with open(ckpts / "last.ckpt", "r+b") as f:
+        f.truncate(1000)
+    capsys.readouterr()
+    for _ in range(2):  # every start says so; nothing is deleted or changed
+        assert main(argv) == 2
+        err = _one_line_error(capsys)
+        assert f"{ckpts / 'last.ckpt'} is unreadable (" in err and f"delete {ckpts} to start the run afresh" in err
+        assert (ckpts / "last.ckpt").stat().st_size == 1000 and (ckpts / "run.json").is_file()
+        assert [(r.info.run_id, r.info.status) for r in _store(db)[1]] == before
+        assert sorted(p.name for p in ckpts.parent.iterdir() if p.name != ".lock") == ["checkpoints"]
+    state = (ckpts / "run.json").read_text()
+    (ckpts / "run.json").write_text("[1]")
+    assert main(argv) == 2
+    err = _one_line_error(capsys)
+    assert f"{ckpts / 'run.json'} holds list [1], not a JSON object" in err and f"delete {ckpts}" in err
+    (ckpts / "run.json").write_text(state)
+    shutil.rmtree(ckpts)  # as the message says: the run starts afresh and finishes
+    assert run_in()["steps"] == 10
+
+
 @pytest.mark.slow  # ~120 s: a DDP run (2 interpreters) and two in-process runs
 def test_a_checkpoint_resumes_on_another_world_size_in_the_same_mlflow_run(run_in, nano_project, tmp_path,
                                                                            monkeypatch):
