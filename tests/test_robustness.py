@@ -414,6 +414,16 @@ CORRUPT_PREPARED = [  # (id, file under data.dir, edit of its JSON (or None: not
      "'chunks[0].filename' is missing"),
     ("index data_format", "val/index.json", lambda i: i["config"].update(data_format="x"), "'config.data_format'"),
     ("index not JSON", "train/index.json", None, "is not valid JSON"),
+    # a wrong item count overflowed inside litdata's DataLoader after the run had started
+    ("index chunk_size negative", "train/index.json", lambda i: i["chunks"][0].update(chunk_size=-5),
+     "'chunks[0].chunk_size' is a number (-5), expected an integer >= 1"),
+    ("index chunk_size huge", "train/index.json", lambda i: i["chunks"][0].update(chunk_size=10**9),
+     "'chunks[0].chunk_size' is a number (1000000000)"),
+    ("index chunk_size missing", "val/index.json", lambda i: i["chunks"][0].pop("chunk_size"),
+     "'chunks[0].chunk_size' is missing"),
+    ("index chunk_size off by one", "train/index.json", lambda i: i["chunks"][0].update(chunk_size=i["chunks"][0]
+                                                                                      ["chunk_size"] + 1),
+     "the item count in the header of"),
 ]
 
 

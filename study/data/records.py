@@ -136,6 +136,13 @@ def read_index(split_dir: Path) -> dict:
         for key in ("chunk_bytes", "dim"):
             if not _is_count(chunk.get(key, _MISSING)):
                 raise corrupt_field(index_path, f"chunks[{i}].{key}", chunk.get(key, _MISSING), "an integer >= 0")
+        # chunk_size: the items in the chunk, whose header (a count and chunk_size + 1 offsets, uint32)
+        # litdata's TokensLoader skips by it; a wrong one overflows inside the DataLoader mid-run
+        size = chunk.get("chunk_size", _MISSING)
+        if not (_is_count(size) and size >= 1 and (size + 2) * 4 <= chunk["chunk_bytes"]):
+            raise corrupt_field(index_path, f"chunks[{i}].chunk_size", size,
+                                f"an integer >= 1 whose header, {'(chunk_size + 2) * 4'} bytes, fits the chunk's "
+                                f"chunk_bytes {chunk['chunk_bytes']}")
     return index
 
 
@@ -201,6 +208,9 @@ def chunk_token_range(split_dir: Path) -> tuple[int, int]:
         if start < 8 or start > size or n != chunk.get("dim", n):
             raise DataError(f"{path} is corrupt (its header does not match {chunk.get('dim')} tokens of "
                             f"{dtype}): re-run `python -m study.prepare`")
+        if int(header[0]) != chunk["chunk_size"] or start != (chunk["chunk_size"] + 2) * 4:
+            raise corrupt_field(Path(split_dir) / "index.json", f"chunks[{index['chunks'].index(chunk)}].chunk_size",
+                                chunk["chunk_size"], f"{int(header[0])}, the item count in the header of {path}")
         if n == 0:
             continue
         tokens = np.memmap(path, dtype=dtype, mode="r", offset=start, shape=(n,))
