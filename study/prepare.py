@@ -42,7 +42,12 @@ def _report(cfg, root: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_stage(_report, argv)
+    try:
+        return run_stage(_report, argv)
+    except KeyboardInterrupt:  # the build removed its temporary folder; the data there before are kept
+        print("error: prepare interrupted (Ctrl-C): the data folder is as it was before; run "
+              "`python -m study.prepare` again to prepare it", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -542,3 +542,23 @@ def test_signalled_prepare_removes_its_tmp(nano_project, tmp_path, sig):
         assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
     assert _tmp_folders(tmp_path) == [], err[-2000:]
     assert not (out / "meta.json").exists()
+
+
+@pytest.mark.slow  # ~20 s: a prepare process interrupted while litdata writes its chunks
+def test_ctrl_c_while_litdata_writes_chunks_exits_130_in_one_line_and_removes_the_tmp(nano_project, tmp_path):
+    """litdata's SIGINT handler used to end the prepare with os._exit(0): status 0, no word, the .tmp left."""
+    out = tmp_path / "tokens"
+    proc = subprocess.Popen([sys.executable, "-m", "study.prepare", f"data.dir={out}", "data.max_docs_per_corpus=null"],
+                            cwd=nano_project, env=env_for(nano_project), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not list(tmp_path.glob(".tokens.tmp-*/train")) and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.005)  # optimize creates the split's folder when it starts writing
+    assert list(tmp_path.glob(".tokens.tmp-*/train")), "the prepare never started writing chunks"
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    lines = [ln for ln in err.strip().splitlines() if ln.startswith("error: ")]
+    assert proc.returncode == 130, err[-2000:]
+    assert lines == [err.strip().splitlines()[-1]] and "interrupted" in lines[0] and "study.prepare" in lines[0], err
+    assert "Traceback" not in err, err[-2000:]
+    assert _tmp_folders(tmp_path) == [] and not out.exists()

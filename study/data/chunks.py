@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from contextlib import contextmanager
 from pathlib import Path
 
 HF_ROWS_PER_INPUT = 4096  # rows of the tokenised dataset per litdata input (source hf)
@@ -22,9 +23,45 @@ def write_chunks(inputs, out_dir: Path, chunk_bytes: str, fn=_emit) -> None:
     chunks are in input order), then make its index.json stable (:func:`stable_index`)."""
     from litdata import TokensLoader, optimize
 
-    optimize(fn=fn, inputs=inputs, output_dir=str(out_dir), chunk_bytes=chunk_bytes,
-             item_loader=TokensLoader(), num_workers=1, mode="overwrite", verbose=False)
+    with _ctrl_c_raises():
+        optimize(fn=fn, inputs=inputs, output_dir=str(out_dir), chunk_bytes=chunk_bytes,
+                 item_loader=TokensLoader(), num_workers=1, mode="overwrite", verbose=False)
     stable_index(out_dir)
+
+
+@contextmanager
+def _ctrl_c_raises():
+    """Ctrl-C during ``optimize`` raises KeyboardInterrupt, as anywhere else.  litdata's DataProcessor
+    installs a SIGINT handler that stops its workers and calls ``os._exit(0)``: the prepare vanished
+    with status 0, its temporary folder left behind; and the handler stayed installed after optimize.
+    Here the workers are stopped the same way, then KeyboardInterrupt unwinds the build (which removes
+    its temporary folder), and the previous SIGINT handler comes back afterwards."""
+    import signal
+    import threading
+
+    from litdata.processing.data_processor import DataProcessor
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(self, signum, frame):
+        for stop_queue in getattr(self, "stop_queues", None) or []:
+            stop_queue.put(None)
+        for w in getattr(self, "workers", None) or []:
+            w.join(0)
+        raise KeyboardInterrupt
+
+    previous, original = signal.getsignal(signal.SIGINT), DataProcessor.__dict__.get("_signal_handler")
+    DataProcessor._signal_handler = handler
+    try:
+        yield
+    finally:
+        if original is not None:
+            DataProcessor._signal_handler = original
+        else:
+            del DataProcessor._signal_handler
+        signal.signal(signal.SIGINT, previous)
 
 
 def stable_index(split_dir: Path) -> None:
