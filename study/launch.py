@@ -10,6 +10,36 @@ import os
 from study.config import ConfigError
 
 
+def multi_node_launcher(env=None) -> str | None:
+    """The multi-node launcher whose environment this process runs in, or None: SLURM with more than one
+    node (SLURM_NTASKS or SLURM_JOB_ID, and SLURM_NNODES > 1), torchrun (TORCHELASTIC_RUN_ID), or a
+    manual launch as Lightning reads it (MASTER_ADDR with NODE_RANK or WORLD_SIZE)."""
+    env = os.environ if env is None else env
+    nodes = env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or "1"
+    if ("SLURM_NTASKS" in env or "SLURM_JOB_ID" in env) and nodes.isdigit() and int(nodes) > 1:
+        return "SLURM"
+    if "TORCHELASTIC_RUN_ID" in env:
+        return "torchrun"
+    if "MASTER_ADDR" in env and ("NODE_RANK" in env or "WORLD_SIZE" in env):
+        return "MASTER_ADDR/NODE_RANK"
+    return None
+
+
+def check_multi_node(trainer_cfg) -> None:
+    """Refuse trainer.num_nodes > 1 outside a multi-node launcher: Lightning would wait forever for the
+    other nodes to join (only SIGKILL ends it).
+
+    Raises:
+        ConfigError: num_nodes > 1 and no SLURM/torchrun/MASTER_ADDR environment.
+    """
+    if int(trainer_cfg.num_nodes) > 1 and multi_node_launcher() is None:
+        n = int(trainer_cfg.num_nodes)
+        raise ConfigError(f"trainer.num_nodes={n} but no multi-node launcher is present (no SLURM job over "
+                          f"several nodes, torchrun or MASTER_ADDR/NODE_RANK): launch it on each node with torchrun "
+                          f"--nnodes {n} ... -m study.train or srun under a {n}-node SLURM job, or set "
+                          f"trainer.num_nodes=1")
+
+
 def world_size(trainer_cfg) -> int:
     """Devices x nodes the Trainer will use (devices=-1: every visible GPU)."""
     devices = trainer_cfg.devices

@@ -49,6 +49,8 @@ BAD_INPUT = [
     ("unknown accelerator", "study.train", ["trainer.accelerator=tpux"], ["trainer.accelerator='tpux'", "'cuda'"]),
     ("chunk size unit", "study.prepare", ["data.chunk_bytes=16XB"], ["data.chunk_bytes='16XB'", "MB", "16MB"]),
     ("chunk size zero", "study.prepare", ["data.chunk_bytes=0KB"], ["data.chunk_bytes='0KB'", "positive number"]),
+    ("two nodes, no launcher", "study.train", ["trainer.num_nodes=2"],
+     ["trainer.num_nodes=2", "no multi-node launcher", "torchrun", "srun", "trainer.num_nodes=1"]),
 ]
 
 
@@ -66,6 +68,17 @@ def test_bad_input_table(nano_project, tmp_path, monkeypatch, capsys, case, modu
     for w in words:
         assert w in err, (w, err)
     assert not list(runs.glob("*/metrics.json"))  # nothing that looks complete
+
+
+@pytest.mark.parametrize("env,launcher", [
+    ({}, None), ({"SLURM_JOB_ID": "7", "SLURM_NNODES": "1"}, None), ({"SLURM_NTASKS": "8", "SLURM_NNODES": "2"}, "SLURM"),
+    ({"TORCHELASTIC_RUN_ID": "x"}, "torchrun"), ({"NODE_RANK": "1"}, None),
+    ({"MASTER_ADDR": "h", "NODE_RANK": "1"}, "MASTER_ADDR/NODE_RANK"), ({"MASTER_ADDR": "h", "WORLD_SIZE": "4"},
+                                                                        "MASTER_ADDR/NODE_RANK")])
+def test_multi_node_needs_a_launcher(env, launcher):
+    from study.launch import multi_node_launcher
+
+    assert multi_node_launcher(env) == launcher
 
 
 def test_trainer_names_are_lightnings():
@@ -152,6 +165,10 @@ def test_a_trainer_lightning_refuses_keeps_the_finished_run(nano_project, tmp_pa
     _refused(main, args, run, before, capsys, "trainer.devices=[0,1]", "train.overwrite=true",
              words=["trainer.devices=[0, 1]"])
     _refused(main, args, run, before, capsys, "trainer.devices=abc", words=["trainer.devices='abc'"])
+    for key in ("SLURM_NTASKS", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "MASTER_ADDR"):
+        monkeypatch.delenv(key, raising=False)
+    _refused(main, args, run, before, capsys, "trainer.num_nodes=2", "train.overwrite=true",
+             words=["trainer.num_nodes=2", "no multi-node launcher"])
     if sys.platform != "darwin":  # passes the checks; Lightning refuses it when the Trainer is built
         _refused(main, args, run, before, capsys, "trainer.accelerator=mps", "train.overwrite=true",
                  words=["Lightning refused the trainer settings", "accelerator='mps'", "MPSAccelerator"])
