@@ -49,6 +49,12 @@ BAD_INPUT = [
     ("unknown accelerator", "study.train", ["trainer.accelerator=tpux"], ["trainer.accelerator='tpux'", "'cuda'"]),
     ("chunk size unit", "study.prepare", ["data.chunk_bytes=16XB"], ["data.chunk_bytes='16XB'", "MB", "16MB"]),
     ("chunk size zero", "study.prepare", ["data.chunk_bytes=0KB"], ["data.chunk_bytes='0KB'", "positive number"]),
+    ("interpolation of a missing key", "study.train", ["train.tokens=${train.nope}"],
+     ["train.tokens=${train.nope}", "Interpolation key 'train.nope' not found", "write a value", "${...} reference"]),
+    ("unset environment variable", "study.params", ["train.tokens=${oc.env:STUDY_TEST_UNSET}"],
+     ["train.tokens=${oc.env:STUDY_TEST_UNSET}", "STUDY_TEST_UNSET", "not found", "write a value"]),
+    ("recursive interpolation", "study.config.__main__", ["train.lr=${train.lr}"],
+     ["train.lr=${train.lr}", "Recursive interpolation", "write a value"]),
     ("two nodes, no launcher", "study.train", ["trainer.num_nodes=2"],
      ["trainer.num_nodes=2", "no multi-node launcher", "torchrun", "srun", "trainer.num_nodes=1"]),
 ]

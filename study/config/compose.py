@@ -360,7 +360,8 @@ def load_config(overrides: list[str] | None = None, root: Path | None = None,
 
 def _check(cfg: RunConfig, root: Path) -> None:
     """:func:`validate`, and every variant and model that the study's lists name is a file of conf/ that
-    states its own name."""
+    states its own name.  Interpolations (``${...}``) are resolved first: one that fails is refused in one line."""
+    _resolve_check(cfg)
     validate(cfg)
     for key, group, names in (("study.variants", "variant", cfg.study.variants),
                               ("lr_sweep.variants", "variant", cfg.lr_sweep.variants),
@@ -371,6 +372,36 @@ def _check(cfg: RunConfig, root: Path) -> None:
             raise ConfigError(f"{key} lists unknown {unknown}: choose from {available(root, group)}")
         for name in names:
             _check_name(root / "conf", group, name)
+
+
+def _raw_value(cfg: DictConfig, key: str) -> str | None:
+    """The unresolved value of ``key`` (``a.b.c``) in ``cfg``, e.g. ``${train.nope}``; None if it cannot be read."""
+    try:
+        node = cfg
+        for part in key.split("."):
+            node = node._get_node(part)
+        return str(node._value())
+    except Exception:  # noqa: BLE001  (only for the message)
+        return None
+
+
+def _resolve_check(cfg: DictConfig) -> None:
+    """Resolve every interpolation of ``cfg`` (without changing it).
+
+    Raises:
+        ConfigError: an interpolation names a key that does not exist, an unset environment variable, itself
+            (recursion) or an unknown resolver; one line with the key and the fix.
+    """
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        raw = _raw_value(cfg, key) if key != "?" else None
+        shown = f"{key}={raw}" if raw is not None else key
+        problem = _first(e).replace("KeyError raised while resolving interpolation: ", "")
+        raise ConfigError(f"{shown}: the interpolation cannot be resolved ({problem}): write a value instead "
+                          f"(e.g. {key}=VALUE) or fix the ${{...}} reference (${{SECTION.KEY}} of an existing "
+                          f"other key, or ${{oc.env:VAR}} with VAR set)") from e
 
 
 def sweep(overrides: list[str]) -> list[list[str]]:
