@@ -78,6 +78,30 @@ def test_a_group_file_naming_another_file_is_refused(tmp_path):
     assert load_config(["model=nano3", "data.bpe_vocab_size=512"], tmp_path).model.name == "nano3"  # no name: the file's
 
 
+@pytest.mark.parametrize("edit,words", [
+    (lambda t: t.replace("  - run_config\n", ""), ["but it starts with `- model: cpu`"]),
+    (lambda t: t.replace("  - run_config\n", "").replace("  - _self_\n", "  - run_config\n  - _self_\n"),
+     ["but it starts with `- model: cpu`"]),
+    (lambda t: t.split("defaults:")[0] + t.split("  - _self_\n", 1)[1], ["but it has no defaults list"]),
+], ids=["no run_config", "run_config not first", "no defaults list"])
+def test_study_yaml_without_the_schema_first_is_refused(tmp_path, edit, words):
+    """conf/study.yaml's defaults list must start with the typed schema: without it the composition used to
+    fail with a traceback (Missing key max_block_size); now one line, in load_config and in the CLIs."""
+    from study.config import ConfigError, load_config
+
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    study = tmp_path / "conf/study.yaml"
+    study.write_text(edit(study.read_text()))
+    with pytest.raises(ConfigError) as e:
+        load_config(NANO, tmp_path)
+    msg = str(e.value)
+    assert "\n" not in msg and "conf/study.yaml's defaults list must start with `- run_config`" in msg, msg
+    assert all(w in msg for w in words), msg
+    r = _cli(tmp_path, "study.train", "--cfg", "job", *NANO)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [f"error: {msg}"], r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["conf"]
+
+
 def test_every_group_file_states_its_own_name():
     """params.yaml (DVC's composition, which cannot fill names in) records each group's file by these."""
     for group in ("model", "variant", "trainer"):

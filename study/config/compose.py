@@ -156,6 +156,7 @@ def _compose(config_dir: Path, config_name: str, overrides: list[str]) -> tuple[
     import yaml
 
     register()
+    _check_schema_first(config_dir, config_name)
     try:
         with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base="1.3"):
             cfg = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
@@ -163,6 +164,34 @@ def _compose(config_dir: Path, config_name: str, overrides: list[str]) -> tuple[
         raise _hydra_error(e, list(overrides), config_dir.parent) from e
     choices = {g: cfg.hydra.runtime.choices.get(g) for g in GROUPS}
     return OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"]), choices  # less Hydra's own node
+
+
+def _check_schema_first(config_dir: Path, config_name: str) -> None:
+    """The primary config's defaults list starts with the typed schema (``- run_config``): without it
+    nothing is typed or checked (the composition fails later on a missing key), and after a group file it
+    would overwrite that file's values with the schema's defaults.
+
+    Raises:
+        ConfigError: no defaults list, or one whose first entry is not ``run_config``.
+    """
+    import yaml
+
+    path = config_dir / f"{config_name}.yaml"
+    if not path.is_file():
+        return  # a ConfigStore node (params.yaml's base), which names the schema itself
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError):
+        return  # Hydra reports a bad file in one line
+    defaults = data.get("defaults") if isinstance(data, dict) else None
+    if not isinstance(defaults, list) or not defaults or defaults[0] != SCHEMA_NAME:
+        head = defaults[0] if isinstance(defaults, list) and defaults else None
+        head = ", ".join(f"{k}: {v}" for k, v in head.items()) if isinstance(head, dict) else head
+        first = f"but it starts with `- {head}`" if head is not None else "but it has no defaults list"
+        raise ConfigError(f"conf/{config_name}.yaml's defaults list must start with `- {SCHEMA_NAME}` (the typed "
+                          f"schema, study/config/schema.py), {first}: put `defaults:` with `- {SCHEMA_NAME}` first, "
+                          f"then the group choices (model, variant, data, trainer) and `- _self_` (git checkout "
+                          f"conf/{config_name}.yaml restores it)")
 
 
 def _check_name(config_dir: Path, group: str, choice: str) -> None:
