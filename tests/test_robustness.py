@@ -178,6 +178,13 @@ def test_a_trainer_lightning_refuses_keeps_the_finished_run(nano_project, tmp_pa
     if sys.platform != "darwin":  # passes the checks; Lightning refuses it when the Trainer is built
         _refused(main, args, run, before, capsys, "trainer.accelerator=mps", "train.overwrite=true",
                  words=["Lightning refused the trainer settings", "accelerator='mps'", "MPSAccelerator"])
+    import importlib.util
+    for extra, package in ((["trainer.accelerator=tpu", "train.overwrite=true"], "torch_xla"),
+                           (["trainer.strategy=xla"], "torch_xla"),
+                           (["trainer.precision=transformer-engine", "train.overwrite=true"], "transformer_engine")):
+        if importlib.util.find_spec(package) is None:  # Lightning raises ModuleNotFoundError when the Trainer is built
+            _refused(main, args, run, before, capsys, *extra,
+                     words=[f"needs the package {package}, which is not installed", "install it", "conf/trainer"])
     monkeypatch.setattr(lightning.pytorch, "Trainer", _lightning_refuses)
     _refused(main, args, run, before, capsys, words=["Lightning refused the trainer settings",
                                                      "should be an int > 0", "conf/trainer"])
@@ -211,6 +218,13 @@ def test_a_trained_run_survives_a_rerun_lightning_refuses(run_in, tmp_path, monk
     if sys.platform != "darwin":
         _refused(main, args, run, before, capsys, "trainer.accelerator=mps", "train.overwrite=true",
                  words=["Lightning refused the trainer settings"])
+    import importlib.util
+    for extra, package in ((["trainer.accelerator=tpu", "train.overwrite=true"], "torch_xla"),
+                           (["trainer.strategy=xla"], "torch_xla"),
+                           (["trainer.precision=transformer-engine", "train.overwrite=true"], "transformer_engine")):
+        if importlib.util.find_spec(package) is None:  # Lightning raises ModuleNotFoundError when the Trainer is built
+            _refused(main, args, run, before, capsys, *extra,
+                     words=[f"needs the package {package}, which is not installed", "install it", "conf/trainer"])
     monkeypatch.setattr(lightning.pytorch, "Trainer", _lightning_refuses)
     _refused(main, args, run, before, capsys, "train.overwrite=true", words=["Lightning refused"])
 
