@@ -55,6 +55,12 @@ BAD_INPUT = [
      ["train.tokens=${oc.env:STUDY_TEST_UNSET}", "STUDY_TEST_UNSET", "not found", "write a value"]),
     ("recursive interpolation", "study.config.__main__", ["train.lr=${train.lr}"],
      ["train.lr=${train.lr}", "Recursive interpolation", "write a value"]),
+    ("empty study name", "study.train", ["study.name="], ["study.name=''", "MLflow experiment name", "non-empty"]),
+    ("study name with '/'", "study.compare", ["study.name=a/b"], ["study.name='a/b'", "'/'"]),
+    ("artifact_dir is a file", "study.train", ["study.artifact_dir=params.yaml"],
+     ["study.artifact_dir=params.yaml is a file", "choose a folder"]),
+    ("artifact_dir below a file", "study.train", ["study.artifact_dir=params.yaml/x"],
+     ["study.artifact_dir=params.yaml/x is below the file", "params.yaml", "choose a folder"]),
     ("two nodes, no launcher", "study.train", ["trainer.num_nodes=2"],
      ["trainer.num_nodes=2", "no multi-node launcher", "torchrun", "srun", "trainer.num_nodes=1"]),
 ]

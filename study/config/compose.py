@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .schema import GROUPS, SCHEMA_NAME, ConfigError, RunConfig, StudyError, register
-from .validation import validate
+from .validation import validate, validate_paths
 
 NAMED_GROUPS = ("model", "variant", "trainer")  # groups whose section records its file as ``name``
 PARAMS_FILE = "params.yaml"  # DVC's Hydra output (ParamsDependency.DEFAULT_PARAMS_FILE)
@@ -392,6 +392,7 @@ def _check(cfg: RunConfig, root: Path) -> None:
     states its own name.  Interpolations (``${...}``) are resolved first: one that fails is refused in one line."""
     _resolve_check(cfg)
     validate(cfg)
+    validate_paths(cfg, root)
     for key, group, names in (("study.variants", "variant", cfg.study.variants),
                               ("lr_sweep.variants", "variant", cfg.lr_sweep.variants),
                               ("scale_ladder.variants", "variant", cfg.scale_ladder.variants),

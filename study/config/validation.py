@@ -88,6 +88,10 @@ def validate(cfg: RunConfig) -> None:
                           f"use model.vocab_size=50304 or data.tokenizer=bpe")
     if d.val_every < 2:
         raise ConfigError(f"data.val_every={d.val_every} must be >= 2 (one document in val_every is held out)")
+    name = s.name if isinstance(s.name, str) else str(s.name)
+    if not name.strip() or name != name.strip() or name in (".", "..") or "/" in name or "\\" in name:
+        raise ConfigError(f"study.name={name!r} is not a usable MLflow experiment name: write a non-empty name "
+                          f"without surrounding spaces, '/' or '\\' (and not . or ..), e.g. study.name=nonlinear-queries")
     if not list(s.seeds):
         raise ConfigError("study.seeds is empty: list at least one seed, e.g. study.seeds=[1,2,3]")
     if not list(s.variants):
@@ -128,6 +132,26 @@ STRATEGIES = ("auto", "ddp", "ddp_find_unused_parameters_false", "ddp_find_unuse
               "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_offload", "deepspeed_stage_3",
               "deepspeed_stage_3_offload", "deepspeed_stage_3_offload_nvme", "fsdp", "fsdp_cpu_offload",
               "single_device", "single_tpu", "single_xla", "xla", "xla_debug")
+
+
+def validate_paths(cfg: RunConfig, root) -> None:
+    """The folders of ``cfg.study`` that the project would create, checked against what is on disk.
+
+    Raises:
+        ConfigError: study.artifact_dir (or a folder above it) is an existing file.
+    """
+    from pathlib import Path
+
+    s = cfg.study
+    if not str(s.artifact_dir).strip():
+        raise ConfigError("study.artifact_dir is empty: name a folder for MLflow's artifacts, e.g. "
+                          "study.artifact_dir=mlartifacts")
+    path = Path(root) / str(s.artifact_dir)
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            what = "is a file" if p == path else f"is below the file {p}"
+            raise ConfigError(f"study.artifact_dir={s.artifact_dir} {what}, not a folder: choose a folder (existing "
+                              f"or new) for MLflow's artifacts, e.g. study.artifact_dir=mlartifacts")
 
 
 def _int_like(x) -> bool:
