@@ -61,6 +61,10 @@ BAD_INPUT = [
      ["study.artifact_dir=params.yaml is a file", "choose a folder"]),
     ("artifact_dir below a file", "study.train", ["study.artifact_dir=params.yaml/x"],
      ["study.artifact_dir=params.yaml/x is below the file", "params.yaml", "choose a folder"]),
+    ("batch not whole windows", "study.train", ["train.batch_tokens=1000"],
+     ["train.batch_tokens=1000 is not a multiple of model.block_size=64", "such as 960 or 1024"]),
+    ("batch below one window", "study.config.__main__", ["train.batch_tokens=32", "train.tokens=4096"],
+     ["train.batch_tokens=32 is less than one window of model.block_size=64", "train.batch_tokens=64"]),
     ("two nodes, no launcher", "study.train", ["trainer.num_nodes=2"],
      ["trainer.num_nodes=2", "no multi-node launcher", "torchrun", "srun", "trainer.num_nodes=1"]),
 ]
@@ -575,3 +579,15 @@ def test_signalled_prepare_removes_its_tmp(nano_project, tmp_path, sig):
         assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
     assert _tmp_folders(tmp_path) == [], err[-2000:]
     assert not (out / "meta.json").exists()
+
+
+def test_batch_tokens_on_several_processes_names_the_world_size(nano_project):
+    """What validate cannot know (the world size) is checked when the run starts, in the same words."""
+    from study.config import ConfigError, load_config
+    from study.config.schedule import micro_batches
+
+    cfg = load_config(["train.batch_tokens=4096"], nano_project)
+    assert micro_batches(cfg, 2) == (min(cfg.train.micro_batch_size, 32), 32 // min(cfg.train.micro_batch_size, 32))
+    with pytest.raises(ConfigError, match=r"train.batch_tokens=4096 is not a multiple of "
+                                          r"model.block_size\*world_size=64\*3: use a multiple of 192 such as 4032 or 4224"):
+        micro_batches(cfg, 3)

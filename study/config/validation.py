@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from .schedule import peak_lr
+from .schedule import batch_tokens_message, peak_lr
 from .schema import ACTIVATIONS, PRECISIONS, PROJECTION_MODES, TOKENIZERS, ConfigError, DataConfig, RunConfig
 
 
@@ -48,6 +48,8 @@ def validate(cfg: RunConfig) -> None:
                 "val_micro_batch_size", "log_every"):
         if getattr(t, key) <= 0:
             raise ConfigError(f"train.{key}={getattr(t, key)} must be a positive integer")
+    if t.batch_tokens % m.block_size:  # times the world size: checked when the run starts (micro_batches)
+        raise ConfigError(batch_tokens_message(t.batch_tokens, m.block_size, f"model.block_size={m.block_size}"))
     if t.warmup_tokens < 0:
         raise ConfigError(f"train.warmup_tokens={t.warmup_tokens} must be >= 0")
     if t.val_tokens < m.block_size:
