@@ -35,21 +35,26 @@ def test_group_and_field_overrides_compose():
 
 def test_study_sections_override_the_chosen_group_file(tmp_path):
     """`_self_` last in the defaults list: conf/study.yaml's `model: {...}` beats conf/model/NAME.yaml,
-    and the command line beats both; `+key` adds a key (Hydra's semantics)."""
-    from study.config import load_config
+    and the command line beats both; `+key` adding a key the typed schema lacks is refused (nothing would
+    read it)."""
+    from study.config import ConfigError, load_config
 
     shutil.copytree(ROOT / "conf", tmp_path / "conf")
     study = tmp_path / "conf/study.yaml"
     study.write_text(study.read_text().replace("model: {}", "model: {n_layer: 6}"))
     assert load_config(NANO, tmp_path).model.n_layer == 6
     assert load_config([*NANO, "model.n_layer=5"], tmp_path).model.n_layer == 5
-    assert load_config([*NANO, "+train.note=hello"], tmp_path).train.note == "hello"
+    with pytest.raises(ConfigError, match=r"^\+train.note=hello: unknown key 'train.note': '\+' would add it"):
+        load_config([*NANO, "+train.note=hello"], tmp_path)
 
 
 @pytest.mark.parametrize("overrides, words", [
     (["variant=nonlinar_q"], ["unknown variant 'nonlinar_q'", "'nonlinear_q'", "conf/variant"]),
     (["data=nope"], ["unknown data 'nope'", "'owt'"]),
-    (["train.lrr=1"], ["unknown key 'train.lrr'", "fix the spelling", "+train.lrr"]),
+    (["train.lrr=1"], ["unknown key 'train.lrr'", "did you mean train.lr?", "fix the spelling"]),
+    (["modle.n_layer=2"], ["unknown key 'modle'", "did you mean model?"]),
+    (["+train.lrr=1"], ["+train.lrr=1: unknown key 'train.lrr'", "nothing reads it", "did you mean train.lr?"]),
+    (["++trainer.acelerator=cpu"], ["unknown key 'trainer.acelerator'", "did you mean trainer.accelerator?"]),
     (["train.lr=abc"], ["train.lr=abc", "Float", "fix the value's type"]),
     (["foo"], ["override 'foo' has no '='"]),
     (["train.lr=[1,"], ["bad override", "override_grammar"]),

@@ -21,7 +21,9 @@ from study.analysis.runs import read_result  # metrics.json and record.json of a
 BAD_INPUT = [
     ("unknown variant", "study.train", ["variant=nope"], ["unknown variant 'nope'", "nonlinear_q"]),
     ("unknown model", "study.train", ["model=huge"], ["unknown model 'huge'", "gpt3-small"]),
-    ("typo in a key", "study.train", ["train.lrr=1e-3"], ["lrr"]),
+    ("typo in a key", "study.train", ["train.lrr=1e-3"], ["unknown key 'train.lrr'", "did you mean train.lr?"]),
+    ("'+' adds an unread key", "study.train", ["+train.lrr=1e-3"], ["+train.lrr=1e-3: unknown key 'train.lrr'",
+                                                                   "did you mean train.lr?"]),
     ("n_embd % n_head", "study.train", ["model.n_head=3"], ["model.n_embd=32", "n_head=3"]),
     ("bottleneck", "study.train", ["variant=nonlinear_q", "variant.bottleneck=0.3"], ["variant.bottleneck=0.3"]),
     ("zero lr", "study.train", ["train.lr=0"], ["train.lr=0"]),

@@ -11,8 +11,8 @@ Layout (lightning-hydra-template style config groups)::
 
 Overrides are Hydra's (https://hydra.cc/docs/advanced/override_grammar/basic/): ``model=nano``
 picks a file of a group, ``model.n_layer=3`` sets one field (after the group files and
-conf/study.yaml's sections, whatever the order on the command line), ``+new.key=1`` adds a key,
-``'study.seeds=[1,2]'`` sets a list.  Every stage also takes ``--help``, ``--cfg job`` (print the
+conf/study.yaml's sections, whatever the order on the command line; a key the typed schema lacks is
+refused with the closest one, ``+new.key=1`` included), ``'study.seeds=[1,2]'`` sets a list.  Every stage also takes ``--help``, ``--cfg job`` (print the
 composed config as YAML and exit) and ``-m`` (``--multirun``: one run per combination of the
 comma-separated values, e.g. ``-m variant=baseline,nonlinear_q seed=1,2``, run one after another).
 
@@ -95,6 +95,39 @@ def _conf_file(text: str) -> str | None:
     return None
 
 
+def schema_keys() -> list[str]:
+    """Every key of the typed schema, dotted (``train.lr``), sections included (``train``)."""
+    keys: list[str] = []
+
+    def walk(cls, prefix: str) -> None:
+        for f in dataclasses.fields(cls):
+            keys.append(prefix + f.name)
+            sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+            if dataclasses.is_dataclass(sub):
+                walk(sub, f"{prefix}{f.name}.")
+    walk(RunConfig, "")
+    return keys
+
+
+def _key_hint(key: str) -> str:
+    """The fix for an unknown key: the closest keys of the schema (difflib), else where the keys are."""
+    import difflib
+
+    keys = schema_keys()
+    parts = key.split(".")
+    parents = {k.rsplit(".", 1)[0] if "." in k else "" for k in keys}
+    parent = ".".join(parts[:-1])
+    if parent and parent not in parents:  # a typo in the section: the closest section, same key
+        fixed = difflib.get_close_matches(parent, [p for p in parents if p], n=1, cutoff=0.6)
+        parent = fixed[0] if fixed else parent
+    siblings = [k.rsplit(".", 1)[-1] for k in keys if (k.rsplit(".", 1)[0] if "." in k else "") == parent]
+    close = [f"{parent}.{m}" if parent else m for m in difflib.get_close_matches(parts[-1], siblings, n=3, cutoff=0.6)]
+    where = "the keys are the fields of study/config/schema.py; --cfg job prints them"
+    if close:
+        return f"did you mean {' or '.join(close)}? fix the spelling ({where})"
+    return f"fix the spelling ({where})"
+
+
 def _hydra_error(e: Exception, overrides: list[str], root: Path | None = None) -> ConfigError:
     """One line for one of Hydra's (or OmegaConf's) composition errors: the problem and the fix.  The
     exception's chain (``__cause__``, ``__context__``) is followed to OmegaConf's own error, which names the key."""
@@ -128,8 +161,7 @@ def _hydra_error(e: Exception, overrides: list[str], root: Path | None = None) -
             if conf_file:
                 return ConfigError(f"unknown key {key!r} in {conf_file} ({_first(cause)}): fix the spelling in the "
                                    f"file (the keys are the fields of study/config/schema.py)")
-            return ConfigError(f"unknown key {key!r} ({_first(cause)}): fix the spelling (the keys are the fields "
-                               f"of study/config/schema.py), or add a new key with +{key}=...")
+            return ConfigError(f"unknown key {key!r} ({_first(cause)}): {_key_hint(str(key))}")
         if isinstance(cause, ValidationError):
             if conf_file:
                 key = getattr(cause, "full_key", None)
@@ -249,7 +281,12 @@ def _check_overrides(overrides: list[str], sweeps: bool = False) -> None:
     except HydraException as e:
         raise _hydra_error(e, list(overrides)) from e
     sections = [f.name for f in dataclasses.fields(RunConfig)]
+    keys = set(schema_keys())
     for o in parsed:
+        if (o.is_add() or o.is_force_add()) and o.key_or_group not in GROUPS and o.key_or_group not in keys:
+            raise ConfigError(f"{o.input_line}: unknown key {o.key_or_group!r}: '+' would add it to the typed schema, "
+                              f"where nothing reads it (the run would ignore it silently): "
+                              f"{_key_hint(o.key_or_group)}")
         if o.is_delete() and o.key_or_group in sections:
             kind = "group" if o.key_or_group in GROUPS else "section"
             fix = (f"choose another file with {o.key_or_group}=NAME" if kind == "group"
