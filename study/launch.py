@@ -10,6 +10,36 @@ import os
 from study.config import ConfigError
 
 
+def multi_node_launcher(env=None) -> str | None:
+    """The multi-node launcher whose environment this process runs in, or None: SLURM with more than one
+    node (SLURM_NTASKS or SLURM_JOB_ID, and SLURM_NNODES > 1), torchrun (TORCHELASTIC_RUN_ID), or a
+    manual launch as Lightning reads it (MASTER_ADDR with NODE_RANK or WORLD_SIZE)."""
+    env = os.environ if env is None else env
+    nodes = env.get("SLURM_NNODES") or env.get("SLURM_JOB_NUM_NODES") or "1"
+    if ("SLURM_NTASKS" in env or "SLURM_JOB_ID" in env) and nodes.isdigit() and int(nodes) > 1:
+        return "SLURM"
+    if "TORCHELASTIC_RUN_ID" in env:
+        return "torchrun"
+    if "MASTER_ADDR" in env and ("NODE_RANK" in env or "WORLD_SIZE" in env):
+        return "MASTER_ADDR/NODE_RANK"
+    return None
+
+
+def check_multi_node(trainer_cfg) -> None:
+    """Refuse trainer.num_nodes > 1 outside a multi-node launcher: Lightning would wait forever for the
+    other nodes to join (only SIGKILL ends it).
+
+    Raises:
+        ConfigError: num_nodes > 1 and no SLURM/torchrun/MASTER_ADDR environment.
+    """
+    if int(trainer_cfg.num_nodes) > 1 and multi_node_launcher() is None:
+        n = int(trainer_cfg.num_nodes)
+        raise ConfigError(f"trainer.num_nodes={n} but no multi-node launcher is present (no SLURM job over "
+                          f"several nodes, torchrun or MASTER_ADDR/NODE_RANK): launch it on each node with torchrun "
+                          f"--nnodes {n} ... -m study.train or srun under a {n}-node SLURM job, or set "
+                          f"trainer.num_nodes=1")
+
+
 def world_size(trainer_cfg) -> int:
     """Devices x nodes the Trainer will use (devices=-1: every visible GPU)."""
     devices = trainer_cfg.devices
@@ -45,7 +75,10 @@ def make_strategy(trainer_cfg):
         ConfigError: fsdp on CPU (neither Lightning's FSDPStrategy nor torch's FSDP runs without GPUs).
     """
     if trainer_cfg.strategy == "fsdp":
-        from lightning.pytorch.strategies import FSDPStrategy
+        try:
+            from lightning.pytorch.strategies import FSDPStrategy
+        except ImportError as e:
+            raise missing_package(e, "trainer.strategy=fsdp") from e
 
         from study.model import Block
         if trainer_cfg.accelerator == "cpu":
@@ -55,23 +88,38 @@ def make_strategy(trainer_cfg):
     return trainer_cfg.strategy
 
 
+def missing_package(e: ImportError, what: str) -> ConfigError:
+    """One line for a setting whose package is not installed (Lightning's ``Requirement 'torch_xla>=1.13'
+    not met``, or a plain ModuleNotFoundError)."""
+    import re
+
+    text = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    m = re.search(r"Requirement '([A-Za-z0-9_.\-]+)", text)
+    package = m.group(1) if m else (getattr(e, "name", None) or "?")
+    return ConfigError(f"{what} needs the package {package}, which is not installed: {text}: install it, or choose "
+                       f"other trainer settings (conf/trainer, trainer.accelerator/strategy/precision)")
+
+
 def build_trainer(**kwargs):
     """``lightning.pytorch.Trainer(**kwargs)``; the settings Lightning refuses (an accelerator this machine
     lacks, devices or a strategy it cannot use) become one :class:`ConfigError` line.
 
     Raises:
-        ConfigError: Lightning's ValueError, TypeError or MisconfigurationException, first line.
+        ConfigError: Lightning's ValueError, TypeError or MisconfigurationException, first line; an
+            ImportError (a package the settings need is not installed) names the package.
     """
     import lightning.pytorch as pl
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
+    shown = ", ".join(f"{k}={kwargs.get(k)!r}" for k in ("accelerator", "devices", "num_nodes", "precision")
+                      if k in kwargs)
+    strategy = kwargs.get("strategy")
+    shown += f"{', ' if shown else ''}strategy={strategy if isinstance(strategy, str) else type(strategy).__name__}"
     try:
         return pl.Trainer(**kwargs)
+    except ImportError as e:  # ModuleNotFoundError: tpu/xla without torch_xla, transformer-engine precision, ...
+        raise missing_package(e, f"the trainer ({shown})") from e
     except (ValueError, TypeError, MisconfigurationException) as e:
-        shown = ", ".join(f"{k}={kwargs.get(k)!r}" for k in ("accelerator", "devices", "num_nodes", "precision")
-                          if k in kwargs)
-        strategy = kwargs.get("strategy")
-        shown += f", strategy={strategy if isinstance(strategy, str) else type(strategy).__name__}"
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ConfigError(f"Lightning refused the trainer settings ({shown}): {first}: fix conf/trainer or the "
                           f"trainer.* overrides") from e

@@ -51,7 +51,7 @@ from study.data import DataError
 from study.data.records import check_prepared
 from study.data.records import data_digest as prepared_data_digest
 from study.data.windows import check_train_windows
-from study.launch import build_trainer, launch_rank, make_strategy, world_size
+from study.launch import build_trainer, check_multi_node, launch_rank, make_strategy, world_size
 from study.run_state import (METRICS, end_status, hold_run_lock, loop_state_callback, open_run_folder,  # noqa: F401
                              read_resume_checkpoint, restore_env, settle_previous_run, split_result,
                              terminate_as_exception)
@@ -130,6 +130,7 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
 
     from study.profiles import resolve
 
+    check_multi_node(cfg.trainer)  # num_nodes > 1 without a launcher would hang in Lightning's start for ever
     resolve(cfg, root)  # profile settings: compute-matched tokens, the lr sweep's best lr
     name = run_label(cfg)
     out_dir = run_dir(root, cfg, cfg.variant.name, cfg.seed)

@@ -35,21 +35,26 @@ def test_group_and_field_overrides_compose():
 
 def test_study_sections_override_the_chosen_group_file(tmp_path):
     """`_self_` last in the defaults list: conf/study.yaml's `model: {...}` beats conf/model/NAME.yaml,
-    and the command line beats both; `+key` adds a key (Hydra's semantics)."""
-    from study.config import load_config
+    and the command line beats both; `+key` adding a key the typed schema lacks is refused (nothing would
+    read it)."""
+    from study.config import ConfigError, load_config
 
     shutil.copytree(ROOT / "conf", tmp_path / "conf")
     study = tmp_path / "conf/study.yaml"
     study.write_text(study.read_text().replace("model: {}", "model: {n_layer: 6}"))
     assert load_config(NANO, tmp_path).model.n_layer == 6
     assert load_config([*NANO, "model.n_layer=5"], tmp_path).model.n_layer == 5
-    assert load_config([*NANO, "+train.note=hello"], tmp_path).train.note == "hello"
+    with pytest.raises(ConfigError, match=r"^\+train.note=hello: unknown key 'train.note': '\+' would add it"):
+        load_config([*NANO, "+train.note=hello"], tmp_path)
 
 
 @pytest.mark.parametrize("overrides, words", [
     (["variant=nonlinar_q"], ["unknown variant 'nonlinar_q'", "'nonlinear_q'", "conf/variant"]),
     (["data=nope"], ["unknown data 'nope'", "'owt'"]),
-    (["train.lrr=1"], ["unknown key 'train.lrr'", "fix the spelling", "+train.lrr"]),
+    (["train.lrr=1"], ["unknown key 'train.lrr'", "did you mean train.lr?", "fix the spelling"]),
+    (["modle.n_layer=2"], ["unknown key 'modle'", "did you mean model?"]),
+    (["+train.lrr=1"], ["+train.lrr=1: unknown key 'train.lrr'", "nothing reads it", "did you mean train.lr?"]),
+    (["++trainer.acelerator=cpu"], ["unknown key 'trainer.acelerator'", "did you mean trainer.accelerator?"]),
     (["train.lr=abc"], ["train.lr=abc", "Float", "fix the value's type"]),
     (["foo"], ["override 'foo' has no '='"]),
     (["train.lr=[1,"], ["bad override", "override_grammar"]),
@@ -76,6 +81,30 @@ def test_a_group_file_naming_another_file_is_refused(tmp_path):
         load_config(["model=nano2", "data.bpe_vocab_size=512"], tmp_path)
     (tmp_path / "conf/model/nano3.yaml").write_text("n_layer: 1\nn_head: 2\nn_embd: 32\nblock_size: 64\nvocab_size: 512\n")
     assert load_config(["model=nano3", "data.bpe_vocab_size=512"], tmp_path).model.name == "nano3"  # no name: the file's
+
+
+@pytest.mark.parametrize("edit,words", [
+    (lambda t: t.replace("  - run_config\n", ""), ["but it starts with `- model: cpu`"]),
+    (lambda t: t.replace("  - run_config\n", "").replace("  - _self_\n", "  - run_config\n  - _self_\n"),
+     ["but it starts with `- model: cpu`"]),
+    (lambda t: t.split("defaults:")[0] + t.split("  - _self_\n", 1)[1], ["but it has no defaults list"]),
+], ids=["no run_config", "run_config not first", "no defaults list"])
+def test_study_yaml_without_the_schema_first_is_refused(tmp_path, edit, words):
+    """conf/study.yaml's defaults list must start with the typed schema: without it the composition used to
+    fail with a traceback (Missing key max_block_size); now one line, in load_config and in the CLIs."""
+    from study.config import ConfigError, load_config
+
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    study = tmp_path / "conf/study.yaml"
+    study.write_text(edit(study.read_text()))
+    with pytest.raises(ConfigError) as e:
+        load_config(NANO, tmp_path)
+    msg = str(e.value)
+    assert "\n" not in msg and "conf/study.yaml's defaults list must start with `- run_config`" in msg, msg
+    assert all(w in msg for w in words), msg
+    r = _cli(tmp_path, "study.train", "--cfg", "job", *NANO)
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [f"error: {msg}"], r.stderr
+    assert sorted(os.listdir(tmp_path)) == ["conf"]
 
 
 def test_every_group_file_states_its_own_name():

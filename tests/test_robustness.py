@@ -21,7 +21,9 @@ from study.analysis.runs import read_result  # metrics.json and record.json of a
 BAD_INPUT = [
     ("unknown variant", "study.train", ["variant=nope"], ["unknown variant 'nope'", "nonlinear_q"]),
     ("unknown model", "study.train", ["model=huge"], ["unknown model 'huge'", "gpt3-small"]),
-    ("typo in a key", "study.train", ["train.lrr=1e-3"], ["lrr"]),
+    ("typo in a key", "study.train", ["train.lrr=1e-3"], ["unknown key 'train.lrr'", "did you mean train.lr?"]),
+    ("'+' adds an unread key", "study.train", ["+train.lrr=1e-3"], ["+train.lrr=1e-3: unknown key 'train.lrr'",
+                                                                   "did you mean train.lr?"]),
     ("n_embd % n_head", "study.train", ["model.n_head=3"], ["model.n_embd=32", "n_head=3"]),
     ("bottleneck", "study.train", ["variant=nonlinear_q", "variant.bottleneck=0.3"], ["variant.bottleneck=0.3"]),
     ("zero lr", "study.train", ["train.lr=0"], ["train.lr=0"]),
@@ -49,6 +51,24 @@ BAD_INPUT = [
     ("unknown accelerator", "study.train", ["trainer.accelerator=tpux"], ["trainer.accelerator='tpux'", "'cuda'"]),
     ("chunk size unit", "study.prepare", ["data.chunk_bytes=16XB"], ["data.chunk_bytes='16XB'", "MB", "16MB"]),
     ("chunk size zero", "study.prepare", ["data.chunk_bytes=0KB"], ["data.chunk_bytes='0KB'", "positive number"]),
+    ("interpolation of a missing key", "study.train", ["train.tokens=${train.nope}"],
+     ["train.tokens=${train.nope}", "Interpolation key 'train.nope' not found", "write a value", "${...} reference"]),
+    ("unset environment variable", "study.params", ["train.tokens=${oc.env:STUDY_TEST_UNSET}"],
+     ["train.tokens=${oc.env:STUDY_TEST_UNSET}", "STUDY_TEST_UNSET", "not found", "write a value"]),
+    ("recursive interpolation", "study.config.__main__", ["train.lr=${train.lr}"],
+     ["train.lr=${train.lr}", "Recursive interpolation", "write a value"]),
+    ("empty study name", "study.train", ["study.name="], ["study.name=''", "MLflow experiment name", "non-empty"]),
+    ("study name with '/'", "study.compare", ["study.name=a/b"], ["study.name='a/b'", "'/'"]),
+    ("artifact_dir is a file", "study.train", ["study.artifact_dir=params.yaml"],
+     ["study.artifact_dir=params.yaml is a file", "choose a folder"]),
+    ("artifact_dir below a file", "study.train", ["study.artifact_dir=params.yaml/x"],
+     ["study.artifact_dir=params.yaml/x is below the file", "params.yaml", "choose a folder"]),
+    ("batch not whole windows", "study.train", ["train.batch_tokens=1000"],
+     ["train.batch_tokens=1000 is not a multiple of model.block_size=64", "such as 960 or 1024"]),
+    ("batch below one window", "study.config.__main__", ["train.batch_tokens=32", "train.tokens=4096"],
+     ["train.batch_tokens=32 is less than one window of model.block_size=64", "train.batch_tokens=64"]),
+    ("two nodes, no launcher", "study.train", ["trainer.num_nodes=2"],
+     ["trainer.num_nodes=2", "no multi-node launcher", "torchrun", "srun", "trainer.num_nodes=1"]),
 ]
 
 
@@ -66,6 +86,17 @@ def test_bad_input_table(nano_project, tmp_path, monkeypatch, capsys, case, modu
     for w in words:
         assert w in err, (w, err)
     assert not list(runs.glob("*/metrics.json"))  # nothing that looks complete
+
+
+@pytest.mark.parametrize("env,launcher", [
+    ({}, None), ({"SLURM_JOB_ID": "7", "SLURM_NNODES": "1"}, None), ({"SLURM_NTASKS": "8", "SLURM_NNODES": "2"}, "SLURM"),
+    ({"TORCHELASTIC_RUN_ID": "x"}, "torchrun"), ({"NODE_RANK": "1"}, None),
+    ({"MASTER_ADDR": "h", "NODE_RANK": "1"}, "MASTER_ADDR/NODE_RANK"), ({"MASTER_ADDR": "h", "WORLD_SIZE": "4"},
+                                                                        "MASTER_ADDR/NODE_RANK")])
+def test_multi_node_needs_a_launcher(env, launcher):
+    from study.launch import multi_node_launcher
+
+    assert multi_node_launcher(env) == launcher
 
 
 def test_trainer_names_are_lightnings():
@@ -118,6 +149,18 @@ def _lightning_refuses(**kwargs):
     raise MisconfigurationException("`devices` selected with `CPUAccelerator` should be an int > 0.\nmore")
 
 
+def _refused_missing_packages(main, args, run, before, capsys):
+    """Trainer settings whose package is not installed here (Lightning raises ModuleNotFoundError when the
+    Trainer is built): each refused in one line, the run folder kept."""
+    import importlib.util
+    for extra, package in ((["trainer.accelerator=tpu", "train.overwrite=true"], "torch_xla"),
+                           (["trainer.strategy=xla"], "torch_xla"),
+                           (["trainer.precision=transformer-engine", "train.overwrite=true"], "transformer_engine")):
+        if importlib.util.find_spec(package) is None:
+            _refused(main, args, run, before, capsys, *extra,
+                     words=[f"needs the package {package}, which is not installed", "install it", "conf/trainer"])
+
+
 def test_a_trainer_lightning_refuses_keeps_the_finished_run(nano_project, tmp_path, monkeypatch, capsys):
     """Re-running a finished run with trainer settings that are refused (up front, or by Lightning when the
     Trainer is built; with train.overwrite=true or with the same resume key, which both replace it) exits 2
@@ -152,9 +195,14 @@ def test_a_trainer_lightning_refuses_keeps_the_finished_run(nano_project, tmp_pa
     _refused(main, args, run, before, capsys, "trainer.devices=[0,1]", "train.overwrite=true",
              words=["trainer.devices=[0, 1]"])
     _refused(main, args, run, before, capsys, "trainer.devices=abc", words=["trainer.devices='abc'"])
+    for key in ("SLURM_NTASKS", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "MASTER_ADDR"):
+        monkeypatch.delenv(key, raising=False)
+    _refused(main, args, run, before, capsys, "trainer.num_nodes=2", "train.overwrite=true",
+             words=["trainer.num_nodes=2", "no multi-node launcher"])
     if sys.platform != "darwin":  # passes the checks; Lightning refuses it when the Trainer is built
         _refused(main, args, run, before, capsys, "trainer.accelerator=mps", "train.overwrite=true",
                  words=["Lightning refused the trainer settings", "accelerator='mps'", "MPSAccelerator"])
+    _refused_missing_packages(main, args, run, before, capsys)
     monkeypatch.setattr(lightning.pytorch, "Trainer", _lightning_refuses)
     _refused(main, args, run, before, capsys, words=["Lightning refused the trainer settings",
                                                      "should be an int > 0", "conf/trainer"])
@@ -188,6 +236,7 @@ def test_a_trained_run_survives_a_rerun_lightning_refuses(run_in, tmp_path, monk
     if sys.platform != "darwin":
         _refused(main, args, run, before, capsys, "trainer.accelerator=mps", "train.overwrite=true",
                  words=["Lightning refused the trainer settings"])
+    _refused_missing_packages(main, args, run, before, capsys)
     monkeypatch.setattr(lightning.pytorch, "Trainer", _lightning_refuses)
     _refused(main, args, run, before, capsys, "train.overwrite=true", words=["Lightning refused"])
 
@@ -562,3 +611,15 @@ def test_ctrl_c_while_litdata_writes_chunks_exits_130_in_one_line_and_removes_th
     assert lines == [err.strip().splitlines()[-1]] and "interrupted" in lines[0] and "study.prepare" in lines[0], err
     assert "Traceback" not in err, err[-2000:]
     assert _tmp_folders(tmp_path) == [] and not out.exists()
+
+
+def test_batch_tokens_on_several_processes_names_the_world_size(nano_project):
+    """What validate cannot know (the world size) is checked when the run starts, in the same words."""
+    from study.config import ConfigError, load_config
+    from study.config.schedule import micro_batches
+
+    cfg = load_config(["train.batch_tokens=4096"], nano_project)
+    assert micro_batches(cfg, 2) == (min(cfg.train.micro_batch_size, 32), 32 // min(cfg.train.micro_batch_size, 32))
+    with pytest.raises(ConfigError, match=r"train.batch_tokens=4096 is not a multiple of "
+                                          r"model.block_size\*world_size=64\*3: use a multiple of 192 such as 4032 or 4224"):
+        micro_batches(cfg, 3)

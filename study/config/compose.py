@@ -11,8 +11,8 @@ Layout (lightning-hydra-template style config groups)::
 
 Overrides are Hydra's (https://hydra.cc/docs/advanced/override_grammar/basic/): ``model=nano``
 picks a file of a group, ``model.n_layer=3`` sets one field (after the group files and
-conf/study.yaml's sections, whatever the order on the command line), ``+new.key=1`` adds a key,
-``'study.seeds=[1,2]'`` sets a list.  Every stage also takes ``--help``, ``--cfg job`` (print the
+conf/study.yaml's sections, whatever the order on the command line; a key the typed schema lacks is
+refused with the closest one, ``+new.key=1`` included), ``'study.seeds=[1,2]'`` sets a list.  Every stage also takes ``--help``, ``--cfg job`` (print the
 composed config as YAML and exit) and ``-m`` (``--multirun``: one run per combination of the
 comma-separated values, e.g. ``-m variant=baseline,nonlinear_q seed=1,2``, run one after another).
 
@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .schema import GROUPS, SCHEMA_NAME, ConfigError, RunConfig, StudyError, register
-from .validation import validate
+from .validation import validate, validate_paths
 
 NAMED_GROUPS = ("model", "variant", "trainer")  # groups whose section records its file as ``name``
 PARAMS_FILE = "params.yaml"  # DVC's Hydra output (ParamsDependency.DEFAULT_PARAMS_FILE)
@@ -95,6 +95,39 @@ def _conf_file(text: str) -> str | None:
     return None
 
 
+def schema_keys() -> list[str]:
+    """Every key of the typed schema, dotted (``train.lr``), sections included (``train``)."""
+    keys: list[str] = []
+
+    def walk(cls, prefix: str) -> None:
+        for f in dataclasses.fields(cls):
+            keys.append(prefix + f.name)
+            sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+            if dataclasses.is_dataclass(sub):
+                walk(sub, f"{prefix}{f.name}.")
+    walk(RunConfig, "")
+    return keys
+
+
+def _key_hint(key: str) -> str:
+    """The fix for an unknown key: the closest keys of the schema (difflib), else where the keys are."""
+    import difflib
+
+    keys = schema_keys()
+    parts = key.split(".")
+    parents = {k.rsplit(".", 1)[0] if "." in k else "" for k in keys}
+    parent = ".".join(parts[:-1])
+    if parent and parent not in parents:  # a typo in the section: the closest section, same key
+        fixed = difflib.get_close_matches(parent, [p for p in parents if p], n=1, cutoff=0.6)
+        parent = fixed[0] if fixed else parent
+    siblings = [k.rsplit(".", 1)[-1] for k in keys if (k.rsplit(".", 1)[0] if "." in k else "") == parent]
+    close = [f"{parent}.{m}" if parent else m for m in difflib.get_close_matches(parts[-1], siblings, n=3, cutoff=0.6)]
+    where = "the keys are the fields of study/config/schema.py; --cfg job prints them"
+    if close:
+        return f"did you mean {' or '.join(close)}? fix the spelling ({where})"
+    return f"fix the spelling ({where})"
+
+
 def _hydra_error(e: Exception, overrides: list[str], root: Path | None = None) -> ConfigError:
     """One line for one of Hydra's (or OmegaConf's) composition errors: the problem and the fix.  The
     exception's chain (``__cause__``, ``__context__``) is followed to OmegaConf's own error, which names the key."""
@@ -128,8 +161,7 @@ def _hydra_error(e: Exception, overrides: list[str], root: Path | None = None) -
             if conf_file:
                 return ConfigError(f"unknown key {key!r} in {conf_file} ({_first(cause)}): fix the spelling in the "
                                    f"file (the keys are the fields of study/config/schema.py)")
-            return ConfigError(f"unknown key {key!r} ({_first(cause)}): fix the spelling (the keys are the fields "
-                               f"of study/config/schema.py), or add a new key with +{key}=...")
+            return ConfigError(f"unknown key {key!r} ({_first(cause)}): {_key_hint(str(key))}")
         if isinstance(cause, ValidationError):
             if conf_file:
                 key = getattr(cause, "full_key", None)
@@ -156,6 +188,7 @@ def _compose(config_dir: Path, config_name: str, overrides: list[str]) -> tuple[
     import yaml
 
     register()
+    _check_schema_first(config_dir, config_name)
     try:
         with initialize_config_dir(config_dir=str(config_dir.resolve()), version_base="1.3"):
             cfg = compose(config_name=config_name, overrides=list(overrides), return_hydra_config=True)
@@ -163,6 +196,34 @@ def _compose(config_dir: Path, config_name: str, overrides: list[str]) -> tuple[
         raise _hydra_error(e, list(overrides), config_dir.parent) from e
     choices = {g: cfg.hydra.runtime.choices.get(g) for g in GROUPS}
     return OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"]), choices  # less Hydra's own node
+
+
+def _check_schema_first(config_dir: Path, config_name: str) -> None:
+    """The primary config's defaults list starts with the typed schema (``- run_config``): without it
+    nothing is typed or checked (the composition fails later on a missing key), and after a group file it
+    would overwrite that file's values with the schema's defaults.
+
+    Raises:
+        ConfigError: no defaults list, or one whose first entry is not ``run_config``.
+    """
+    import yaml
+
+    path = config_dir / f"{config_name}.yaml"
+    if not path.is_file():
+        return  # a ConfigStore node (params.yaml's base), which names the schema itself
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (yaml.YAMLError, UnicodeDecodeError):
+        return  # Hydra reports a bad file in one line
+    defaults = data.get("defaults") if isinstance(data, dict) else None
+    if not isinstance(defaults, list) or not defaults or defaults[0] != SCHEMA_NAME:
+        head = defaults[0] if isinstance(defaults, list) and defaults else None
+        head = ", ".join(f"{k}: {v}" for k, v in head.items()) if isinstance(head, dict) else head
+        first = f"but it starts with `- {head}`" if head is not None else "but it has no defaults list"
+        raise ConfigError(f"conf/{config_name}.yaml's defaults list must start with `- {SCHEMA_NAME}` (the typed "
+                          f"schema, study/config/schema.py), {first}: put `defaults:` with `- {SCHEMA_NAME}` first, "
+                          f"then the group choices (model, variant, data, trainer) and `- _self_` (git checkout "
+                          f"conf/{config_name}.yaml restores it)")
 
 
 def _check_name(config_dir: Path, group: str, choice: str) -> None:
@@ -220,7 +281,12 @@ def _check_overrides(overrides: list[str], sweeps: bool = False) -> None:
     except HydraException as e:
         raise _hydra_error(e, list(overrides)) from e
     sections = [f.name for f in dataclasses.fields(RunConfig)]
+    keys = set(schema_keys())
     for o in parsed:
+        if (o.is_add() or o.is_force_add()) and o.key_or_group not in GROUPS and o.key_or_group not in keys:
+            raise ConfigError(f"{o.input_line}: unknown key {o.key_or_group!r}: '+' would add it to the typed schema, "
+                              f"where nothing reads it (the run would ignore it silently): "
+                              f"{_key_hint(o.key_or_group)}")
         if o.is_delete() and o.key_or_group in sections:
             kind = "group" if o.key_or_group in GROUPS else "section"
             fix = (f"choose another file with {o.key_or_group}=NAME" if kind == "group"
@@ -360,8 +426,10 @@ def load_config(overrides: list[str] | None = None, root: Path | None = None,
 
 def _check(cfg: RunConfig, root: Path) -> None:
     """:func:`validate`, and every variant and model that the study's lists name is a file of conf/ that
-    states its own name."""
+    states its own name.  Interpolations (``${...}``) are resolved first: one that fails is refused in one line."""
+    _resolve_check(cfg)
     validate(cfg)
+    validate_paths(cfg, root)
     for key, group, names in (("study.variants", "variant", cfg.study.variants),
                               ("lr_sweep.variants", "variant", cfg.lr_sweep.variants),
                               ("scale_ladder.variants", "variant", cfg.scale_ladder.variants),
@@ -371,6 +439,36 @@ def _check(cfg: RunConfig, root: Path) -> None:
             raise ConfigError(f"{key} lists unknown {unknown}: choose from {available(root, group)}")
         for name in names:
             _check_name(root / "conf", group, name)
+
+
+def _raw_value(cfg: DictConfig, key: str) -> str | None:
+    """The unresolved value of ``key`` (``a.b.c``) in ``cfg``, e.g. ``${train.nope}``; None if it cannot be read."""
+    try:
+        node = cfg
+        for part in key.split("."):
+            node = node._get_node(part)
+        return str(node._value())
+    except Exception:  # noqa: BLE001  (only for the message)
+        return None
+
+
+def _resolve_check(cfg: DictConfig) -> None:
+    """Resolve every interpolation of ``cfg`` (without changing it).
+
+    Raises:
+        ConfigError: an interpolation names a key that does not exist, an unset environment variable, itself
+            (recursion) or an unknown resolver; one line with the key and the fix.
+    """
+    try:
+        OmegaConf.to_container(cfg, resolve=True)
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or "?"
+        raw = _raw_value(cfg, key) if key != "?" else None
+        shown = f"{key}={raw}" if raw is not None else key
+        problem = _first(e).replace("KeyError raised while resolving interpolation: ", "")
+        raise ConfigError(f"{shown}: the interpolation cannot be resolved ({problem}): write a value instead "
+                          f"(e.g. {key}=VALUE) or fix the ${{...}} reference (${{SECTION.KEY}} of an existing "
+                          f"other key, or ${{oc.env:VAR}} with VAR set)") from e
 
 
 def sweep(overrides: list[str]) -> list[list[str]]:

@@ -17,6 +17,17 @@ def run_seeds(cfg: RunConfig) -> tuple[int, int]:
             cfg.seed if t.init_seed is None else t.init_seed)
 
 
+def batch_tokens_message(batch_tokens: int, unit: int, what: str) -> str:
+    """Why ``train.batch_tokens`` is not a whole number of windows (``unit`` tokens each, ``what`` names
+    it), and the nearest values that are."""
+    if batch_tokens < unit:
+        return (f"train.batch_tokens={batch_tokens} is less than one window of {what} tokens: raise it to a "
+                f"multiple of {unit}, e.g. train.batch_tokens={unit} (or lower model.block_size)")
+    low = batch_tokens // unit * unit
+    return (f"train.batch_tokens={batch_tokens} is not a multiple of {what}: use a multiple of {unit} "
+            f"such as {low} or {low + unit} (whole windows per step)")
+
+
 def micro_batches(cfg: RunConfig, world_size: int = 1) -> tuple[int, int]:
     """Derive (micro_batch_size, gradient accumulation) from the global batch in tokens.
 
@@ -26,10 +37,12 @@ def micro_batches(cfg: RunConfig, world_size: int = 1) -> tuple[int, int]:
     Raises:
         ConfigError: batch_tokens is not a multiple of block_size * world_size.
     """
-    seq_per_step, rem = divmod(cfg.train.batch_tokens, cfg.model.block_size * world_size)
+    unit = cfg.model.block_size * world_size
+    seq_per_step, rem = divmod(cfg.train.batch_tokens, unit)
     if rem or seq_per_step == 0:
-        raise ConfigError(f"train.batch_tokens={cfg.train.batch_tokens} is not a multiple of "
-                          f"model.block_size*world_size={cfg.model.block_size * world_size}")
+        what = f"model.block_size*world_size={cfg.model.block_size}*{world_size}" if world_size > 1 \
+            else f"model.block_size={cfg.model.block_size}"
+        raise ConfigError(batch_tokens_message(cfg.train.batch_tokens, unit, what))
     micro = min(cfg.train.micro_batch_size, seq_per_step)
     while seq_per_step % micro:
         micro -= 1

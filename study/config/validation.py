@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from .schedule import peak_lr
+from .schedule import batch_tokens_message, peak_lr
 from .schema import ACTIVATIONS, PRECISIONS, PROJECTION_MODES, TOKENIZERS, ConfigError, DataConfig, RunConfig
 
 
@@ -48,6 +48,8 @@ def validate(cfg: RunConfig) -> None:
                 "val_micro_batch_size", "log_every"):
         if getattr(t, key) <= 0:
             raise ConfigError(f"train.{key}={getattr(t, key)} must be a positive integer")
+    if t.batch_tokens % m.block_size:  # times the world size: checked when the run starts (micro_batches)
+        raise ConfigError(batch_tokens_message(t.batch_tokens, m.block_size, f"model.block_size={m.block_size}"))
     if t.warmup_tokens < 0:
         raise ConfigError(f"train.warmup_tokens={t.warmup_tokens} must be >= 0")
     if t.val_tokens < m.block_size:
@@ -88,6 +90,10 @@ def validate(cfg: RunConfig) -> None:
                           f"use model.vocab_size=50304 or data.tokenizer=bpe")
     if d.val_every < 2:
         raise ConfigError(f"data.val_every={d.val_every} must be >= 2 (one document in val_every is held out)")
+    name = s.name if isinstance(s.name, str) else str(s.name)
+    if not name.strip() or name != name.strip() or name in (".", "..") or "/" in name or "\\" in name:
+        raise ConfigError(f"study.name={name!r} is not a usable MLflow experiment name: write a non-empty name "
+                          f"without surrounding spaces, '/' or '\\' (and not . or ..), e.g. study.name=nonlinear-queries")
     if not list(s.seeds):
         raise ConfigError("study.seeds is empty: list at least one seed, e.g. study.seeds=[1,2,3]")
     if not list(s.variants):
@@ -128,6 +134,26 @@ STRATEGIES = ("auto", "ddp", "ddp_find_unused_parameters_false", "ddp_find_unuse
               "deepspeed_stage_1", "deepspeed_stage_2", "deepspeed_stage_2_offload", "deepspeed_stage_3",
               "deepspeed_stage_3_offload", "deepspeed_stage_3_offload_nvme", "fsdp", "fsdp_cpu_offload",
               "single_device", "single_tpu", "single_xla", "xla", "xla_debug")
+
+
+def validate_paths(cfg: RunConfig, root) -> None:
+    """The folders of ``cfg.study`` that the project would create, checked against what is on disk.
+
+    Raises:
+        ConfigError: study.artifact_dir (or a folder above it) is an existing file.
+    """
+    from pathlib import Path
+
+    s = cfg.study
+    if not str(s.artifact_dir).strip():
+        raise ConfigError("study.artifact_dir is empty: name a folder for MLflow's artifacts, e.g. "
+                          "study.artifact_dir=mlartifacts")
+    path = Path(root) / str(s.artifact_dir)
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            what = "is a file" if p == path else f"is below the file {p}"
+            raise ConfigError(f"study.artifact_dir={s.artifact_dir} {what}, not a folder: choose a folder (existing "
+                              f"or new) for MLflow's artifacts, e.g. study.artifact_dir=mlartifacts")
 
 
 def _int_like(x) -> bool:
