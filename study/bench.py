@@ -35,10 +35,21 @@ from study.config import load_config, project_root
 from study.throughput import bench_device, bf16_fast, device_peak_flops, measure_row
 
 
+def _positive(text: str) -> int:
+    """argparse type: an int >= 1 (steps and repeats; 0 would leave nothing to time or take the median of)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number: give one >= 1") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} must be >= 1")
+    return n
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="training throughput per variant, precision and loop")
-    parser.add_argument("--steps", type=int, default=30, help="timed steps per measurement (after warm-up)")
-    parser.add_argument("--repeats", type=int, default=3, help="measurements per loop; the median is reported")
+    parser.add_argument("--steps", type=_positive, default=30, help="timed steps per measurement (after warm-up)")
+    parser.add_argument("--repeats", type=_positive, default=3, help="measurements per loop; the median is reported")
     parser.add_argument("--variants", default="baseline,identity_q,nonlinear_q,baseline_mlp4.75")
     parser.add_argument("--precisions", default="32-true,bf16-mixed", help="comma-separated Lightning precisions")
     parser.add_argument("--modes", default="eager,compiled", help="eager, compiled or both (comma-separated)")

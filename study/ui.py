@@ -28,6 +28,17 @@ from study.mlflow_ui import CHROMIUM, HOST, check, chromium, experiment_id, runs
 from study.tracking import artifact_root, tracking_uri
 
 
+def _port(text: str) -> int:
+    """argparse type: a TCP port the server can bind (1-65535)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number: give one in 1-65535") from None
+    if not 1 <= n <= 65535:
+        raise argparse.ArgumentTypeError(f"{n} is not a TCP port: give one in 1-65535, e.g. --port 5000")
+    return n
+
+
 def _check(args, root: Path, study) -> int:
     browser = chromium(install=args.install)
     if browser is None:
@@ -56,7 +67,7 @@ def _check(args, root: Path, study) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=int, default=int(os.environ.get("UI_PORT", 5000)))
+    parser.add_argument("--port", type=_port, default=int(os.environ.get("UI_PORT", 5000)))
     parser.add_argument("--no-open", action="store_true", help="print the URL only, do not open a browser")
     parser.add_argument("--check", action="store_true", help="check the runs table in headless Chromium instead")
     parser.add_argument("--install", action="store_true", help=f"--check: apt-get install {CHROMIUM} if missing")

@@ -63,6 +63,12 @@ BAD_INPUT = [
      ["study.artifact_dir=params.yaml is a file", "choose a folder"]),
     ("artifact_dir below a file", "study.train", ["study.artifact_dir=params.yaml/x"],
      ["study.artifact_dir=params.yaml/x is below the file", "params.yaml", "choose a folder"]),
+    ("reports_dir is a file", "study.compare", ["study.reports_dir=params.yaml"],
+     ["study.reports_dir=params.yaml is a file", "for the reports", "choose a folder"]),
+    ("runs_dir below a file", "study.train", ["study.runs_dir=params.yaml/runs"],
+     ["study.runs_dir=params.yaml/runs is below the file", "for the run folders"]),
+    ("fp16 on CPU", "study.train", ["trainer.precision=16-mixed"],
+     ["trainer.precision=16-mixed with trainer.accelerator=cpu", "bf16", "32-true"]),
     ("batch not whole windows", "study.train", ["train.batch_tokens=1000"],
      ["train.batch_tokens=1000 is not a multiple of model.block_size=64", "such as 960 or 1024"]),
     ("batch below one window", "study.config.__main__", ["train.batch_tokens=32", "train.tokens=4096"],
@@ -623,3 +629,18 @@ def test_batch_tokens_on_several_processes_names_the_world_size(nano_project):
     with pytest.raises(ConfigError, match=r"train.batch_tokens=4096 is not a multiple of "
                                           r"model.block_size\*world_size=64\*3: use a multiple of 192 such as 4032 or 4224"):
         micro_batches(cfg, 3)
+
+
+@pytest.mark.parametrize("module,args,words", [
+    ("study.bench", ["--steps", "-1"], ["--steps", "-1 must be >= 1"]),
+    ("study.bench", ["--repeats", "0"], ["--repeats", "0 must be >= 1"]),
+    ("study.ui", ["--port", "99999", "--no-open"], ["--port", "99999 is not a TCP port"]),
+])
+def test_cli_numbers_out_of_range_are_refused_before_anything_runs(module, args, words):
+    """A count of 0 (or below) for the benchmark, or a port outside 1-65535, is refused by argparse (exit 2,
+    its error line last), before torch times anything or a server starts."""
+    proc = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=120,
+                          cwd=Path(__file__).resolve().parents[1])
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "error:" in last and all(w in last for w in words), proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr

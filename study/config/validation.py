@@ -74,6 +74,10 @@ def validate(cfg: RunConfig) -> None:
     if str(c.precision) not in PRECISIONS:
         raise ConfigError(f"trainer.precision={c.precision!r} is not a Lightning precision: choose one of "
                           f"{sorted(PRECISIONS)}")
+    if c.accelerator == "cpu" and str(c.precision) in ("16", "16-mixed"):  # Lightning swaps in bf16-mixed on CPU
+        raise ConfigError(f"trainer.precision={c.precision} with trainer.accelerator=cpu: Lightning would run bf16 "
+                          f"autocast instead while config.json records fp16; use 32-true (the CPU profile) or "
+                          f"bf16-mixed")
     if t.tokens < t.batch_tokens:
         raise ConfigError(f"train.tokens={t.tokens} is less than one step of train.batch_tokens="
                           f"{t.batch_tokens}: raise the token budget")
@@ -140,20 +144,22 @@ def validate_paths(cfg: RunConfig, root) -> None:
     """The folders of ``cfg.study`` that the project would create, checked against what is on disk.
 
     Raises:
-        ConfigError: study.artifact_dir (or a folder above it) is an existing file.
+        ConfigError: study.artifact_dir, runs_dir or reports_dir (or a folder above one) is an existing file.
     """
     from pathlib import Path
 
     s = cfg.study
-    if not str(s.artifact_dir).strip():
-        raise ConfigError("study.artifact_dir is empty: name a folder for MLflow's artifacts, e.g. "
-                          "study.artifact_dir=mlartifacts")
-    path = Path(root) / str(s.artifact_dir)
-    for p in (path, *path.parents):
-        if p.exists() and not p.is_dir():
-            what = "is a file" if p == path else f"is below the file {p}"
-            raise ConfigError(f"study.artifact_dir={s.artifact_dir} {what}, not a folder: choose a folder (existing "
-                              f"or new) for MLflow's artifacts, e.g. study.artifact_dir=mlartifacts")
+    for key, default, what in (("artifact_dir", "mlartifacts", "MLflow's artifacts"),
+                               ("runs_dir", "runs", "the run folders"), ("reports_dir", "reports", "the reports")):
+        value = str(getattr(s, key))
+        if not value.strip():
+            raise ConfigError(f"study.{key} is empty: name a folder for {what}, e.g. study.{key}={default}")
+        path = Path(root) / value
+        for p in (path, *path.parents):
+            if p.exists() and not p.is_dir():
+                where = "is a file" if p == path else f"is below the file {p}"
+                raise ConfigError(f"study.{key}={value} {where}, not a folder: choose a folder (existing or new) "
+                                  f"for {what}, e.g. study.{key}={default}")
 
 
 def _int_like(x) -> bool:
