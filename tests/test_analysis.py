@@ -438,3 +438,28 @@ def test_missing_run_hint_keeps_the_overrides_when_the_picks_alone_fail_validati
     assert (cfg.model.name, cfg.data.bpe_vocab_size, cfg.train.tokens) == ("nano", 512, 20480)
     assert run_dir(root, cfg, cfg.variant.name, cfg.seed, cfg.study.group) == runs / "nonlinear_q-s1"  # ... here
     assert not (tmp_path / "reports").exists()
+
+
+def test_missing_run_set_aside_by_a_killed_start_is_named(nano_project, tmp_path):
+    """A start killed after it set the last run's files aside (RUN/.replaced/) and before its Trainer existed
+    leaves the run without metrics.json: compare names the folder that holds it and that the run's train
+    command puts it back, instead of only asking to train it again."""
+    from study.analysis.runs import RunsError, load_runs
+    from study.config import load_config
+
+    cfg = load_config([f"study.runs_dir={tmp_path / 'runs'}"], nano_project)
+    for v in ("baseline", "nonlinear_q"):
+        write_run(tmp_path / f"runs/{v}-s1", v, 1, 4.0)
+    aside = tmp_path / "runs/nonlinear_q-s1/.replaced"
+    aside.mkdir()
+    for name in ("metrics.json", "record.json"):
+        (aside.parent / name).replace(aside / name)
+    with pytest.raises(RunsError) as e:
+        load_runs(cfg, nano_project, ["baseline", "nonlinear_q"], [1])
+    msg = str(e.value)
+    assert msg.startswith("1 run(s) of the study have no metrics.json (1 of them finished before: ") and \
+        f"{aside} holds what a start killed" in msg and "variant=nonlinear_q seed=1" in msg, msg
+    (aside / "metrics.json").unlink()  # nothing finished set aside: an ordinary missing run, no such words
+    with pytest.raises(RunsError) as e:
+        load_runs(cfg, nano_project, ["baseline", "nonlinear_q"], [1])
+    assert "finished before" not in str(e.value) and "variant=nonlinear_q seed=1" in str(e.value), str(e.value)

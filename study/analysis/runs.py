@@ -26,7 +26,7 @@ from pathlib import Path
 from study.analysis.pairing import check
 from study.config import flatten, run_dir
 from study.data import DataError
-from study.run_state import METRICS
+from study.run_state import METRICS, REPLACED
 
 #: sections of the resolved config that say which runs exist, not how one run trained
 NOT_SETTINGS = ("study", "lr_sweep", "scale_ladder", "defaults")
@@ -282,18 +282,25 @@ def load_runs(cfg, root: Path, variants=None, seeds=None, group: str = "", pair:
         PairingError: a run differs from the others in a setting other than the variant.
     """
     runs: dict[str, dict[int, dict]] = {}
-    missing, overrides = [], None
+    missing, aside, overrides = [], [], None
     for variant in (cfg.study.variants if variants is None else variants):
         for seed in (cfg.study.seeds if seeds is None else seeds):
             d = run_dir(root, cfg, variant, seed, group)
             if not (d / "metrics.json").is_file():
                 overrides = run_overrides(cfg, root, group) if overrides is None else overrides
                 missing.append(_train_cmd(variant, seed, group, overrides))
+                if (d / REPLACED / "metrics.json").is_file():  # a start killed before its Trainer was built
+                    aside.append(str((d / REPLACED).relative_to(root)) if (d / REPLACED).is_relative_to(root)
+                                 else str(d / REPLACED))
                 continue
             runs.setdefault(variant, {})[seed] = read_run(d, root)
     if missing:
+        kept = (f" ({len(aside)} of them finished before: {', '.join(aside[:3])}{' ...' if len(aside) > 3 else ''} "
+                f"holds what a start killed before its Trainer existed had set aside; that train command puts it "
+                f"back first)") if aside else ""
         raise RunsError(f"{len(missing)} run(s) {'of ' + group + ' ' if group else 'of the study '}have no "
-                        f"metrics.json; run `dvc repro` or {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+                        f"metrics.json{kept}; run `dvc repro` or {', '.join(missing[:3])}"
+                        f"{' ...' if len(missing) > 3 else ''}")
     if pair:
         check(runs, f"the runs of {group}" if group else "the study's runs")
     return runs
