@@ -22,6 +22,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     try:
         root = project_root()
+        if "--check" in argv and argv != ["--check"]:
+            raise ConfigError(f"--check takes nothing else (it checks params.yaml against conf/ composed as it is); "
+                              f"got {[a for a in argv if a != '--check']}: run `python -m study.config --check` alone")
         if argv == ["--check"]:
             path = root / PARAMS_FILE
             if not path.is_file():

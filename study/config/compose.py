@@ -345,6 +345,9 @@ def load_params(params: Path) -> DictConfig:
     import yaml
 
     fix = f"run `make params` to recompose it from conf/ (or `git checkout {params.name}`)"
+    if params.is_dir() or (params.exists() and not params.is_file()):
+        raise ConfigError(f"--params {params} is not a file (a folder or a device): give the composed config, "
+                          f"--params params.yaml")
     if not params.is_file():
         raise ConfigError(f"{params} not found: run `make params` (conf/ composed into {params.name})")
     try:
@@ -510,7 +513,7 @@ def _parse_argv(argv: list[str]) -> tuple[dict, list[str]]:
         elif a in ("--cfg", "-c", "--params") or a.startswith(("--cfg=", "--params=")):
             key = "params" if a.startswith("--params") else "cfg"
             value = a.split("=", 1)[1] if "=" in a else next(it, None)
-            if value is None:
+            if value is None or (value.startswith("-") and "=" not in a):
                 raise ConfigError(f"{a} needs a value: --cfg job, --params params.yaml")
             opts[key] = value
         elif a.startswith("-"):
