@@ -2,7 +2,8 @@
 
 Reads ``runs/VARIANT-sSEED/{metrics.json,record.json,curve.csv,config.json}`` for the variants x seeds of
 conf/study.yaml (and the profiles' runs), checks that they pair (the same recorded settings but the
-variant), and writes to ``study.reports_dir`` (default reports/):
+variant), and writes to ``study.reports_dir`` (default reports/); with ``study.group=GROUP`` it compares
+the runs of runs/GROUP/ (trained with the same ``study.group``) and writes to reports/GROUP/ instead:
   summary.json    per variant: n_seeds, val_loss_mean/sd (nats), parameters, lr; vs the baseline,
                   paired by seed: per-seed differences, mean difference, 95% t interval, paired
                   t-test p (and Benjamini-Hochberg adjusted) or why it is undefined, percent
@@ -23,7 +24,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from study.analysis.report import verdict_lines, write_report
+from study.analysis.report import report_dir, verdict_lines, write_report
 from study.config import run_stage
 from study.tracking import log_verdict, tracking_uri
 
@@ -33,8 +34,9 @@ def _report(cfg, root: Path) -> int:
     summary = write_report(cfg, root)
     for line in verdict_lines(summary):
         print(line)
-    print(f"wrote {root / cfg.study.reports_dir / 'comparison.md'}")
-    log_verdict(root, cfg, root / cfg.study.reports_dir)  # the verdict in MLflow: run "compare" (tag kind=verdict)
+    out = report_dir(cfg, root)
+    print(f"wrote {out / 'comparison.md'}")
+    log_verdict(root, cfg, out)  # the verdict in MLflow: run "compare" (tag kind=verdict)
     return 0
 
 

@@ -208,7 +208,8 @@ def log_verdict(root: Path, cfg, report_dir: Path) -> str:
     study's experiment: comparison.md, summary.json and the figures of ``report_dir`` as artifacts, the
     percent log-loss change and p-value of every variant against the baseline as metrics
     (``pct_log_loss/VARIANT``, ``p_value/VARIANT``).  A re-run of compare replaces the previous verdict
-    run (one per experiment).  Returns the run id."""
+    run of the same runs (one per experiment and ``study.group``: run name ``compare/GROUP``, tag
+    ``verdict_of``).  Returns the run id."""
     import json
     import time
 
@@ -219,11 +220,15 @@ def log_verdict(root: Path, cfg, report_dir: Path) -> str:
     client = MlflowClient(tracking_uri=tracking_uri(root, study))
     with store_lock(root, study):
         exp_id = ensure_experiment(client, root, study)
+        of = str(study.group or "") or "study"  # the runs it compares: the study's, or runs/GROUP/'s
         for old in client.search_runs([exp_id], filter_string="tags.kind = 'verdict'"):
+            if old.data.tags.get("verdict_of", "study") != of:
+                continue  # another group's verdict stays
             artifact_repo(root, study, old.info.artifact_uri).delete_artifacts()
             client.delete_run(old.info.run_id)
-        run = client.create_run(exp_id, run_name="compare",
-                                tags={"kind": "verdict", "group": "verdict", "git_commit": git_commit(root),
+        run = client.create_run(exp_id, run_name="compare" if of == "study" else f"compare/{of}",
+                                tags={"kind": "verdict", "group": "verdict", "verdict_of": of,
+                                      "git_commit": git_commit(root),
                                       "mlflow.note.content": "compare's verdict: comparison.md, summary.json, figures"})
     run_id = run.info.run_id
     try:

@@ -463,3 +463,33 @@ def test_missing_run_set_aside_by_a_killed_start_is_named(nano_project, tmp_path
     with pytest.raises(RunsError) as e:
         load_runs(cfg, nano_project, ["baseline", "nonlinear_q"], [1])
     assert "finished before" not in str(e.value) and "variant=nonlinear_q seed=1" in str(e.value), str(e.value)
+
+
+def test_compare_with_a_group_compares_that_groups_runs_and_leaves_the_studys_report(nano_project, tmp_path,
+                                                                                    monkeypatch, capsys):
+    """Runs trained with study.group=G sit in runs/G/; compare with the same study.group compares them, writes
+    reports/G/ (the study's reports/comparison.md is left as it was) and logs its own MLflow verdict
+    (compare/G) beside the study's (QA: it reported the study's runs and overwrote reports/)."""
+    from mlflow import MlflowClient
+
+    for s in SEEDS:  # the study's runs: nonlinear_q 0.03 better; group "adhoc": 0.2 worse
+        write_run(tmp_path / f"runs/baseline-s{s}", "baseline", s, BASE[s])
+        write_run(tmp_path / f"runs/nonlinear_q-s{s}", "nonlinear_q", s, BASE[s] - 0.03)
+        write_run(tmp_path / f"runs/adhoc/baseline-s{s}", "baseline", s, BASE[s], group="adhoc")
+        write_run(tmp_path / f"runs/adhoc/nonlinear_q-s{s}", "nonlinear_q", s, BASE[s] + 0.2 + 0.01 * s, group="adhoc")
+    db = f"study.tracking_db={tmp_path / 'm.db'}"
+    assert _compare(nano_project, monkeypatch, _study(tmp_path) + [db]) == 0
+    study_md = (tmp_path / "reports/comparison.md").read_bytes()
+    assert _compare(nano_project, monkeypatch, _study(tmp_path) + [db, "study.group=adhoc"]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {tmp_path / 'reports/adhoc/comparison.md'}" in out
+    mean = sum(0.2 + 0.01 * s for s in SEEDS) / len(SEEDS)
+    group = json.loads((tmp_path / "reports/adhoc/summary.json").read_text())["vs_baseline"]["nonlinear_q"]
+    assert group["mean_diff"] == pytest.approx(mean, abs=1e-9)
+    assert (tmp_path / "reports/comparison.md").read_bytes() == study_md
+    study = json.loads((tmp_path / "reports/summary.json").read_text())["vs_baseline"]["nonlinear_q"]
+    assert study["mean_diff"] == pytest.approx(-0.03, abs=1e-9)
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'm.db'}")
+    exp = client.get_experiment_by_name("test-study")
+    names = sorted(r.info.run_name for r in client.search_runs([exp.experiment_id], "tags.kind = 'verdict'"))
+    assert names == ["compare", "compare/adhoc"]

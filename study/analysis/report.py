@@ -20,15 +20,24 @@ METRICS = "metrics"
 CURVES = "curves.csv"
 
 
+def report_dir(cfg, root: Path) -> Path:
+    """Where compare writes: ``study.reports_dir`` for the study's runs (DVC's outputs), and
+    ``study.reports_dir/GROUP`` for the runs of ``study.group=GROUP`` (runs/GROUP/), which leaves the study's
+    report alone."""
+    group = str(cfg.study.group or "")
+    return root / cfg.study.reports_dir / group if group else root / cfg.study.reports_dir
+
+
 def write_report(cfg, root: Path) -> dict:
-    """Write ``study.reports_dir``/{comparison.md, summary.json, figures/*.png}; return the summary.
+    """Write :func:`report_dir`/{comparison.md, summary.json, figures/*.png} over the runs of ``study.group``
+    (the study's own runs when it is empty); return the summary.
 
     Raises:
         RunsError: a run is missing or unreadable.
         PairingError: runs that would be compared differ in a setting other than the variant.
     """
-    runs = load_runs(cfg, root)
-    out = root / cfg.study.reports_dir
+    runs = load_runs(cfg, root, group=str(cfg.study.group or ""))
+    out = report_dir(cfg, root)
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(cfg, runs, root)
     summary["figures"] = figures.write_all(summary, runs, out / FIGURES)
