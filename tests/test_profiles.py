@@ -32,7 +32,7 @@ def test_lr_sweep_report(nano_project, tmp_path, monkeypatch):
     noise = {1: -0.01, 2: 0.004, 3: 0.012}
     for v in ("baseline", "nonlinear_q"):
         for lr in lrs:
-            _write_run(runs / f"lr_sweep/lr{lr}/{v}-s1", v, 1, sweep_loss(v, lr), tokens=500, lr=lr)
+            _write_run(runs / f"lr_sweep/lr{lr}/{v}-s1", v, 1, sweep_loss(v, lr), tokens=512, lr=lr)
         for s in seeds:
             _write_run(runs / f"{v}-s{s}", v, s, sweep_loss(v, 3e-3) + noise[s] * (1 + (v == "baseline")))
             _write_run(runs / f"tuned/{v}-s{s}", v, s, sweep_loss(v, {"baseline": 2e-3, "nonlinear_q": 4e-3}[v])
@@ -40,7 +40,7 @@ def test_lr_sweep_report(nano_project, tmp_path, monkeypatch):
     monkeypatch.chdir(nano_project)
     args = [f"study.runs_dir={runs}", f"study.reports_dir={tmp_path / 'reports'}", "study.seeds=[1,2,3]",
             "study.variants=[baseline,nonlinear_q]", "lr_sweep.variants=[baseline,nonlinear_q]",
-            f"lr_sweep.lrs={lrs}", "lr_sweep.tokens=500", "train.batch_tokens=500", "train.tokens=20000"]
+            f"lr_sweep.lrs={lrs}", "lr_sweep.tokens=512", "train.batch_tokens=512", "train.tokens=20480"]
     assert main(args) == 0
     sw = json.loads((tmp_path / "reports/summary.json").read_text())["lr_sweep"]
     assert sw["variants"]["baseline"]["best_lr"] == 2e-3 and not sw["variants"]["baseline"]["at_edge"]
@@ -58,7 +58,7 @@ def test_lr_sweep_report(nano_project, tmp_path, monkeypatch):
     assert (tmp_path / "reports/figures/lr_sweep.png").read_bytes()[:4] == b"\x89PNG"
 
     # a tuned run trained at an lr that is no longer the sweep's best is stale: compare refuses it
-    _write_run(runs / "lr_sweep/lr0.001/baseline-s1", "baseline", 1, 3.0, tokens=500, lr=1e-3)
+    _write_run(runs / "lr_sweep/lr0.001/baseline-s1", "baseline", 1, 3.0, tokens=512, lr=1e-3)
     assert main(args) == 2
 
 
