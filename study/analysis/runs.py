@@ -26,6 +26,7 @@ from pathlib import Path
 from study.analysis.pairing import check
 from study.config import flatten, run_dir
 from study.data import DataError
+from study.data.records import MISSING, json_kind
 from study.run_state import METRICS, REPLACED
 
 #: sections of the resolved config that say which runs exist, not how one run trained
@@ -106,13 +107,6 @@ def _number(v) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def _kind(v) -> str:
-    if _number(v):
-        return "a number"
-    return "null" if v is None else {bool: "true/false", str: "a string", list: "a list", dict: "an object"}.get(
-        type(v), "a non-finite number")
-
-
 #: record.json keys read as numbers where present (null allowed: not every run has each)
 RECORD_NUMBERS = ("seed", "steps", "lr", "min_lr", "non_embedding_params", "total_params", "flops_per_token",
                   "wall_time_s", "data_seed", "init_seed")
@@ -140,16 +134,16 @@ def read_result(d: Path) -> dict:
         except ValueError as e:
             raise RunsError(f"{d / name} is not valid JSON ({e}): {fix}") from None
         if not isinstance(obj, dict):
-            raise RunsError(f"{d / name} holds {_kind(obj)}, not a JSON object: {fix}")
+            raise RunsError(f"{d / name} holds {json_kind(obj)}, not a JSON object: {fix}")
         return obj
 
     def bad(name: str, key: str, v, want: str) -> RunsError:
-        got = "missing" if v is _MISSING else f"{_kind(v)} ({json.dumps(v)[:40]})"
+        got = "missing" if v is MISSING else f"{json_kind(v)} ({json.dumps(v)[:40]})"
         return RunsError(f"{d / name}: {key!r} is {got}, expected {want}: {fix}")
 
     record, metrics = load("record.json"), load("metrics.json")
-    if record.get("status", _MISSING) not in ("ok", "diverged"):
-        raise bad("record.json", "status", record.get("status", _MISSING), '"ok" or "diverged"')
+    if record.get("status", MISSING) not in ("ok", "diverged"):
+        raise bad("record.json", "status", record.get("status", MISSING), '"ok" or "diverged"')
     for k in RECORD_NUMBERS:
         if record.get(k) is not None and not _number(record[k]):
             raise bad("record.json", k, record[k], "a number")
@@ -160,18 +154,17 @@ def read_result(d: Path) -> dict:
         if k in METRICS and not _number(v):
             raise bad("metrics.json", k, v, "a finite number")
     if record["status"] == "ok" and "val_loss" not in metrics:
-        raise bad("metrics.json", "val_loss", _MISSING, "the run's final validation loss (record.json says status ok)")
+        raise bad("metrics.json", "val_loss", MISSING, "the run's final validation loss (record.json says status ok)")
     # A cross-entropy in nats: a trained LM's loss lies below ln(vocab_size) (ln 50257 = 10.8 for GPT-2's
     # vocabulary, ln 512 = 6.2 for nano's), and a diverged run carries no val_loss at all; 100 nats, ten
     # times the largest vocabulary's uniform loss, leaves a wide margin and keeps exp(val_loss) finite.
     if "val_loss" in metrics and not 0 < metrics["val_loss"] <= MAX_LOSS:
         raise bad("metrics.json", "val_loss", metrics["val_loss"], f"a cross-entropy in (0, {MAX_LOSS:g}] nats")
     if named is not None:
-        _same_run(d, "record.json", named, record.get("variant", _MISSING), record.get("seed", _MISSING))
+        _same_run(d, "record.json", named, record.get("variant", MISSING), record.get("seed", MISSING))
     return {**record, **dict.fromkeys(METRICS), **metrics}
 
 
-_MISSING = object()
 
 #: the largest val_loss (nats) a run may record (see :func:`read_result`)
 MAX_LOSS = 100.0
@@ -188,7 +181,7 @@ def _same_run(d: Path, name: str, named: tuple[str, int], variant, seed) -> None
     another run's name, or a hand-edited file, would stand in for a run it is not."""
     if variant == named[0] and type(seed) is int and seed == named[1]:
         return
-    shown = lambda v: "missing" if v is _MISSING else json.dumps(v)[:40]  # noqa: E731
+    shown = lambda v: "missing" if v is MISSING else json.dumps(v)[:40]  # noqa: E731
     home = d.parent / f"{variant}-s{seed}" if isinstance(variant, str) and type(seed) is int else None
     raise RunsError(f"{d / name} records variant {shown(variant)} seed {shown(seed)}, but the folder {d} is "
                     f"{named[0]}-s{named[1]}: it holds another run, or was edited; "
@@ -215,12 +208,12 @@ def read_run(d: Path, root: Path | None = None) -> dict:
     except ValueError as e:
         raise RunsError(f"{d / 'config.json'} is not valid JSON ({e}): {fix}") from None
     if not isinstance(config, dict):
-        raise RunsError(f"{d / 'config.json'} holds {_kind(config)}, not a JSON object: {fix}")
+        raise RunsError(f"{d / 'config.json'} holds {json_kind(config)}, not a JSON object: {fix}")
     named = _named(d)
     if named is not None:
-        var = config.get("variant", _MISSING)
-        _same_run(d, "config.json", named, var.get("name", _MISSING) if isinstance(var, dict) else var,
-                  config.get("seed", _MISSING))
+        var = config.get("variant", MISSING)
+        _same_run(d, "config.json", named, var.get("name", MISSING) if isinstance(var, dict) else var,
+                  config.get("seed", MISSING))
     digest = config.pop("data_digest", None)
     m["settings"] = {**settings_of(config), "data_digest": digest}
     m["name"] = name

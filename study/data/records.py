@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -37,10 +38,13 @@ def data_digest(data_dir: Path) -> str:
 PREPARE_FIX = "re-run `python -m study.prepare` (or `dvc repro prepare`)"
 
 
-def _kind(v) -> str:
-    """How a JSON value reads in an error: null, a string, a list, an object, a number, true/false."""
+def json_kind(v) -> str:
+    """How a JSON value reads in an error: null, a string, a list, an object, a number, true/false (a NaN or
+    infinity: a non-finite number)."""
     if v is None:
         return "null"
+    if isinstance(v, float) and not math.isfinite(v):
+        return "a non-finite number"
     return {bool: "true/false", str: "a string", list: "a list", dict: "an object"}.get(type(v), "a number")
 
 
@@ -50,12 +54,12 @@ def _is_count(v) -> bool:
 
 def corrupt_field(path: Path, field: str, v, want: str) -> DataError:
     """The one-line error for field ``field`` of a prepared-data file holding ``v`` where ``want`` belongs."""
-    got = "missing" if v is _MISSING else f"{_kind(v)} ({json.dumps(v)[:40]})"
+    got = "missing" if v is MISSING else f"{json_kind(v)} ({json.dumps(v)[:40]})"
     return DataError(f"{path}: field {field!r} is {got}, expected {want}: the prepared data are corrupt; "
                      f"{PREPARE_FIX}")
 
 
-_MISSING = object()
+MISSING = object()
 
 
 def _check_meta(path: Path, meta) -> dict:
@@ -64,19 +68,19 @@ def _check_meta(path: Path, meta) -> dict:
     (counts), and where present corpus_tokens ({split: [[name, count], ...]}), prepared_with,
     chunks_sha256 and yardsticks (objects)."""
     if not isinstance(meta, dict):
-        raise DataError(f"{path} holds {_kind(meta)}, not a JSON object: the prepared data are corrupt; {PREPARE_FIX}")
-    tokenizer = meta.get("tokenizer", _MISSING)
+        raise DataError(f"{path} holds {json_kind(meta)}, not a JSON object: the prepared data are corrupt; {PREPARE_FIX}")
+    tokenizer = meta.get("tokenizer", MISSING)
     if not isinstance(tokenizer, str):
         raise corrupt_field(path, "tokenizer", tokenizer, "the tokenizer's name")
-    vocab = meta.get("vocab_size", _MISSING)
+    vocab = meta.get("vocab_size", MISSING)
     if not (_is_count(vocab) and vocab > 0):
         raise corrupt_field(path, "vocab_size", vocab, "a positive integer")
-    tokens = meta.get("tokens", _MISSING)
+    tokens = meta.get("tokens", MISSING)
     if not isinstance(tokens, dict):
         raise corrupt_field(path, "tokens", tokens, "an object {\"train\": N, \"val\": N}")
     for split in ("train", "val"):
-        if not _is_count(tokens.get(split, _MISSING)):
-            raise corrupt_field(path, f"tokens.{split}", tokens.get(split, _MISSING), "a token count (integer >= 0)")
+        if not _is_count(tokens.get(split, MISSING)):
+            raise corrupt_field(path, f"tokens.{split}", tokens.get(split, MISSING), "a token count (integer >= 0)")
     for key in ("corpus_tokens", "prepared_with", "chunks_sha256", "yardsticks"):
         if key in meta and not isinstance(meta[key], dict):
             raise corrupt_field(path, key, meta[key], "an object")
@@ -104,7 +108,7 @@ def read_meta(data_dir: Path, check: bool = True) -> dict:
     except (ValueError, UnicodeDecodeError) as e:
         raise DataError(f"{path} is not valid JSON ({e}): the prepared data are corrupt; {PREPARE_FIX}") from e
     if not check and not isinstance(meta, dict):
-        raise DataError(f"{path} holds {_kind(meta)}, not a JSON object: the prepared data are corrupt; {PREPARE_FIX}")
+        raise DataError(f"{path} holds {json_kind(meta)}, not a JSON object: the prepared data are corrupt; {PREPARE_FIX}")
     return _check_meta(path, meta) if check else meta
 
 
@@ -123,22 +127,22 @@ def read_index(split_dir: Path) -> dict:
     except (ValueError, UnicodeDecodeError) as e:
         raise DataError(f"{index_path} is not valid JSON ({e}): the prepared data are corrupt; {PREPARE_FIX}") from e
     if not isinstance(index, dict):
-        raise DataError(f"{index_path} holds {_kind(index)}, not a JSON object: the prepared data are corrupt; "
+        raise DataError(f"{index_path} holds {json_kind(index)}, not a JSON object: the prepared data are corrupt; "
                         f"{PREPARE_FIX}")
-    chunks = index.get("chunks", _MISSING)
+    chunks = index.get("chunks", MISSING)
     if not isinstance(chunks, list):
         raise corrupt_field(index_path, "chunks", chunks, "a list of chunk entries")
     for i, chunk in enumerate(chunks):
         if not isinstance(chunk, dict):
             raise corrupt_field(index_path, f"chunks[{i}]", chunk, "an object")
-        if not isinstance(chunk.get("filename", _MISSING), str):
-            raise corrupt_field(index_path, f"chunks[{i}].filename", chunk.get("filename", _MISSING), "a file name")
+        if not isinstance(chunk.get("filename", MISSING), str):
+            raise corrupt_field(index_path, f"chunks[{i}].filename", chunk.get("filename", MISSING), "a file name")
         for key in ("chunk_bytes", "dim"):
-            if not _is_count(chunk.get(key, _MISSING)):
-                raise corrupt_field(index_path, f"chunks[{i}].{key}", chunk.get(key, _MISSING), "an integer >= 0")
+            if not _is_count(chunk.get(key, MISSING)):
+                raise corrupt_field(index_path, f"chunks[{i}].{key}", chunk.get(key, MISSING), "an integer >= 0")
         # chunk_size: the items in the chunk, whose header (a count and chunk_size + 1 offsets, uint32)
         # litdata's TokensLoader skips by it; a wrong one overflows inside the DataLoader mid-run
-        size = chunk.get("chunk_size", _MISSING)
+        size = chunk.get("chunk_size", MISSING)
         if not (_is_count(size) and size >= 1 and (size + 2) * 4 <= chunk["chunk_bytes"]):
             raise corrupt_field(index_path, f"chunks[{i}].chunk_size", size,
                                 f"an integer >= 1 whose header, {'(chunk_size + 2) * 4'} bytes, fits the chunk's "
