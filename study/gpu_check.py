@@ -15,7 +15,8 @@ venv, writes the git-ignored folder ``.gpu/``:
             ``--max-docs`` documents of each corpus (default all: 4.4M train + 0.5M val tokens, 9.4 MiB;
             every 8th document held out, so the 250 training steps below stay inside one epoch)
 
-and checks that the tree that travels (tracked files + ``.gpu/``) stays under 64 MiB.
+and, where the copy to the GPU machine has a size limit, checks that the copy (the files git does not
+ignore + ``.gpu/``) stays within ``--max-bytes`` (default 64 MiB; 0: no limit).
 
 ``python -m study.gpu_check --out DIR`` (on the GPU machine) installs the wheels into ``.gpu/site``
 (``pip install --no-index --no-deps --target``, put first on PYTHONPATH for every phase), then runs
@@ -64,9 +65,9 @@ import time
 from pathlib import Path
 
 # -- what the GPU image has -----------------------------------------------------------------------------
-# The Python distributions of the device machine's image ('cuda'), as listed in the device notes
-# (/work/.library/device/KINDS.md, read 2026-11-17): Python 3.12, torch 2.11 (CUDA), lightning 2.6.6,
-# torchmetrics 1.9, ...  A dependency whose name is here is not carried.
+# The Python distributions of the GPU image this check is made for (an offline H200 machine's image, its
+# package list as of 2026-11-17): Python 3.12, torch 2.11 (CUDA), lightning 2.6.6, torchmetrics 1.9, ...
+# A dependency whose name is here gets no wheel in .gpu/wheels.
 IMAGE_PACKAGES = frozenset("""
 absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build certifi
 charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core cuda-pathfinder
@@ -101,7 +102,7 @@ NEVER = ("torch", "torchvision", "nvidia-", "triton")  # never carried, whatever
 ALWAYS = ("protobuf",)
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64",
              "manylinux1_x86_64")
-TREE_LIMIT = 64 * 2 ** 20  # bytes the device tool carries (tracked + untracked files + carried paths)
+MAX_BYTES = 64 * 2 ** 20  # default --max-bytes: the size limit of the copy sent to the GPU machine (0: none)
 
 
 def norm(name: str) -> str:
@@ -202,7 +203,8 @@ def split_wheels(wheels: list[Path]) -> tuple[list[Path], list[Path]]:
 
 
 def tree_bytes(root: Path) -> int:
-    """Bytes of the files git would carry: tracked plus untracked-not-ignored (the device tool's rule)."""
+    """Bytes of the working tree's files that git does not ignore (tracked plus untracked): what a copy of the
+    checkout sends to the GPU machine besides ``.gpu/``."""
     out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=root,
                          capture_output=True, text=True).stdout
     return sum((root / f).stat().st_size for f in out.split("\0") if f and (root / f).is_file())
@@ -212,11 +214,12 @@ def folder_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.exists() else 0
 
 
-def prepare(root: Path, gpu_dir: Path, max_docs: int) -> dict:
+def prepare(root: Path, gpu_dir: Path, max_docs: int, max_bytes: int = MAX_BYTES) -> dict:
     """``make gpu-prep``: wheels + GPT-2 tokens under ``gpu_dir`` and the size check; returns the sizes.
 
     Raises:
-        GpuCheckError: a failed download or prepare, or a tree over 64 MiB (the message says what to cut).
+        GpuCheckError: a failed download or prepare, or a copy over ``max_bytes`` bytes when ``max_bytes`` > 0
+            (the message says what to cut).
     """
     wheels = download_wheels(gpu_dir / "wheels")
     tokens = gpu_dir / "tokens"
@@ -233,11 +236,13 @@ def prepare(root: Path, gpu_dir: Path, max_docs: int) -> dict:
     print(f"{len(wheels)} wheels ({sizes['wheels'] / 2**20:.1f} MiB): {', '.join(sorted(wheel_name(w) for w in wheels))}")
     print(f"tokens: {meta['tokens']['train']:,} train + {meta['tokens']['val']:,} val GPT-2 tokens "
           f"({sizes['tokens'] / 2**20:.1f} MiB) in {tokens}")
-    print(f"travels: repository {sizes['tree'] / 2**20:.1f} MiB + {gpu_dir.name} {sizes['gpu_dir'] / 2**20:.1f} MiB"
-          f" = {sizes['total'] / 2**20:.1f} MiB of the 64 MiB limit")
-    if sizes["total"] > TREE_LIMIT:
-        raise GpuCheckError(f"{sizes['total'] / 2**20:.1f} MiB would travel, over the device tool's 64 MiB: lower "
-                            f"--max-docs or remove untracked files from the working tree")
+    limit = f" of the {max_bytes / 2**20:.1f} MiB limit (--max-bytes)" if max_bytes > 0 else ""
+    print(f"copied to the GPU machine: repository {sizes['tree'] / 2**20:.1f} MiB + {gpu_dir.name} "
+          f"{sizes['gpu_dir'] / 2**20:.1f} MiB = {sizes['total'] / 2**20:.1f} MiB{limit}")
+    if 0 < max_bytes < sizes["total"]:
+        raise GpuCheckError(f"{sizes['total'] / 2**20:.1f} MiB would be copied, over --max-bytes "
+                            f"{max_bytes / 2**20:.1f} MiB: lower --max-docs, remove untracked files from the "
+                            f"working tree, or raise --max-bytes (0: no limit)")
     return sizes
 
 
@@ -745,6 +750,9 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"comma-separated phases to run (default all: {','.join(PHASES)}; install and env always run)")
     parser.add_argument("--max-docs", type=int, default=0,
                         help="--prepare: documents per corpus (default 0: all, 4.4M train tokens, 9.4 MB)")
+    parser.add_argument("--max-bytes", type=int, default=MAX_BYTES,
+                        help="--prepare: stop when the checkout plus GPU_DIR exceeds this many bytes, for a copy to "
+                             f"the GPU machine with a size limit (default {MAX_BYTES}, 64 MiB; 0: no limit)")
     parser.add_argument("--eval-checkpoint", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--eval-micro", help=argparse.SUPPRESS)
     parser.add_argument("--eval-json", type=Path, help=argparse.SUPPRESS)
@@ -758,7 +766,7 @@ def main(argv: list[str] | None = None) -> int:
         root = _root()  # this process imports no omegaconf/litdata/mlflow: on the GPU machine it installs them
         args.gpu_dir = (root / args.gpu_dir).resolve() if not args.gpu_dir.is_absolute() else args.gpu_dir
         if args.prepare:
-            prepare(root, args.gpu_dir, args.max_docs)
+            prepare(root, args.gpu_dir, args.max_docs, args.max_bytes)
             return 0
         if args.out is None:
             raise GpuCheckError("give --out DIR (results) or --prepare")

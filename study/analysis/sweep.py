@@ -40,7 +40,7 @@ def sweep_results(cfg, root: Path, variant: str) -> list[dict]:
     if missing:
         raise DataError(f"the lr sweep of {variant!r} lacks finished runs at lr {missing} (seed {seed}, "
                         f"{cfg.lr_sweep.tokens:,} tokens) under {cfg.study.runs_dir}/lr_sweep: run `dvc repro` with "
-                        f"lr_sweep.variants including {variant!r} (README, 'A fair verdict')")
+                        f"lr_sweep.variants including {variant!r} (docs/profiles.md)")
     return out
 
 

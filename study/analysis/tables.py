@@ -144,7 +144,7 @@ def frontier_section(summary: dict) -> list[str]:
     lines = ["", "## Parameter frontier", ""]
     if not f.get("fitted"):
         return lines + [f"Frontier {f.get('reason', 'not fitted')}. Baseline family in this study: "
-                        f"{f.get('family', [])}; the `frontier` profile (README) trains five sizes."]
+                        f"{f.get('family', [])}; the `frontier` profile (docs/profiles.md) trains five sizes."]
     lines += [f"Baseline family {f['family']}: fitted log L = {f['intercept']:.4f} {f['slope']:+.4f} log N "
               f"(N = non-embedding parameters) over {f['sizes']} sizes. A variant's multiplier is the baseline size "
               f"that would reach its mean loss divided by its own size (> 1: worth more parameters than it has); "
