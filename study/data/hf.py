@@ -14,7 +14,7 @@ from pathlib import Path
 
 from study.config import DataConfig
 from study.data import DataError
-from study.data.corpora import is_val_index
+from study.data.corpora import Document, is_val_index
 from study.data.tokenizers import Tokenizer, make_tokenizer
 
 HF_FORMATS = {".parquet": "parquet", ".arrow": "arrow"}
@@ -150,6 +150,16 @@ def load_hf_dataset(cfg: DataConfig):
     if cfg.max_docs_per_corpus and len(ds) > cfg.max_docs_per_corpus:
         ds = ds.select(range(cfg.max_docs_per_corpus))
     return ds, src
+
+
+def read_hf_documents(cfg: DataConfig) -> list[Document]:
+    """Every row of the configured Hugging Face split as a Document (id :func:`hf_doc_id`), in row order.
+
+    Small datasets only: every text is held in memory (``prepare`` streams instead).
+    """
+    ds, src = load_hf_dataset(cfg)
+    return [Document(hf_doc_id(cfg.hf_split, i, len(ds)), text or "", Path(src.name))
+            for i, text in enumerate(ds[cfg.hf_text_field])]
 
 
 def hf_train_texts(ds, cfg: DataConfig, batch: int = 1000):

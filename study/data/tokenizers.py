@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from study.config import DataConfig
-from study.data.corpora import package_dir
+from study.data.packages import package_dir
 
 EOT = "<|endoftext|>"
 GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""

@@ -1,0 +1,114 @@
+"""The package's house rules, read from the source with ast (nothing imported): no import cycle among study's
+modules, function-level imports included, and no module much over 400 lines."""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_LINES = 420  # "no module over ~400 lines": split a module by concern before it grows past this
+
+
+def study_modules(root: Path = ROOT) -> dict[str, Path]:
+    """{dotted module name: file} of every module under ``root/study`` (a package by its ``__init__``)."""
+    out = {}
+    for path in sorted((root / "study").rglob("*.py")):
+        parts = list(path.relative_to(root).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def imports_of(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The study modules that ``module`` imports anywhere in its file (top level or inside a function).
+
+    ``from P import name`` counts as importing ``P.name`` when that is a module, else ``P``; a module's
+    import of its own package's ``__init__`` counts like any other.  Returns names of ``modules``.
+    """
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+    def known(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        for name in names:
+            target = known(name) if name == "study" or name.startswith("study.") else None
+            if target and target != module:
+                found.add(target)
+    return found
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm): each is a cycle."""
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def test_import_cycles_are_found():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert import_cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_imports_are_read_like_python(tmp_path):
+    pkg = tmp_path / "study" / "data"
+    pkg.mkdir(parents=True)
+    (tmp_path / "study" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("class DataError(Exception): ...\n")
+    (pkg / "a.py").write_text("from study.data import DataError\ndef f():\n    from .b import g\n")
+    (pkg / "b.py").write_text("import study.data.a as a\nimport numpy\n")
+    modules = study_modules(tmp_path)
+    graph = {m: imports_of(m, p, modules) for m, p in modules.items()}
+    assert graph["study.data.a"] == {"study.data", "study.data.b"}
+    assert graph["study.data.b"] == {"study.data.a"}
+    assert import_cycles(graph) == [["study.data.a", "study.data.b"]]
+
+
+def test_no_import_cycle_in_study():
+    modules = study_modules()
+    graph = {m: imports_of(m, p, modules) for m, p in modules.items()}
+    cycles = import_cycles(graph)
+    detail = [" <-> ".join(f"{m} (imports {', '.join(sorted(graph[m] & set(c)))})" for m in c) for c in cycles]
+    assert not cycles, f"import cycles among study's modules: {detail}"
+
+
+def test_no_module_is_too_long():
+    long = {p.relative_to(ROOT).as_posix(): n for p in study_modules().values()
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them by concern): {long}"
