@@ -213,6 +213,15 @@ class Replaced:
             shutil.rmtree(gone, ignore_errors=True)
 
 
+def dvc_stage() -> str | None:
+    """The DVC stage this process runs as (``DVC_STAGE``, which ``dvc repro`` / ``dvc exp run`` set for every
+    stage command), or None for a hand-started run.  DVC re-runs a train stage only when its code, data or
+    params changed, and leaves its outputs in place until then (``persist: true`` in dvc.yaml: nothing is
+    deleted before the command, docs/failures-dvc.md), so a DVC stage's run replaces the finished run of its
+    folder as ``train.overwrite=true`` does (set aside until its Trainer exists, :class:`Replaced`)."""
+    return os.environ.get("DVC_STAGE") or None
+
+
 def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) -> tuple:
     """Decide, from ``out_dir/checkpoints/run.json``, whether this start resumes, and set aside what it replaces.
 
@@ -228,7 +237,8 @@ def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) ->
         the folder's last process or None, the checkpoint to resume or None, the :class:`Replaced`).
 
     Raises:
-        ConfigError: the folder holds a finished run with other settings and ``train.overwrite`` is off.
+        ConfigError: the folder holds a finished run with other settings, ``train.overwrite`` is off and
+            the run is not a DVC stage's (:func:`dvc_stage`).
     """
     ckpt_dir = out_dir / "checkpoints"
     if rank == 0 and (out_dir / REPLACED).is_dir():  # a start that died before its Trainer existed
@@ -245,7 +255,8 @@ def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) ->
     if not isinstance(state, dict):
         raise StudyError(f"{state_path} holds {type(state).__name__} {json.dumps(state)[:40]}, not a JSON object "
                          f"(it was edited or damaged): delete {ckpt_dir} to start the run afresh")
-    if (out_dir / "metrics.json").is_file() and not cfg.train.overwrite:  # a finished run: never replaced silently
+    if (out_dir / "metrics.json").is_file() and not cfg.train.overwrite and not dvc_stage():  # a finished run:
+        # never replaced silently by a hand-started run
         old = state.get("resume")
         differ = diff_keys(config_part(old), config_part(record)) if old is not None else ["(not recorded)"]
         if differ:
