@@ -329,6 +329,31 @@ def settle_previous_run(uri: str, run_id: str, resuming: bool, state: dict) -> d
     return state
 
 
+#: the MLflow tag naming a run's folder (absolute), so that a start can find its folder's earlier runs
+RUN_FOLDER_TAG = "run_folder"
+
+
+def run_folder_tag(out_dir: Path) -> str:
+    """The value of :data:`RUN_FOLDER_TAG` for a run folder: its absolute path."""
+    return str(Path(out_dir).resolve())
+
+
+def end_orphaned_runs(client, experiment_id: str, out_dir: Path, keep: str | None = None) -> list[str]:
+    """Mark KILLED (with an end time) every MLflow run of ``out_dir`` (tag :data:`RUN_FOLDER_TAG`) that is
+    still RUNNING, but ``keep`` (the run this start resumes); return their ids.
+
+    Called by global rank 0 while it holds the folder's lock: no live process owns such a run, so it died
+    without a word (SIGKILL, power loss).  :func:`settle_previous_run` does the same from run.json's id; this
+    one still finds the run when run.json is gone (``checkpoints/`` deleted to start afresh, as the error of an
+    unreadable checkpoint advises)."""
+    folder = run_folder_tag(out_dir)
+    found = client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'")
+    ended = [r.info.run_id for r in found if r.data.tags.get(RUN_FOLDER_TAG) == folder and r.info.run_id != keep]
+    for run_id in ended:
+        client.set_terminated(run_id, "KILLED")
+    return ended
+
+
 @contextmanager
 def restore_env(name: str):
     """Give environment variable ``name`` its value from before the block back after it.  Lightning's

@@ -55,6 +55,7 @@ from study.data.windows import check_train_windows
 from study.launch import build_trainer, check_multi_node, launch_rank, make_strategy, world_size
 from study.run_state import (METRICS, end_status, hold_run_lock, loop_state_callback, open_run_folder,  # noqa: F401
                              read_resume_checkpoint, restore_env, settle_previous_run, split_result,
+                             RUN_FOLDER_TAG, end_orphaned_runs, run_folder_tag,
                              terminate_as_exception)
 
 
@@ -127,7 +128,8 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
     from study.data.datamodule import TokenDataModule
     from study.lm import GPTModule, throughput_monitor, wants_throughput_monitor
     from study.progress import progress_callback, quiet_logs
-    from study.tracking import (artifact_location, ensure_experiment, git_commit, log_files, log_text, run_params,
+    from study.tracking import (artifact_location, ensure_experiment, git_commit, log_files, log_text, logged_steps,
+                                run_params,
                                 step_aligned_logger, store_lock, tracking_uri)
 
     from study.profiles import resolve
@@ -171,14 +173,20 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
             state = settle_previous_run(uri, previous_run_id, resuming=resume is not None, state=state)
         if rank == 0:
             from mlflow import MlflowClient
-            ensure_experiment(MlflowClient(uri), root, cfg.study)
+            experiment_id = ensure_experiment(MlflowClient(uri), root, cfg.study)
+            # runs of this folder left RUNNING by a process that died without a word, whose id run.json no
+            # longer holds (its checkpoints/ deleted, as an unreadable checkpoint's error advises): KILLED
+            end_orphaned_runs(MlflowClient(uri), experiment_id, out_dir,
+                              keep=state.get("mlflow_run_id") if resume is not None else None)
         logger = step_aligned_logger(experiment_name=cfg.study.name, run_name=name,
                               tracking_uri=uri,
                               artifact_location=artifact_location(root, cfg.study), run_id=state.get("mlflow_run_id"),
                               tags={"variant": cfg.variant.name, "seed": str(cfg.seed), "git_commit": git_commit(root),
                                     "config_hash": digest, "model": cfg.model.name,
-                                    "group": cfg.study.group or "main"})
+                                    "group": cfg.study.group or "main", RUN_FOLDER_TAG: run_folder_tag(out_dir)})
         run_id = logger.run_id
+        if rank == 0 and resume is not None and state.get("mlflow_run_id") == run_id:  # each step logged once
+            logger.logged_through = logged_steps(logger.experiment, run_id)
     if not state.get("mlflow_run_id"):
         logger.log_hyperparams(run_params(cfg))  # what shapes the run; the whole config is config.yaml
         if rank == 0:
