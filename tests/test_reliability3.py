@@ -115,12 +115,12 @@ def test_a_corrupt_metrics_json_advises_the_command_with_its_overrides(nano_proj
         write_run(runs / f"baseline-s{s}", "baseline", s, 4.0)
     (runs / "baseline-s2/metrics.json").write_text("{not json")
     args = [f"study.runs_dir={runs}", f"study.tracking_db={tmp_path / 'm.db'}", f"study.reports_dir={tmp_path / 'r'}",
-            "study.variants=[baseline]", "study.seeds=[1,2]", "model=nano", "train.tokens=20480"]
+            "study.variants=[baseline]", "study.seeds=[1,2]", "train.tokens=40960"]
     assert main(args) == 2
     err = capsys.readouterr().err
     assert "metrics.json is not valid JSON" in err
     cmd = err[err.index("`python -m study.train"):].split("`")[1]
-    assert "variant=baseline seed=2" in cmd and f"study.runs_dir={runs}" in cmd and "train.tokens=20480" in cmd
+    assert "variant=baseline seed=2" in cmd and f"study.runs_dir={runs}" in cmd and "train.tokens=40960" in cmd
 
 
 def test_lightnings_sync_dist_advice_is_silenced_for_the_validation_metrics_only():
