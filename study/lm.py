@@ -90,10 +90,21 @@ class GPTModule(pl.LightningModule):
 
     Keeps the learning curve (one row per evaluation: step, tokens, train_loss,
     val_loss, lr) in the checkpoint, so a resumed run writes the whole curve.
-    Stops the run (``self.diverged`` set to the reason) when the train loss of an
-    optimizer step is NaN/inf or its moving average (0.9 per step) rises
-    ``train.divergence_nats`` above its running minimum; every rank sees the same
-    all-reduced loss, so all ranks stop at the same step.
+
+    Divergence (the rule of the public follow-up's guard, PAPER.md: a non-finite loss, or two
+    consecutive evaluations above the best + ``train.divergence_nats``) stops the run, with
+    ``self.diverged`` set to the reason and ``self.diverged_step`` to the optimizer step:
+      - the train loss of an optimizer step is NaN/inf (all-reduced: every rank stops at that step);
+      - a validation loss is NaN/inf (validation averages keep NaN: ``MeanMetric(nan_strategy="disable")``;
+        torchmetrics' default would drop the NaN windows and average the finite rest);
+      - two consecutive evaluations each exceed the best validation loss so far by more than
+        ``train.divergence_nats``.  The best starts at ln(model.vocab_size), the loss of the uniform
+        prediction that the untrained model (weights N(0, 0.02): near-zero logits) makes to within a few
+        hundredths of a nat, so a run that is worse than untrained from its first evaluation on diverges
+        too; every rank evaluates all windows, so all ranks decide alike.
+    :meth:`check_final` (called by study.train after the last evaluation) adds the end of the run: a run
+    whose final evaluation exceeds the best by more than ``divergence_nats`` (no later evaluation could
+    confirm or clear it) has no result to report and is diverged as well.
     """
 
     def __init__(self, cfg: RunConfig, corpora: list[str] | None = None):
@@ -105,19 +116,20 @@ class GPTModule(pl.LightningModule):
         self.counts = {"total_params": counts["total"], "non_embedding_params": counts["non_embedding"],
                        "flops_per_token": flops_per_token(self.model)}
         self.lr, self.min_lr = peak_lr(cfg)
-        self.val_loss = MeanMetric()
+        self.val_loss = MeanMetric(nan_strategy="disable")  # a NaN window makes val_loss NaN: a divergence
         # per-corpus validation loss of the current evaluation: summed window losses and window counts,
         # (n_corpora,) each; every rank evaluates all windows, so no reduction across ranks is needed
         self._corpus_sum: torch.Tensor | None = None
         self._corpus_n: torch.Tensor | None = None
         self.curve: list[dict] = []
         self.diverged: str | None = None
+        self.diverged_step: int | None = None
         self._train_losses: list[float] = []  # per optimizer step since the last evaluation (nats)
         self._step_loss: torch.Tensor | None = None  # sum of this optimizer step's micro-batch losses, on device
         self._step_micro = 0
         self._last_step: int | None = None
-        self._ema: float | None = None
-        self._ema_min = math.inf
+        self._best_val = math.log(cfg.model.vocab_size)  # nats: the untrained model's loss (see the class docstring)
+        self._above: list[tuple[int, float]] = []  # (step, val_loss) of the evaluations since the last one within bounds
         self._t_last: float | None = None
         self._tokens_since = 0
         self._compiled = None
@@ -178,15 +190,7 @@ class GPTModule(pl.LightningModule):
         self._train_losses.append(loss)
         self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=False)
         if not math.isfinite(loss):
-            self.diverged = f"non-finite train loss ({loss}) at step {step}"
-        else:
-            self._ema = loss if self._ema is None else 0.9 * self._ema + 0.1 * loss
-            self._ema_min = min(self._ema_min, self._ema)
-            if self._ema > self._ema_min + self.cfg.train.divergence_nats:
-                self.diverged = (f"train loss {self._ema:.3f} rose more than {self.cfg.train.divergence_nats} "
-                                 f"nats above its running minimum {self._ema_min:.3f} at step {step}")
-        if self.diverged:
-            self.trainer.should_stop = True
+            self._diverge(step, f"non-finite train loss ({loss}) at step {step}")
             return
         now = time.perf_counter()
         if self._t_last is None:
@@ -269,6 +273,41 @@ class GPTModule(pl.LightningModule):
             **per_corpus,
         }]
         self._train_losses = []
+        self._check_divergence(step, val_loss)
+
+    # -- divergence --------------------------------------------------------------------------------
+    def _diverge(self, step: int, reason: str) -> None:
+        """Record the first divergence (reason, optimizer step) and stop the fit loop."""
+        if self.diverged is None:
+            self.diverged, self.diverged_step = reason, step
+        self.trainer.should_stop = True
+
+    def _check_divergence(self, step: int, val_loss: float) -> None:
+        """The evaluation rule of the class docstring, after the evaluation at optimizer ``step``."""
+        nats = self.cfg.train.divergence_nats
+        if not math.isfinite(val_loss):
+            self._diverge(step, f"non-finite validation loss ({val_loss}) at step {step}")
+            return
+        if val_loss > self._best_val + nats:
+            self._above = [*self._above[-1:], (step, val_loss)]
+            if len(self._above) >= 2:
+                (s0, l0), (s1, l1) = self._above[-2:]
+                self._diverge(step, f"validation loss {l0:.4g} and {l1:.4g} at steps {s0} and {s1}: two consecutive "
+                                    f"evaluations more than train.divergence_nats={nats:g} above the best "
+                                    f"{self._best_val:.4f}")
+            return
+        self._above = []
+        self._best_val = min(self._best_val, val_loss)
+
+    def check_final(self) -> None:
+        """After the run's last evaluation: a final evaluation above the best + ``train.divergence_nats``
+        (one the evaluation rule could not yet confirm) makes the run diverged at that step."""
+        if self.diverged is None and self._above:
+            step, loss = self._above[-1]
+            nats = self.cfg.train.divergence_nats
+            self.diverged, self.diverged_step = (f"final validation loss {loss:.4g} at step {step} is more than "
+                                                 f"train.divergence_nats={nats:g} above the best "
+                                                 f"{self._best_val:.4f}"), step
 
     # -- optimisation ------------------------------------------------------------------------------
     def lr_at(self, step: int) -> float:
@@ -309,11 +348,12 @@ class GPTModule(pl.LightningModule):
 
     # -- checkpoint ------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        checkpoint["study"] = {"curve": self.curve, "train_losses": self._train_losses, "ema": self._ema,
-                               "ema_min": self._ema_min}
+        checkpoint["study"] = {"curve": self.curve, "train_losses": self._train_losses, "best_val": self._best_val,
+                               "above": self._above}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         s = checkpoint.get("study", {})
         self.curve = s.get("curve", [])
         self._train_losses = s.get("train_losses", [])
-        self._ema, self._ema_min = s.get("ema"), s.get("ema_min", math.inf)
+        self._best_val = s.get("best_val", self._best_val)
+        self._above = [tuple(x) for x in s.get("above", [])]

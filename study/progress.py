@@ -28,6 +28,9 @@ KNOWN_WARNINGS = (
     # the loader's position is the optimizer step (WindowSampler, resumed from the checkpoint's global step):
     # resuming mid-epoch continues with the windows an uninterrupted run reads
     r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is\s+not resumable",
+    # the validation metrics are logged with sync_dist=False on purpose: every rank evaluates all validation
+    # windows (study.lm), so each rank's value is already the whole evaluation's
+    r"It is recommended to use `self.log\('val_(loss|perplexity)(/[^']*)?', \.\.\., sync_dist=True\)`",
 )
 # Info lines (prefixes) of Lightning's rank-zero logger that carry nothing for this study.
 DROPPED_INFO = ("💡 Tip", "GPU available", "TPU available", "HPU available", "`Trainer.fit` stopped",

@@ -213,6 +213,15 @@ class Replaced:
             shutil.rmtree(gone, ignore_errors=True)
 
 
+def dvc_stage() -> str | None:
+    """The DVC stage this process runs as (``DVC_STAGE``, which ``dvc repro`` / ``dvc exp run`` set for every
+    stage command), or None for a hand-started run.  DVC re-runs a train stage only when its code, data or
+    params changed, and leaves its outputs in place until then (``persist: true`` in dvc.yaml: nothing is
+    deleted before the command, docs/failures.md), so a DVC stage's run replaces the finished run of its
+    folder as ``train.overwrite=true`` does (set aside until its Trainer exists, :class:`Replaced`)."""
+    return os.environ.get("DVC_STAGE") or None
+
+
 def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) -> tuple:
     """Decide, from ``out_dir/checkpoints/run.json``, whether this start resumes, and set aside what it replaces.
 
@@ -228,7 +237,8 @@ def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) ->
         the folder's last process or None, the checkpoint to resume or None, the :class:`Replaced`).
 
     Raises:
-        ConfigError: the folder holds a finished run with other settings and ``train.overwrite`` is off.
+        ConfigError: the folder holds a finished run with other settings, ``train.overwrite`` is off and
+            the run is not a DVC stage's (:func:`dvc_stage`).
     """
     ckpt_dir = out_dir / "checkpoints"
     if rank == 0 and (out_dir / REPLACED).is_dir():  # a start that died before its Trainer existed
@@ -245,7 +255,8 @@ def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) ->
     if not isinstance(state, dict):
         raise StudyError(f"{state_path} holds {type(state).__name__} {json.dumps(state)[:40]}, not a JSON object "
                          f"(it was edited or damaged): delete {ckpt_dir} to start the run afresh")
-    if (out_dir / "metrics.json").is_file() and not cfg.train.overwrite:  # a finished run: never replaced silently
+    if (out_dir / "metrics.json").is_file() and not cfg.train.overwrite and not dvc_stage():  # a finished run:
+        # never replaced silently by a hand-started run
         old = state.get("resume")
         differ = diff_keys(config_part(old), config_part(record)) if old is not None else ["(not recorded)"]
         if differ:
@@ -316,6 +327,31 @@ def settle_previous_run(uri: str, run_id: str, resuming: bool, state: dict) -> d
     elif info.status == "RUNNING":
         client.set_terminated(run_id, "KILLED")
     return state
+
+
+#: the MLflow tag naming a run's folder (absolute), so that a start can find its folder's earlier runs
+RUN_FOLDER_TAG = "run_folder"
+
+
+def run_folder_tag(out_dir: Path) -> str:
+    """The value of :data:`RUN_FOLDER_TAG` for a run folder: its absolute path."""
+    return str(Path(out_dir).resolve())
+
+
+def end_orphaned_runs(client, experiment_id: str, out_dir: Path, keep: str | None = None) -> list[str]:
+    """Mark KILLED (with an end time) every MLflow run of ``out_dir`` (tag :data:`RUN_FOLDER_TAG`) that is
+    still RUNNING, but ``keep`` (the run this start resumes); return their ids.
+
+    Called by global rank 0 while it holds the folder's lock: no live process owns such a run, so it died
+    without a word (SIGKILL, power loss).  :func:`settle_previous_run` does the same from run.json's id; this
+    one still finds the run when run.json is gone (``checkpoints/`` deleted to start afresh, as the error of an
+    unreadable checkpoint advises)."""
+    folder = run_folder_tag(out_dir)
+    found = client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'")
+    ended = [r.info.run_id for r in found if r.data.tags.get(RUN_FOLDER_TAG) == folder and r.info.run_id != keep]
+    for run_id in ended:
+        client.set_terminated(run_id, "KILLED")
+    return ended
 
 
 @contextmanager

@@ -186,20 +186,33 @@ def step_aligned_logger(**kwargs):
     """Lightning's MLFlowLogger whose metric steps are the optimizer step count (``trainer.global_step``)
     once ``logger.step_of = lambda: trainer.global_step`` is set: Lightning itself logs the metrics of a
     validation inside training at ``global_step - 1``, while curve.csv and the report count steps after
-    the optimizer step (32, 64, ... 256).  Lightning's constant ``epoch`` metric is left out."""
+    the optimizer step (32, 64, ... 256).  Lightning's constant ``epoch`` metric is left out.
+
+    ``logger.logged_through = {key: step}`` (a resumed run: :func:`logged_steps` of its MLflow run) drops
+    a metric at a step its earlier segment already logged (the steps between the checkpoint and the kill,
+    which the resumed run takes again), so every metric holds each step once."""
     from lightning.pytorch.loggers import MLFlowLogger
     from lightning.pytorch.utilities.rank_zero import rank_zero_only
 
     class StepAlignedMLFlowLogger(MLFlowLogger):
         step_of = None
+        logged_through: dict[str, int] = {}
 
         @rank_zero_only
         def log_metrics(self, metrics, step=None):
-            metrics = {k: v for k, v in metrics.items() if k != "epoch"}  # one endless epoch: always 0
+            step = self.step_of() if self.step_of is not None else step
+            metrics = {k: v for k, v in metrics.items() if k != "epoch"  # one endless epoch: always 0
+                       and (step is None or step > self.logged_through.get(k, -1))}
             if metrics:
-                super().log_metrics(metrics, self.step_of() if self.step_of is not None else step)
+                super().log_metrics(metrics, step)
 
     return StepAlignedMLFlowLogger(**kwargs)
+
+
+def logged_steps(client, run_id: str) -> dict[str, int]:
+    """{metric key: the largest step MLflow run ``run_id`` holds for it} (one history read per key)."""
+    keys = client.get_run(run_id).data.metrics
+    return {k: max((m.step for m in client.get_metric_history(run_id, k)), default=-1) for k in keys}
 
 
 def log_verdict(root: Path, cfg, report_dir: Path) -> str:

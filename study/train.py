@@ -4,9 +4,10 @@ Trains one (variant, seed) run on the prepared token data and writes
 ``runs/VARIANT-sSEED/``:
   metrics.json     the DVC metric, numbers only (:data:`study.run_state.METRICS`): final val_loss (nats),
                    val_perplexity, tokens seen, throughput (tokens/s); a key without a value
-                   (a diverged run's loss) is left out
-  record.json      the rest of the run's result: variant, seed, status ("ok"/"diverged") and
-                   reason, per-corpus val_loss, steps, lr, parameter and FLOP counts, wall time
+                   (a diverged run's loss: a lost point has none) is left out
+  record.json      the rest of the run's result: variant, seed, status ("ok"/"diverged"), reason and
+                   diverged_step (the optimizer step the divergence was found at, null when ok; the rule:
+                   :class:`study.lm.GPTModule`), per-corpus val_loss, steps, lr, parameter and FLOP counts, wall time
                    (s, every segment of a resumed run), tokenizer, model, group, config_hash, mlflow_run_id
   curve.csv        step, tokens, train_loss, val_loss, lr (one row per evaluation)
   config.json      the resolved config it trained with and the prepared data's digest (compare
@@ -54,6 +55,7 @@ from study.data.windows import check_train_windows
 from study.launch import build_trainer, check_multi_node, launch_rank, make_strategy, world_size
 from study.run_state import (METRICS, end_status, hold_run_lock, loop_state_callback, open_run_folder,  # noqa: F401
                              read_resume_checkpoint, restore_env, settle_previous_run, split_result,
+                             RUN_FOLDER_TAG, end_orphaned_runs, run_folder_tag,
                              terminate_as_exception)
 
 
@@ -70,8 +72,9 @@ def write_curve(path: Path, rows: list[dict]) -> None:
 
 
 def write_json(path: Path, obj: dict) -> None:
+    """``obj`` as strict JSON (NaN/inf refused: ValueError), written atomically."""
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(obj, indent=1))
+    tmp.write_text(json.dumps(obj, indent=1, allow_nan=False))
     tmp.replace(path)
 
 
@@ -125,7 +128,8 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
     from study.data.datamodule import TokenDataModule
     from study.lm import GPTModule, throughput_monitor, wants_throughput_monitor
     from study.progress import progress_callback, quiet_logs
-    from study.tracking import (artifact_location, ensure_experiment, git_commit, log_files, log_text, run_params,
+    from study.tracking import (artifact_location, ensure_experiment, git_commit, log_files, log_text, logged_steps,
+                                run_params,
                                 step_aligned_logger, store_lock, tracking_uri)
 
     from study.profiles import resolve
@@ -169,14 +173,20 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
             state = settle_previous_run(uri, previous_run_id, resuming=resume is not None, state=state)
         if rank == 0:
             from mlflow import MlflowClient
-            ensure_experiment(MlflowClient(uri), root, cfg.study)
+            experiment_id = ensure_experiment(MlflowClient(uri), root, cfg.study)
+            # runs of this folder left RUNNING by a process that died without a word, whose id run.json no
+            # longer holds (its checkpoints/ deleted, as an unreadable checkpoint's error advises): KILLED
+            end_orphaned_runs(MlflowClient(uri), experiment_id, out_dir,
+                              keep=state.get("mlflow_run_id") if resume is not None else None)
         logger = step_aligned_logger(experiment_name=cfg.study.name, run_name=name,
                               tracking_uri=uri,
                               artifact_location=artifact_location(root, cfg.study), run_id=state.get("mlflow_run_id"),
                               tags={"variant": cfg.variant.name, "seed": str(cfg.seed), "git_commit": git_commit(root),
                                     "config_hash": digest, "model": cfg.model.name,
-                                    "group": cfg.study.group or "main"})
+                                    "group": cfg.study.group or "main", RUN_FOLDER_TAG: run_folder_tag(out_dir)})
         run_id = logger.run_id
+        if rank == 0 and resume is not None and state.get("mlflow_run_id") == run_id:  # each step logged once
+            logger.logged_through = logged_steps(logger.experiment, run_id)
     if not state.get("mlflow_run_id"):
         logger.log_hyperparams(run_params(cfg))  # what shapes the run; the whole config is config.yaml
         if rank == 0:
@@ -227,8 +237,7 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
             raise DataError(f"the run stopped after {trainer.global_step} of {steps} steps: the training split of "
                             f"{data_dir} is too small for one batch of train.batch_tokens={cfg.train.batch_tokens}; "
                             f"prepare more data or lower batch_tokens")
-        if not module.diverged and not (module.curve and math.isfinite(module.curve[-1]["val_loss"])):
-            module.diverged = "the final validation loss is not finite"
+        module.check_final()  # a final evaluation above the best + divergence_nats is a divergence too
     except BaseException as e:
         logger.finalize("failed")
         if rank == 0:  # FAILED (exception) or KILLED (SIGTERM, Ctrl-C), with an end time
@@ -242,15 +251,19 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
     trainer.save_checkpoint(ckpt_dir / "last.ckpt", weights_only=False)  # on every rank: it ends with a barrier
     lr, min_lr = peak_lr(cfg)
     final = module.curve[-1] if module.curve else {}
-    val_loss = final.get("val_loss", float("nan"))
+    # a diverged run is a lost point: no final loss (its evaluations are in curve.csv)
+    val_loss = float("nan") if module.diverged else final.get("val_loss", float("nan"))
+    ok = math.isfinite(val_loss)
     metrics = {
         "variant": cfg.variant.name,
         "seed": cfg.seed,
         "status": "diverged" if module.diverged else "ok",
         "reason": module.diverged,
-        "val_loss": val_loss if math.isfinite(val_loss) else None,
-        "val_perplexity": math.exp(val_loss) if math.isfinite(val_loss) and val_loss < 50 else None,
-        "val_loss_per_corpus": {k.split("/", 1)[1]: v for k, v in final.items() if k.startswith("val_loss/")},
+        "diverged_step": module.diverged_step if module.diverged else None,
+        "val_loss": val_loss if ok else None,
+        "val_perplexity": math.exp(val_loss) if ok and val_loss < 50 else None,
+        "val_loss_per_corpus": {k.split("/", 1)[1]: v for k, v in final.items() if k.startswith("val_loss/")
+                                and math.isfinite(v)} if ok else None,
         "data_seed": run_seeds(cfg)[0],
         "init_seed": run_seeds(cfg)[1],
         "steps": trainer.global_step,
@@ -270,13 +283,17 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
     }
     if trainer.is_global_zero:
         client = logger.experiment
-        client.log_metric(logger.run_id, "final_val_loss", val_loss if math.isfinite(val_loss) else float("nan"))
+        if ok:
+            client.log_metric(logger.run_id, "final_val_loss", val_loss)
         client.log_metric(logger.run_id, "tokens_per_s_mean", metrics["tokens_per_s"] or 0.0)
         data_digest = prepared_data_digest(data_dir)
         client.set_tag(logger.run_id, "data_digest", data_digest)
+        # a diverged run is a result (a lost point), not a crash: it ends FINISHED like any run that ran to
+        # its end, tagged status=diverged with the reason and the step (study.analysis.runs.load_mlflow)
+        client.set_tag(logger.run_id, "status", metrics["status"])
         if module.diverged:
             client.set_tag(logger.run_id, "diverged", module.diverged)
-            client.set_terminated(logger.run_id, "FAILED")
+            client.set_tag(logger.run_id, "diverged_step", str(module.diverged_step))
         write_curve(out_dir / "curve.csv", module.curve)
         write_json(out_dir / "config.json", recorded_config(cfg, data_digest))
         numbers, record = split_result(metrics)
@@ -294,7 +311,7 @@ def _report(cfg, root: Path) -> int:
         return 0  # one report, from global rank 0
     name = run_label(cfg)
     if metrics["status"] != "ok":
-        print(f"{name}: DIVERGED: {metrics['reason']}", file=sys.stderr)
+        print(f"{name}: DIVERGED at step {metrics['diverged_step']}: {metrics['reason']}", file=sys.stderr)
         return 0  # a diverged run is a result, reported by compare
     print(f"{name}: val_loss {metrics['val_loss']:.4f} nats after {metrics['tokens']:,} tokens "
           f"in {metrics['wall_time_s']:.0f} s ({metrics['tokens_per_s']:,.0f} tokens/s)")

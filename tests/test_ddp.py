@@ -68,6 +68,7 @@ def test_ddp_trains_the_single_process_batches_to_the_same_losses(run_in, nano_p
     out, err = (tmp_path / "ddp.out").read_text(), (tmp_path / "ddp.err").read_text()
     assert proc.returncode == 0, err[-3000:]
     assert out.count("baseline-s1: val_loss") == 1, out  # one report: rank 0's
+    assert "sync_dist=True" not in err, err[-3000:]  # issue 25 item 5: no advice that does not apply
     ddp = read_result(tmp_path / "ddp/baseline-s1")
 
     # (a) each optimizer step: the single-process global batch, split into disjoint per-rank parts

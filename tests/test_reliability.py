@@ -493,31 +493,49 @@ def test_tracking_uri_honours_mlflow_stores_or_refuses(nano_project, tmp_path, m
     assert not (tmp_path / "runs").exists() and not (nano_project / "mlruns").exists()
 
 
-# -- 8. dvc repro is not an ad-hoc run: DVC removes metrics.json before re-running a stage ------------
-def test_dvc_removes_metrics_before_a_stage_reruns(tmp_path):
+# -- 8. dvc repro is not an ad-hoc run: DVC leaves a stage's outputs in place, the stage's run replaces them ----
+def test_dvc_keeps_persisted_outputs_when_a_stage_command_fails(tmp_path):
+    """What DVC does with a train stage's declaration (persist: true, cache: false): the output is not deleted
+    before the command, so a command that refuses leaves it as it was (issue 25 item 3)."""
     import yaml
 
     root = Path(__file__).resolve().parent.parent
     stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
     train_like = [s for s in stages.values() if "study.train" in s["cmd"]]
-    assert len(train_like) == 4
+    assert len(train_like) >= 4
     for s in train_like:
         [metrics] = s["metrics"]
         [(path, opts)] = metrics.items()
-        assert path.endswith("metrics.json") and not opts.get("persist", False)
-    # what DVC does with such an output (same declaration as the train stages): gone before the command runs
+        assert path.endswith("metrics.json") and opts == {"persist": True, "cache": False}
     (tmp_path / "dep.txt").write_text("1")
     (tmp_path / "dvc.yaml").write_text(
-        "stages:\n  s:\n    cmd: python -c \"import os; open('log.txt', 'a').write(str(os.path.exists("
-        "'r/metrics.json')) + chr(10)); os.makedirs('r/checkpoints', exist_ok=True); "
-        "open('r/metrics.json', 'w').write(open('dep.txt').read())\"\n"
+        "stages:\n  s:\n    cmd: python -c \"import os, sys; open('log.txt', 'a').write(str(os.path.exists("
+        "'r/metrics.json')) + chr(10)); d = open('dep.txt').read(); d == 'bad' and sys.exit(2); "
+        "os.makedirs('r/checkpoints', exist_ok=True); open('r/metrics.json', 'w').write(d)\"\n"
         "    deps: [dep.txt]\n    outs:\n      - r/checkpoints:\n          persist: true\n          cache: false\n"
-        "    metrics:\n      - r/metrics.json:\n          cache: false\n")
+        "    metrics:\n      - r/metrics.json:\n          persist: true\n          cache: false\n")
     env = {**os.environ, "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
     dvc = [str(BIN / "dvc")]
     for cmd in (["init", "--no-scm", "-q"], ["repro", "-q"]):
         subprocess.run(dvc + cmd, cwd=tmp_path, env=env, check=True, capture_output=True)
+    (tmp_path / "dep.txt").write_text("bad")
+    assert subprocess.run(dvc + ["repro", "-q"], cwd=tmp_path, env=env, capture_output=True).returncode != 0
+    assert (tmp_path / "r/metrics.json").read_text() == "1"  # the command refused: the output is as it was
     (tmp_path / "dep.txt").write_text("2")
     subprocess.run(dvc + ["repro", "-q"], cwd=tmp_path, env=env, check=True, capture_output=True)
-    assert (tmp_path / "log.txt").read_text().split() == ["False", "False"]
+    assert (tmp_path / "log.txt").read_text().split() == ["False", "True", "True"]
     assert (tmp_path / "r/metrics.json").read_text() == "2"
+
+
+def test_a_dvc_stage_replaces_its_finished_run_a_hand_run_does_not(run_in, tmp_path, monkeypatch):
+    """With the outputs persisted, a train stage that DVC re-runs (DVC_STAGE set) finds the finished run of its
+    folder and replaces it, as `train.overwrite=true` does; a hand-started run is still refused."""
+    from study.config import ConfigError
+
+    monkeypatch.delenv("DVC_STAGE", raising=False)
+    run_in("variant=baseline", "seed=1", "train.tokens=4096")
+    with pytest.raises(ConfigError, match="holds a finished run with other settings"):
+        run_in("variant=baseline", "seed=1", "train.tokens=4096", "train.lr=1e-3")
+    monkeypatch.setenv("DVC_STAGE", "train@baseline-1")
+    m = run_in("variant=baseline", "seed=1", "train.tokens=4096", "train.lr=1e-3")
+    assert m["status"] == "ok" and read_result(tmp_path / "runs/baseline-s1")["lr"] == 1e-3

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from study.analysis.pairing import check
-from study.analysis.runs import RunsError, final_losses, load_runs, read_run
+from study.analysis.runs import RunsError, final_losses, load_runs, lost_points, read_run
 from study.analysis.sweep import best_lr, sweep_results
 from study.analysis.stats import effect_trend, fit_power_law, mean_ci, not_fitted, paired, parameter_multiplier, verdict
 
@@ -100,13 +100,13 @@ def ladder_report(cfg, root: Path) -> dict | None:
         size = {"model": model, "n_layer": rec["model.n_layer"], "n_head": rec["model.n_head"],
                 "n_embd": rec["model.n_embd"], "variants": {}, "_ok": ok}
         for v, r in runs.items():
-            one = next(iter(r.values()))
+            one = next((m for m in r.values() if m["status"] == "ok"), next(iter(r.values())))
             mean, lo, hi = mean_ci(list(ok[v].values())) if ok[v] else (float("nan"),) * 3
             size["variants"][v] = {"n_seeds": len(ok[v]), "val_loss_mean": mean, "val_loss_ci95": [lo, hi],
                                    "non_embedding_params": one["non_embedding_params"],
                                    "flops_per_token": one["flops_per_token"], "tokens": one["tokens"],
                                    "train_flops": float(one["flops_per_token"]) * one["tokens"],
-                                   "diverged": {str(s): x["reason"] for s, x in r.items() if x["status"] != "ok"}}
+                                   "diverged": lost_points(r)}
         size["non_embedding_params"] = size["variants"][base]["non_embedding_params"]
         size["tokens"] = size["variants"][base]["tokens"]
         size["vs_baseline"] = verdict(ok, base)

@@ -42,7 +42,7 @@ def write_report(cfg, root: Path) -> dict:
     summary = summarize(cfg, runs, root)
     summary["figures"] = figures.write_all(summary, runs, out / FIGURES)
     (out / "comparison.md").write_text(tables.markdown(summary, summary["figures"]))
-    (out / "summary.json").write_text(json.dumps(finite_or_null(summary), indent=1))
+    (out / "summary.json").write_text(json.dumps(finite_or_null(summary), indent=1, allow_nan=False))
     write_metrics(summary, out / METRICS)
     write_curves(runs, out / CURVES)
     return summary
@@ -75,7 +75,7 @@ def write_metrics(summary: dict, folder: Path) -> None:
         if old.stem not in numbers:
             old.unlink()
     for v, m in numbers.items():
-        (folder / f"{v}.json").write_text(json.dumps(m, indent=1) + "\n")
+        (folder / f"{v}.json").write_text(json.dumps(m, indent=1, allow_nan=False) + "\n")
 
 
 def write_curves(runs: dict[str, dict[int, dict]], path: Path) -> None:

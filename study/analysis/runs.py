@@ -3,7 +3,7 @@
 A run, as every reader of runs (compare, both profiles, the notebook) sees it, is one dict:
 the run's ``metrics.json`` (numbers only, the DVC metric: ``val_loss`` in nats, ``val_perplexity``,
 ``tokens``, ``tokens_per_s``; None where the file has no value, as for a diverged run's loss) and its
-``record.json`` (``status`` "ok"/"diverged", ``reason``, ``variant``, ``seed``, ``lr``,
+``record.json`` (``status`` "ok"/"diverged", ``reason``, ``diverged_step``, ``variant``, ``seed``, ``lr``,
 ``non_embedding_params``, ``flops_per_token``, ``mlflow_run_id`` ..., optionally
 ``val_loss_per_corpus`` {corpus: nats}) in one dict, plus
   "curve"     [{"tokens", "train_loss", "val_loss", "val_loss/<corpus>" ...}] one row per evaluation
@@ -109,21 +109,30 @@ def _number(v) -> bool:
 
 #: record.json keys read as numbers where present (null allowed: not every run has each)
 RECORD_NUMBERS = ("seed", "steps", "lr", "min_lr", "non_embedding_params", "total_params", "flops_per_token",
-                  "wall_time_s", "data_seed", "init_seed")
+                  "wall_time_s", "data_seed", "init_seed", "diverged_step")
+
+#: the keys of a diverged run's result that are its lost final loss: read as None, whatever the files hold
+#: (runs written before diverged runs were written as lost points kept a NaN or an absurd last value)
+LOST = ("val_loss", "val_perplexity", "val_loss_per_corpus")
 
 
-def read_result(d: Path) -> dict:
+def read_result(d: Path, train_cmd: str | None = None) -> dict:
     """A run folder's result: record.json and metrics.json in one dict (metric keys the file lacks
     are None), checked: both JSON objects; metrics.json's values finite numbers, with a ``val_loss``
     unless record.json says the run diverged; record.json's ``status`` "ok"/"diverged" and its numbers
-    (:data:`RECORD_NUMBERS`, ``val_loss_per_corpus``) numbers.
+    (:data:`RECORD_NUMBERS`, ``val_loss_per_corpus``) numbers.  A diverged run is a lost point: its
+    :data:`LOST` keys are None (never checked, never a reason to stop).
+
+    Args:
+        train_cmd: the command that re-runs this run (with the overrides it needs), for the errors'
+            advice; default ``python -m study.train variant=V seed=S``.
 
     Raises:
         RunsError: a file missing, not JSON or with a bad value, in one line that names the file and the
             key and says to restore it or re-run the run.
     """
     variant, _, seed = d.name.rpartition("-s")
-    fix = f"restore the file, or re-run the run with {_train_cmd(variant or d.name, seed, '')}"
+    fix = f"restore the file, or re-run the run with {train_cmd or _train_cmd(variant or d.name, seed, '')}"
     named = _named(d)
 
     def load(name: str) -> dict:
@@ -144,6 +153,10 @@ def read_result(d: Path) -> dict:
     record, metrics = load("record.json"), load("metrics.json")
     if record.get("status", MISSING) not in ("ok", "diverged"):
         raise bad("record.json", "status", record.get("status", MISSING), '"ok" or "diverged"')
+    if record["status"] == "diverged":  # a lost point: what it holds of a final loss is not a result
+        record = {**record, **dict.fromkeys(LOST)}
+        metrics = {k: v for k, v in metrics.items() if k not in LOST}
+        record.setdefault("diverged_step", None)
     for k in RECORD_NUMBERS:
         if record.get(k) is not None and not _number(record[k]):
             raise bad("record.json", k, record[k], "a number")
@@ -189,16 +202,16 @@ def _same_run(d: Path, name: str, named: tuple[str, int], variant, seed) -> None
                     f"restore the file, or re-run the run with {_train_cmd(named[0], named[1], '')}")
 
 
-def read_run(d: Path, root: Path | None = None) -> dict:
-    """One run folder -> a run dict (see the module docstring).
+def read_run(d: Path, root: Path | None = None, train_cmd: str | None = None) -> dict:
+    """One run folder -> a run dict (see the module docstring); ``train_cmd``: as :func:`read_result`.
 
     Raises:
         RunsError: metrics.json, record.json, curve.csv or config.json is missing or unreadable.
     """
     name = str(d.relative_to(root)) if root is not None and d.is_relative_to(root) else str(d)
-    m = read_result(d)
+    m = read_result(d, train_cmd)
     variant, _, seed = d.name.rpartition("-s")
-    fix = f"restore it, or re-run the run with {_train_cmd(variant or d.name, seed, '')}"
+    fix = f"restore it, or re-run the run with {train_cmd or _train_cmd(variant or d.name, seed, '')}"
     m["curve"] = read_curve(d / "curve.csv", fix, need_rows=m["status"] == "ok")
     try:
         config = json.loads((d / "config.json").read_text())
@@ -286,7 +299,12 @@ def load_runs(cfg, root: Path, variants=None, seeds=None, group: str = "", pair:
                     aside.append(str((d / REPLACED).relative_to(root)) if (d / REPLACED).is_relative_to(root)
                                  else str(d / REPLACED))
                 continue
-            runs.setdefault(variant, {})[seed] = read_run(d, root)
+            try:
+                runs.setdefault(variant, {})[seed] = read_run(d, root)
+            except RunsError:  # again, with the overrides this run needs in the advice (computed only now)
+                overrides = run_overrides(cfg, root, group) if overrides is None else overrides
+                read_run(d, root, _train_cmd(variant, seed, group, overrides))
+                raise
     if missing:
         kept = (f" ({len(aside)} of them finished before: {', '.join(aside[:3])}{' ...' if len(aside) > 3 else ''} "
                 f"holds what a start killed before its Trainer existed had set aside; that train command puts it "
@@ -305,12 +323,20 @@ def final_losses(runs: dict[str, dict[int, dict]]) -> dict[str, dict[int, float]
             for v, r in runs.items()}
 
 
+def lost_points(by_seed: dict[int, dict]) -> dict[str, dict]:
+    """{seed: {"step", "reason"}} of the diverged runs of one variant ({seed: run}): the lost points."""
+    return {str(s): {"step": m.get("diverged_step"), "reason": m.get("reason")}
+            for s, m in sorted(by_seed.items()) if m["status"] != "ok"}
+
+
 # -- the MLflow store ------------------------------------------------------------------------------
 def load_mlflow(cfg, root: Path, group: str = "main", pair: bool = True) -> dict[str, dict[int, dict]]:
     """{variant: {seed: run}} from the project's MLflow store (experiment study.name), one group.
 
-    Only runs whose status is FINISHED count (killed, failed and diverged runs end KILLED/FAILED);
-    where a (variant, seed) finished more than once the newest run stands for it.  Settings are the
+    Only runs whose status is FINISHED count (killed and failed runs end KILLED/FAILED); a diverged
+    run ends FINISHED with the tag ``status=diverged`` (and ``diverged``: the reason, ``diverged_step``)
+    and is read as a lost point (status "diverged", val_loss None); where a (variant, seed) finished
+    more than once the newest run stands for it.  Settings are the
     run's parameters (the flattened resolved config) and its ``data_digest`` tag; the curve is
     rebuilt from the ``val_loss``, ``val_loss/<corpus>`` and ``train_loss`` histories.
 
@@ -349,12 +375,17 @@ def load_mlflow(cfg, root: Path, group: str = "main", pair: bool = True) -> dict
                           "train_loss": sum(seen) / len(seen) if seen else float("nan"),
                           **{k: per[k].get(step, float("nan")) for k in corpora}})
             prev = step
-        final = metrics.get("final_val_loss", metrics.get("val_loss"))
+        lost = tags.get("status") == "diverged"
+        final = None if lost else metrics.get("final_val_loss", metrics.get("val_loss"))
+        step = tags.get("diverged_step")
         runs.setdefault(variant, {})[seed] = {
-            "variant": variant, "seed": seed, "status": "ok", "reason": None, "val_loss": final,
+            "variant": variant, "seed": seed, "status": "diverged" if lost else "ok",
+            "reason": tags.get("diverged") if lost else None,
+            "diverged_step": int(step) if lost and step and step.isdigit() else None, "val_loss": final,
             "tokens": int(params["train.tokens"]), "non_embedding_params": int(metrics["non_embedding_params"]),
             "flops_per_token": metrics.get("flops_per_token"), "run_id": r.info.run_id,
-            "val_loss_per_corpus": {k.split("/", 1)[1]: per[k][max(per[k])] for k in corpora if per[k]} or None,
+            "val_loss_per_corpus": None if lost else
+            ({k.split("/", 1)[1]: per[k][max(per[k])] for k in corpora if per[k]} or None),
             "curve": curve, "name": r.info.run_name,
             "settings": {**{k: v for k, v in params.items() if k.split(".", 1)[0] not in NOT_SETTINGS},
                          "data_digest": tags.get("data_digest")}}

@@ -13,7 +13,7 @@ import numpy as np
 
 from study.analysis import profiles
 from study.analysis.pairing import comparable, shared_settings
-from study.analysis.runs import final_losses
+from study.analysis.runs import final_losses, lost_points
 from study.analysis.stats import (MIN_FIT_SIZES, fit_power_law, mean_ci, not_fitted, paired, parameter_multiplier,
                                   safe_exp, verdict)
 
@@ -36,7 +36,8 @@ def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path, profiles_too: b
     {"n_seeds", "val_loss_mean", "val_loss_sd" (nats), "val_loss_ci95" (t interval of the mean, NaN
     below 2 seeds), "val_perplexity_mean", "lr", "min_lr" (peak and final lr the runs used),
     "non_embedding_params", "total_params", "flops_per_token", "tokens", "val_loss_per_corpus" {corpus:
-    mean nats} or None, "diverged" {seed: reason}}}, "vs_baseline" (:func:`verdict`: paired t, BH,
+    mean nats} or None, "diverged" {seed: {"step", "reason"}} (the lost points: left out of every mean and
+    test, listed in the report)}}, "vs_baseline" (:func:`verdict`: paired t, BH,
     power), "frontier" (:func:`frontier`), "yardsticks" (:func:`yardsticks`), "per_corpus"
     (:func:`per_corpus`), "lr_sweep", "scale_ladder" (the profiles, read from their run folders; None
     while off or with ``profiles_too=False``)}.
@@ -46,7 +47,8 @@ def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path, profiles_too: b
     variants = {}
     for v, r in runs.items():
         losses = list(ok[v].values())
-        any_run = next(iter(r.values()))
+        # the settings and counts of a finished run where there is one (a diverged run saw fewer tokens)
+        any_run = next((m for m in r.values() if m["status"] == "ok"), next(iter(r.values())))
         mean, lo, hi = mean_ci(losses) if losses else (float("nan"),) * 3
         sd = float(np.std(losses, ddof=1)) if len(losses) > 1 else float("nan")
         corpora = [m.get("val_loss_per_corpus") for m in r.values() if m["status"] == "ok"]
@@ -58,7 +60,7 @@ def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path, profiles_too: b
                        "non_embedding_params": any_run["non_embedding_params"],
                        "total_params": any_run.get("total_params"), "flops_per_token": any_run["flops_per_token"],
                        "tokens": any_run["tokens"], "val_loss_per_corpus": per,
-                       "diverged": {str(s): m["reason"] for s, m in r.items() if m["status"] != "ok"}}
+                       "diverged": lost_points(r)}
     settings = recorded_settings(runs)
     return {"study": cfg.study.name, "baseline": base_name, "seeds": list(cfg.study.seeds), "settings": settings,
             "variants": variants, "vs_baseline": verdict(ok, base_name) if base_name in ok else {},

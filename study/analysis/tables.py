@@ -216,13 +216,27 @@ def ladder_section(la: dict, base: str) -> list[str]:
     return lines
 
 
+def diverged_section(summary: dict) -> list[str]:
+    """The lost points: every diverged run of the study (and of the scale ladder's sizes), with its step
+    and reason; they are left out of every mean and paired test above."""
+    lost = [(run_name(v, s), x) for v, r in summary["variants"].items() for s, x in r["diverged"].items()]
+    for size in (summary.get("scale_ladder") or {}).get("sizes", []):
+        lost += [(f"{size['model']}/{run_name(v, s)}", x) for v, r in size["variants"].items()
+                 for s, x in r["diverged"].items()]
+    lines = ["", "## Diverged runs (lost points)", ""]
+    if not lost:
+        return lines + ["None."]
+    lines += [f"{len(lost)} run(s) diverged; each is a lost point, left out of the means and the paired tests "
+              f"(a seed pairs only where both runs finished):", ""]
+    return lines + [f"- {name}: diverged at step {x['step'] if x['step'] is not None else 'n/a'}: {x['reason']}"
+                    for name, x in lost]
+
+
 def markdown(summary: dict, figures: list[str] = ()) -> str:
     """comparison.md from summary.json's content; ``figures``: the names of the figures written."""
     lines = header(summary) + variants_table(summary) + verdict_tables(summary) + corpus_table(summary)
     lines += frontier_section(summary)
-    diverged = [(v, s, r) for v, x in summary["variants"].items() for s, r in x["diverged"].items()]
-    lines += ["", "## Diverged runs", ""]
-    lines += [f"- {run_name(v, s)}: {r}" for v, s, r in diverged] or ["None."]
+    lines += diverged_section(summary)
     if summary.get("lr_sweep"):
         lines += lr_sweep_section(summary["lr_sweep"], summary["baseline"])
     if summary.get("scale_ladder"):

@@ -12,6 +12,19 @@ from .schema import GROUPS, ConfigError, RunConfig
 GRAMMAR = "https://hydra.cc/docs/advanced/override_grammar/basic/"
 
 
+def _unparsable(overrides) -> str | None:
+    """The first of ``overrides`` that Hydra's override grammar cannot parse on its own, or None."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    for o in overrides or []:
+        try:
+            parser.parse_overrides([o])
+        except Exception:  # noqa: BLE001  (hydra's OverrideParseException and what it wraps)
+            return o
+    return None
+
+
 def _first(text: object) -> str:
     return str(text).strip().splitlines()[0] if str(text).strip() else ""
 
@@ -104,7 +117,9 @@ def _hydra_error(e: Exception, overrides: list[str], root: Path | None = None) -
         if "missing EQUAL" in text:
             bad = text.split("'")[1] if "'" in text else text
             return ConfigError(f"override {bad!r} has no '=': write key=value, e.g. variant=nonlinear_q")
-        return ConfigError(f"bad override ({_first(text)}) in {overrides}: fix its syntax ({GRAMMAR})")
+        bad = _unparsable(overrides)
+        where = f"bad override ({bad}): {_first(text)}" if bad else f"bad override ({_first(text)}) in {overrides}"
+        return ConfigError(f"{where}: fix its syntax ({GRAMMAR})")
     if isinstance(e, ConfigCompositionException):
         text = _first(e)
         conf_file = _conf_file(text)

@@ -100,6 +100,13 @@ def read_meta(data_dir: Path, check: bool = True) -> dict:
     """data/tokens/meta.json, checked (:func:`_check_meta`; ``check=False``: only that it is a JSON object),
     or a DataError that names the file (and the field) and says to run the prepare stage."""
     path = Path(data_dir) / "meta.json"
+    above = Path(data_dir)
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if above.exists() and not above.is_dir():  # data.dir (or a folder above it) is a file
+        raise DataError(f"data.dir={data_dir} is {'a file' if above == Path(data_dir) else 'below the file ' + str(above)}"
+                        f", not the folder of prepared data: point data.dir at the folder `python -m study.prepare` "
+                        f"writes (data/tokens)")
     if not path.is_file():
         raise DataError(f"{path} not found: prepare the data first with `python -m study.prepare` "
                         f"(or `dvc repro prepare`)")

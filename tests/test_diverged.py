@@ -1,0 +1,154 @@
+"""Reliability, round three (issue 25 items 1-2; recipe arms item 3): a diverged run is data, not a crash.
+
+Real diverging runs (a NaN loss, a finite but absurd loss, a NaN validation batch) go through the real
+train and the real compare; the status and step they record are checked against the divergence rule
+re-applied here to what the run logged (curve.csv, MLflow's train_loss history)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+import study.lm
+from study.analysis.runs import read_result
+
+
+def strict_json(path):
+    """json.loads that refuses NaN/Infinity (what a strict reader such as DVC's or a browser's does)."""
+    def refuse(name):
+        raise AssertionError(f"{path} holds {name}")
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
+def rule(curve: list[dict], train_loss: dict[int, float], vocab: int, nats: float) -> int | None:
+    """The step the divergence rule stops at, re-applied to a run's record: the first non-finite train loss
+    (MLflow history, {step: loss}), a non-finite validation loss, or the second of two consecutive
+    evaluations above best + nats (best from ln(vocab)); a final evaluation above it; None: no divergence."""
+    best, above, stop = math.log(vocab), [], None
+    for step in sorted(train_loss):
+        if not math.isfinite(train_loss[step]):
+            stop = step
+            break
+    for row in curve:
+        step, v = int(row["step"]), float(row["val_loss"])
+        if stop is not None and step >= stop:
+            break
+        if not math.isfinite(v):
+            return step
+        if v > best + nats:
+            above.append(step)
+            if len(above) >= 2:
+                return step
+        else:
+            above, best = [], min(best, v)
+    return stop if stop is not None else (above[-1] if above else None)
+
+
+def _curve(path):
+    import csv
+
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def _history(db, run_id, key="train_loss"):
+    from mlflow import MlflowClient
+
+    return {m.step: m.value for m in MlflowClient(tracking_uri=f"sqlite:///{db}").get_metric_history(run_id, key)}
+
+
+@pytest.mark.parametrize("lr,kind", [("1e30", "nan"), ("10", "finite")])
+def test_a_diverged_run_goes_through_the_real_compare_as_a_lost_point(run_in, nano_project, tmp_path, monkeypatch,
+                                                                      capsys, lr, kind):
+    """Issue 25 item 1: lr 1e30 (NaN) and lr 10 (a finite, absurd loss: 407 nats, then 87) beside a normal seed; the variant's
+    own lr (``variant.lr``, as the lr sweep sets it), so that the two seeds still pair."""
+    from mlflow import MlflowClient
+
+    from study.analysis.runs import load_mlflow
+    from study.compare import main as compare
+    from study.config import load_config
+
+    ok = run_in("variant=baseline", "seed=1")
+    bad = run_in("variant=baseline", "seed=2", f"variant.lr={lr}")
+    d = tmp_path / "runs/baseline-s2"
+    record, metrics = strict_json(d / "record.json"), strict_json(d / "metrics.json")  # valid JSON, no NaN
+    curve, db = _curve(d / "curve.csv"), tmp_path / "mlruns.db"
+    expected = rule(curve, _history(db, bad["mlflow_run_id"]), 512, 2.0)
+    assert expected is not None
+    assert record["status"] == "diverged" and record["diverged_step"] == expected == bad["diverged_step"]
+    assert record["steps"] == expected and str(expected) in record["reason"]
+    assert "val_loss" not in metrics and "val_perplexity" not in metrics and record["val_loss_per_corpus"] is None
+    if kind == "finite":  # a finite loss: the evaluation rule, not a NaN, stopped it
+        assert all(math.isfinite(float(r["val_loss"])) for r in curve) and "two consecutive" in record["reason"]
+    run = MlflowClient(tracking_uri=f"sqlite:///{db}").get_run(bad["mlflow_run_id"])
+    assert run.info.status == "FINISHED" and run.data.tags["status"] == "diverged"
+    assert run.data.tags["diverged_step"] == str(expected) and run.data.tags["diverged"] == record["reason"]
+
+    monkeypatch.chdir(nano_project)
+    args = [f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={db}", f"study.reports_dir={tmp_path / 'rep'}",
+            f"study.artifact_dir={tmp_path / 'mlartifacts'}", "study.variants=[baseline]", "study.seeds=[1,2]"]
+    assert compare(args) == 0, capsys.readouterr().err
+    summary = strict_json(tmp_path / "rep/summary.json")
+    b = summary["variants"]["baseline"]
+    assert b["n_seeds"] == 1 and b["val_loss_mean"] == ok["val_loss"]
+    assert b["diverged"] == {"2": {"step": expected, "reason": record["reason"]}}
+    md = (tmp_path / "rep/comparison.md").read_text()
+    assert f"- baseline-s2: diverged at step {expected}: " in md
+    for f in (tmp_path / "rep/metrics").glob("*.json"):
+        strict_json(f)
+    # the notebook's reader (the MLflow store) lists it as a lost point too
+    cfg = load_config([f"study.tracking_db={db}", "study.variants=[baseline]", "study.seeds=[1,2]"], nano_project)
+    runs = load_mlflow(cfg, nano_project)
+    assert runs["baseline"][2]["status"] == "diverged" and runs["baseline"][2]["val_loss"] is None
+    assert runs["baseline"][2]["diverged_step"] == expected and runs["baseline"][1]["val_loss"] == ok["val_loss"]
+
+
+def test_a_nan_validation_batch_is_a_divergence_not_dropped(run_in, tmp_path, monkeypatch):
+    """Issue 25 item 2: one NaN window in the second evaluation makes it NaN (torchmetrics' default
+    MeanMetric would average the finite rest), and the run stops there as diverged."""
+    real = study.lm.GPTModule._window_losses
+    calls = {"n": 0}
+
+    def one_nan(self, batch):
+        losses = real(self, batch)
+        if self.trainer.global_step == 10 and not calls["n"]:  # the evaluation at step 10, its first batch
+            calls["n"] += 1
+            losses = losses.clone()
+            losses[0] = float("nan")
+        return losses
+
+    monkeypatch.setattr(study.lm.GPTModule, "_window_losses", one_nan)
+    m = run_in("variant=baseline", "seed=1", "train.tokens=40960", "train.eval_every=5")
+    assert calls["n"] == 1
+    assert m["status"] == "diverged" and m["diverged_step"] == 10 and m["steps"] == 10
+    assert "non-finite validation loss" in m["reason"] and m["val_loss"] is None
+    curve = _curve(tmp_path / "runs/baseline-s1/curve.csv")
+    assert [r["step"] for r in curve] == ["5", "10"] and curve[1]["val_loss"] == "nan"
+    assert math.isfinite(float(curve[0]["val_loss"]))
+    strict_json(tmp_path / "runs/baseline-s1/record.json")
+
+
+def test_the_validation_mean_keeps_nan():
+    """The metric itself: losses (2.0, nan, 4.0) average to NaN, not 3.0."""
+    import torch
+
+    from study.config import load_config
+    from conftest import ROOT
+
+    module = study.lm.GPTModule(load_config(["model=nano", "data.bpe_vocab_size=512"], ROOT))
+    for x in (2.0, float("nan"), 4.0):
+        module.val_loss.update(torch.tensor(x), weight=1)
+    assert math.isnan(module.val_loss.compute().item())
+
+
+def test_an_old_diverged_run_with_nan_or_an_absurd_loss_is_read_as_a_lost_point(tmp_path):
+    """Run folders written before: a bare NaN in val_loss_per_corpus, a val_loss of 2.9e8 beside status diverged."""
+    from tests.synthetic_runs import write_run
+
+    d = write_run(tmp_path / "baseline-s2", "baseline", 2, 4.0, status="diverged")
+    (d / "record.json").write_text((d / "record.json").read_text()[:-1] + ', "val_loss_per_corpus": {"sotu": NaN}}')
+    (d / "metrics.json").write_text('{"val_loss": 291316672.0, "tokens": 1000}')
+    r = read_result(d)
+    assert r["status"] == "diverged" and r["val_loss"] is None and r["val_loss_per_corpus"] is None
+    assert r["tokens"] == 1000 and r["diverged_step"] is None

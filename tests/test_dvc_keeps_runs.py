@@ -1,0 +1,75 @@
+"""Reliability, round three (issue 25 item 3): no DVC command the README or an error suggests deletes a
+finished run (docs/failures.md).  The exact sequence of the reported failure, in a scratch copy of the project."""
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import BIN, ROOT, copy_project, env_for
+
+RUN_FILES = ("metrics.json", "record.json", "curve.csv", "config.json", "checkpoints/last.ckpt", "checkpoints/run.json")
+
+
+def _dvc(project: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / "dvc"), *args], cwd=project, env=env_for(project), capture_output=True,
+                          text=True, timeout=900)
+
+
+def _digests(root: Path, files) -> dict[str, str]:
+    return {f: hashlib.sha256((root / f).read_bytes()).hexdigest() for f in files}
+
+
+def test_every_stage_output_persists():
+    """The rule (dvc.yaml's header): every output of a stage whose command can refuse to run is
+    ``persist: true``, so DVC never deletes it before the command; compare's reports are remade from the runs."""
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    for name, stage in stages.items():
+        if name in ("check_params", "compare"):
+            continue
+        outs = [o for kind in ("outs", "metrics", "plots") for o in stage.get(kind, [])]
+        assert outs, name
+        for o in outs:
+            path, opts = next(iter(o.items())) if isinstance(o, dict) else (o, {})
+            assert (opts or {}).get("persist") is True, (name, path)
+
+
+@pytest.mark.slow  # ~2-3 min: three dvc repro / exp run of one nano run in a scratch copy
+def test_exp_run_then_a_conf_edit_then_repro_loses_nothing(tmp_path):
+    """`dvc exp run -S train.lr=6e-3`, an edit under conf/, then `dvc repro` and `dvc repro -f compare`: both
+    refuse (params.yaml is not conf/ composed) and every file of the finished run and of data/tokens is
+    still there, byte for byte; `make params` (python -m study.config) then `dvc repro` replaces the run."""
+    project = copy_project(tmp_path / "p", name="keep", variants=("baseline",), seeds=(1,), tokens=10240)
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    r = _dvc(project, "repro")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    subprocess.run(git + ["add", "-A"], cwd=project, check=True)
+    subprocess.run(git + ["commit", "-qm", "study"], cwd=project, check=True)
+    r = _dvc(project, "exp", "run", "-S", "train.lr=6e-3")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    run = project / "runs/baseline-s1"
+    assert '"lr": 0.006' in (run / "record.json").read_text()
+    kept = _digests(run, RUN_FILES)
+    data = sorted(str(p.relative_to(project)) for p in (project / "data/tokens").rglob("*") if p.is_file())
+    kept_data = _digests(project, data)
+
+    with open(project / "conf/variant/baseline.yaml", "a") as f:
+        f.write("# an edit under conf/\n")
+    r = _dvc(project, "repro")
+    assert r.returncode != 0 and "params.yaml is not conf/ composed" in r.stdout + r.stderr
+    assert "Running stage 'train@baseline-1'" in r.stdout  # DVC did run the stage: the command refused
+    assert _digests(run, RUN_FILES) == kept
+    r = _dvc(project, "repro", "-f", "compare")
+    assert r.returncode != 0 and "params.yaml is not conf/ composed" in r.stdout + r.stderr
+    assert _digests(run, RUN_FILES) == kept and _digests(project, data) == kept_data
+
+    # the error's own advice: compose params.yaml, then repro re-runs the changed stage and replaces the run
+    subprocess.run([str(BIN / "python"), "-m", "study.config"], cwd=project, env=env_for(project), check=True,
+                   capture_output=True)
+    r = _dvc(project, "repro")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    assert '"lr": 0.003' in (run / "record.json").read_text() and (run / "metrics.json").is_file()
+    assert not (run / ".replaced").exists()
