@@ -351,3 +351,56 @@ def test_every_arm_composes_and_validates():
     for arm in ("baseline_qknorm", "nonlinear_q_qknorm", "nonlinear_q_ph", "nonlinear_q_linear", "split_depth"):
         cfg = load_config([f"variant={arm}"], root)
         assert cfg.variant.name == arm and cfg.variant.description
+
+
+# -- end to end: a run records the probe, the schedule and the z-loss --------------------------------
+def test_a_recipe_run_records_logits_schedule_and_z_loss(run_in, tmp_path):
+    """nonlinear_q_ph with d2z and z-loss on the nano data: curve.csv has attn_logit_max per layer and
+    ends at lr 0, record.json holds the last row's values, MLflow has diag/... and z_loss apart."""
+    import csv
+    import json
+
+    from mlflow import MlflowClient
+
+    m = run_in("variant=nonlinear_q_ph", "seed=1", "train.tokens=8192", "train.eval_every=2",
+               "train.schedule=d2z", "train.z_loss=1e-3", "train.log_every=1")
+    assert m["status"] == "ok" and m["steps"] == 4 and m["min_lr"] == 0.0
+    rows = list(csv.DictReader(open(tmp_path / "runs/nonlinear_q_ph-s1/curve.csv")))
+    assert list(rows[0])[-2:] == ["attn_logit_max/L0", "attn_logit_max/L1"]
+    assert [int(r["step"]) for r in rows] == [2, 4] and float(rows[-1]["lr"]) == 0.0
+    record = json.loads((tmp_path / "runs/nonlinear_q_ph-s1/record.json").read_text())
+    assert record["attn_logit_max"] == pytest.approx([float(rows[-1][f"attn_logit_max/L{i}"]) for i in (0, 1)],
+                                                     abs=1e-6)
+    # q_h and k_h of unit RMS, scale 1/sqrt(hd): |q.k| x scale <= sqrt(hd) (Cauchy-Schwarz), here ~ a few
+    assert all(0 < x <= 16 ** 0.5 * 2.1 for x in record["attn_logit_max"])  # q_h RMS <= 1 + max g, g ~ 1
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
+    run = client.get_run(m["mlflow_run_id"])
+    assert run.data.metrics["diag/L1/attn_logit_max"] == pytest.approx(record["attn_logit_max"][1], rel=1e-6)
+    z = client.get_metric_history(m["mlflow_run_id"], "z_loss")
+    assert z and all(0 < h.value < 1e-3 * 100 for h in z)  # 1e-3 x lse^2, lse ~ ln 512 = 6.2 at the start
+    assert run.data.params["train.schedule"] == "d2z" and run.data.params["variant.per_head_norm"] == "True"
+
+
+def test_the_report_lists_final_attention_logits(nano_project, tmp_path, monkeypatch):
+    """record.json's attn_logit_max -> summary.json (mean over seeds, per layer) -> comparison.md's table."""
+    import json
+
+    from study.compare import main
+    from tests.synthetic_runs import write_run
+
+    runs = tmp_path / "runs"
+    logits = {"baseline": {1: [4.0, 9.0], 2: [6.0, 11.0]}, "baseline_qknorm": {1: [2.0, 3.0], 2: [2.5, 3.5]}}
+    for v, by_seed in logits.items():
+        for seed, x in by_seed.items():
+            d = write_run(runs / f"{v}-s{seed}", v, seed, 3.0 + 0.01 * seed)
+            record = json.loads((d / "record.json").read_text())
+            (d / "record.json").write_text(json.dumps({**record, "attn_logit_max": x}))
+    monkeypatch.chdir(nano_project)
+    assert main([f"study.runs_dir={runs}", f"study.reports_dir={tmp_path / 'reports'}", "study.seeds=[1,2]",
+                 "study.variants=[baseline,baseline_qknorm]"]) == 0
+    summary = json.loads((tmp_path / "reports/summary.json").read_text())
+    assert summary["variants"]["baseline"]["attn_logit_max"] == [5.0, 10.0]
+    assert summary["variants"]["baseline_qknorm"]["attn_logit_max"] == [2.25, 3.25]
+    md = (tmp_path / "reports/comparison.md").read_text()
+    assert "## Attention logits" in md and "| baseline | 5.00 | 10.00 | 10.00 |" in md
+    assert "| baseline_qknorm | 2.25 | 3.25 | 3.25 |" in md
