@@ -404,3 +404,20 @@ def test_the_report_lists_final_attention_logits(nano_project, tmp_path, monkeyp
     md = (tmp_path / "reports/comparison.md").read_text()
     assert "## Attention logits" in md and "| baseline | 5.00 | 10.00 | 10.00 |" in md
     assert "| baseline_qknorm | 2.25 | 3.25 | 3.25 |" in md
+
+
+def test_bench_measures_the_recipe_arms_beside_baseline(nano_project, monkeypatch, capsys):
+    """`python -m study.bench` takes every new arm beside baseline and nonlinear_q in one run (medians of
+    repeats) and prints QK-norm's cost; speed itself is never asserted."""
+    import re
+
+    from study.bench import main
+
+    monkeypatch.chdir(nano_project)
+    arms = ["baseline", "nonlinear_q", "baseline_qknorm", "nonlinear_q_qknorm", "nonlinear_q_ph",
+            "nonlinear_q_linear", "split_depth"]
+    assert main(["--quick", "--steps", "1", "--repeats", "2", "--variants", ",".join(arms), "model=nano"]) == 0
+    out = capsys.readouterr().out
+    assert re.findall(r"^(\S+)\s+32-true\s+eager\s+plain", out, flags=re.M) == arms
+    for arm in ("baseline_qknorm", "nonlinear_q_qknorm"):
+        assert re.search(rf"^qk-norm cost {arm}\s+[\d.]+ of {arm.removesuffix('_qknorm')}'s tokens/s", out, flags=re.M)
