@@ -9,7 +9,9 @@ tokens of the chosen model (default: the CPU default ``cpu``), for
 
 with the ratios the project targets: Lightning / plain >= 0.95,
 nonlinear_q / baseline >= 0.97 in the fastest precision, bf16 / fp32 >= 1.5
-where the CPU has fast bf16.  Timing skips warm-up steps (and compilation);
+where the CPU has fast bf16, and an arm with QK-norm (``X_qknorm``) >= 0.97 of its arm ``X``
+(issue 23: QK-norm should cost at most 3%).  The recipe arms in one run:
+``--variants baseline,nonlinear_q,baseline_qknorm,nonlinear_q_qknorm,nonlinear_q_ph,nonlinear_q_linear,split_depth``.  Timing skips warm-up steps (and compilation);
 each figure is the median of ``--repeats`` measurements taken alternately
 (plain, Lightning, plain, ...) so that the machine's drift hits both loops.
 Every row also gives the model FLOPs utilisation (MFU: tokens/s x training FLOPs per token
@@ -125,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
         for name, (v, precision, mode) in best.items():
             print(f"fastest {name:<18s} {v:>9,.0f} tok/s ({precision}, {mode})"
                   f"  vs baseline {v / best['baseline'][0]:.3f}")
+    for name, (v, precision, mode) in best.items():  # what QK-norm costs: the arm against its arm without it
+        plain = name.removesuffix("_qknorm")
+        if name.endswith("_qknorm") and plain in best:
+            print(f"qk-norm cost {name:<18s} {v / best[plain][0]:.3f} of {plain}'s tokens/s "
+                  f"(target >= 0.97; fastest setting of each)")
     fp32 = {r["variant"]: r["lightning_tokens_per_s"] for r in rows if r["precision"] == "32-true" and r["mode"] == "eager"}
     bf16 = {r["variant"]: r["lightning_tokens_per_s"] for r in rows if r["precision"] == "bf16-mixed" and r["mode"] == "eager"}
     for name in bf16:

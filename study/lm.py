@@ -2,8 +2,9 @@
 
 Loss is the mean next-token cross-entropy in nats; ``val_loss`` is its mean over
 the fixed validation windows and ``val_perplexity = exp(val_loss)``.  AdamW
-(beta1, beta2) with weight decay on 2-D weights only, linear warmup then cosine
-decay to min_lr (per optimizer step), gradient clipping by the Trainer (by the root FSDP module's
+(beta1, beta2) with weight decay on 2-D weights only, linear warmup then ``train.schedule`` (cosine
+decay to min_lr, linear decay to zero, or warmup-stable-decay; per optimizer step), an optional z-loss
+on the training objective (``train.z_loss``, logged as ``z_loss``), gradient clipping by the Trainer (by the root FSDP module's
 ``clip_grad_norm_`` under FSDP).
 
 Multi-device: the train loss of an optimizer step is the mean over its micro-batches on all ranks
@@ -20,8 +21,9 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.aggregation import MeanMetric
 
-from study.config import RunConfig, cosine_lr, peak_lr, run_seeds
-from study.model import GPT, diagnostics, flops_per_token, param_counts
+from study.config import RunConfig, lr_at, peak_lr, run_seeds
+from study.diagnostics import curve_diagnostics, diagnostics
+from study.model import GPT, flops_per_token, param_counts
 
 
 H200_SXM_DENSE = {torch.bfloat16: 989.4e12, torch.float16: 989.4e12}  # FLOP/s, the H100 SXM's tensor cores
@@ -139,20 +141,30 @@ class GPTModule(pl.LightningModule):
             object.__setattr__(self, "_compiled", torch.compile(self.model))
 
     # -- steps -----------------------------------------------------------------------------------
-    def _loss(self, batch: torch.Tensor) -> torch.Tensor:
+    def _loss(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(mean next-token cross-entropy (nats), the z-loss term or None) of ``batch`` (B, block_size + 1).
+
+        The z-loss term is ``train.z_loss`` x mean over tokens of logsumexp(logits)^2 (the softmax's
+        log-normaliser; PaLM, arXiv 2204.02311, section 5; arXiv 2309.14322, section 3.2), None while
+        ``train.z_loss`` is 0; the training objective is their sum (:meth:`training_step`)."""
         batch = batch.long()  # (B, block_size + 1)
         model = self._compiled if self._compiled is not None else self.model
-        _, loss = model(batch[:, :-1], batch[:, 1:])
-        return loss
+        logits, loss = model(batch[:, :-1], batch[:, 1:])  # (B, T, V), scalar
+        z = self.cfg.train.z_loss
+        if not z:
+            return loss, None
+        return loss, z * torch.logsumexp(logits.float(), dim=-1).square().mean()
 
     def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
-        loss = self._loss(batch)
+        loss, z_term = self._loss(batch)
+        if z_term is not None:  # logged apart; train_loss (and val_loss) stay the plain cross-entropy
+            self.log("z_loss", z_term.detach(), on_step=True, on_epoch=False)
         # kept on the device: read once per optimizer step (on_train_batch_end), not per micro-batch
         self._step_loss = loss.detach() if self._step_loss is None else self._step_loss + loss.detach()
         self._step_micro += 1
         self._batch_tokens = batch.shape[0] * (batch.shape[1] - 1)
         self._tokens_since += self._batch_tokens * self.trainer.world_size
-        return loss
+        return loss if z_term is None else loss + z_term
 
     @property
     def flops_per_batch(self) -> int:
@@ -229,7 +241,7 @@ class GPTModule(pl.LightningModule):
             self._diag_batch = batch[:, :-1].long()
 
     def _diagnostics(self) -> dict[str, float] | None:
-        """:func:`study.model.diagnostics` on the stored batch; None where it is not logged.
+        """:func:`study.diagnostics.diagnostics` on the stored batch; None where it is not logged.
 
         Under FSDP the Blocks' weights are shards outside their own forward, so the full weights are
         gathered (``summon_full_params``, a collective: every rank takes part); otherwise rank 0 only.
@@ -271,6 +283,7 @@ class GPTModule(pl.LightningModule):
             "val_loss": val_loss,
             "lr": self.lr_at(step),
             **per_corpus,
+            **curve_diagnostics(diag),
         }]
         self._train_losses = []
         self._check_divergence(step, val_loss)
@@ -311,9 +324,9 @@ class GPTModule(pl.LightningModule):
 
     # -- optimisation ------------------------------------------------------------------------------
     def lr_at(self, step: int) -> float:
-        """Learning rate used at optimizer step ``step`` (warmup then cosine, in steps)."""
-        t = self.cfg.train
-        return cosine_lr(step, t.warmup_tokens // t.batch_tokens, t.tokens // t.batch_tokens, self.lr, self.min_lr)
+        """Learning rate used at optimizer step ``step``: warmup, then ``train.schedule`` (cosine to
+        min_lr, d2z, wsd; :func:`study.config.lr_at`), in steps."""
+        return lr_at(self.cfg, step, self.lr, self.min_lr)
 
     def configure_optimizers(self):
         decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]

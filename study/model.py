@@ -24,11 +24,34 @@ When q or k is not a plain linear map the attention scale is
 All linear projections of a block that remain are fused in one matrix
 (C -> n_linear * C), so the baseline is nanoGPT's c_attn (C -> 3C) and the
 identity/nonlinear query keeps one fused C -> 2C projection for k and v.
+
+The recipe switches of the follow-up study (PAPER.md, "The follow-up: recipe or architecture?"),
+each a field of the variant, all resolved per layer by :func:`resolve_attention` and all off by
+default (then every tensor op is the one of the plain model):
+
+=====================  =========================================================  ====================
+switch                 what                                                       parameters per layer
+=====================  =========================================================  ====================
+qk_norm: rms           q_h, k_h <- x_h rsqrt(mean_j x_hj^2 + 1e-6), after the       0
+                       head split, before the softmax scale (arXiv 2010.04245;
+                       parameter-free as in the follow-up)
+qk_norm: rms_gain      the same times a learnable gain of head_dim, one for q       2 head_dim
+                       and one for k (shared by the heads)
+k_norm                 keys alone normalised as by qk_norm: rms                     0
+per_head_norm          q_h = RMS(x_h) + g_h * RMS(f(x)_h), f(x) = W2 act(W1         as nonlinear
+                       RMSNorm(x)), g = the branch's LayerNorm gain reshaped to
+                       (n_head, head_dim)
+activation: identity   the nonlinear query with act removed: q = x + LN(W2 W1      as nonlinear
+                       RMSNorm(x)), the parameter-identical linear ablation
+lower_query            the query mode of layers i < n_layer // 2 (the follow-up's   by mode
+                       split depth: identity below, nonlinear above)
+=====================  =========================================================  ====================
 """
 from __future__ import annotations
 
 import hashlib
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -44,16 +67,42 @@ class ReLU2(nn.Module):
         return F.relu(x).square()
 
 
-ACTIVATION_MODULES = {"gelu": lambda: nn.GELU(approximate="none"), "relu2": ReLU2, "silu": nn.SiLU}
+ACTIVATION_MODULES = {"gelu": lambda: nn.GELU(approximate="none"), "relu2": ReLU2, "silu": nn.SiLU,
+                      "identity": nn.Identity}
+#: eps of the per-head RMS normalisation of q and k (QK-norm, k_norm, per_head_norm), the follow-up's
+HEAD_NORM_EPS = 1e-6
+
+
+def head_rms_norm(kind: str, head_dim: int) -> nn.Module | None:
+    """The per-head normalisation of q or k, (..., head_dim) -> (..., head_dim), by name.
+
+    ``none``: None (no module, no op); ``rms``: x rsqrt(mean over head_dim of x^2 + 1e-6), no
+    parameters; ``rms_gain``: the same times a learnable gain (head_dim,), initialised to ones.
+    torch's ``nn.RMSNorm`` computes exactly this (arXiv 1910.07467; QK-norm: arXiv 2010.04245).
+
+    Raises:
+        ValueError: unknown kind.
+    """
+    if kind == "none":
+        return None
+    if kind in ("rms", "rms_gain"):
+        return nn.RMSNorm(head_dim, eps=HEAD_NORM_EPS, elementwise_affine=kind == "rms_gain")
+    raise ValueError(f"unknown head normalisation {kind!r}")
 
 
 class NonlinearProjection(nn.Module):
     """x (B, T, C) -> x + LN(W2 act(W1 RMSNorm(x))) (B, T, C), or without the ``x +``.
 
     Parameters: W1 (r, C), W2 (C, r), RMSNorm gain (C), LayerNorm gain (C).
+
+    With ``n_head`` set (the follow-up's per-head normalised query, PAPER.md): the LayerNorm is not
+    applied; its gain g (C,) is read as (n_head, head_dim) and, per head h,
+    q_h = RMS(x_h) + g_h * RMS(u_h), u = W2 act(W1 RMSNorm(x)), RMS(v) = v rsqrt(mean(v^2) + 1e-6)
+    over head_dim: the same parameters as the plain map.
     """
 
-    def __init__(self, n_embd: int, width: int, activation: str = "gelu", residual: bool = True):
+    def __init__(self, n_embd: int, width: int, activation: str = "gelu", residual: bool = True,
+                 n_head: int | None = None):
         super().__init__()
         self.rms = nn.RMSNorm(n_embd, eps=1e-5)
         self.w1 = nn.Linear(n_embd, width, bias=False)
@@ -61,14 +110,28 @@ class NonlinearProjection(nn.Module):
         self.w2 = nn.Linear(width, n_embd, bias=False)
         self.ln = nn.LayerNorm(n_embd, eps=1e-5, bias=False)
         self.residual = residual
+        self.n_head = n_head
+        self.head_rms = head_rms_norm("rms", n_embd // n_head) if n_head else None
+
+    def _heads(self, t: torch.Tensor) -> torch.Tensor:
+        """(B, T, C) -> (B, T, n_head, head_dim), each head normalised to RMS 1."""
+        return self.head_rms(t.view(*t.shape[:-1], self.n_head, -1))
 
     def branch(self, x: torch.Tensor) -> torch.Tensor:
-        """f(x): (B, T, C) -> (B, T, C)."""
-        return self.ln(self.w2(self.act(self.w1(self.rms(x)))))
+        """f(x): (B, T, C) -> (B, T, C); per head g_h * RMS(u_h) with ``n_head``."""
+        u = self.w2(self.act(self.w1(self.rms(x))))
+        if self.n_head is None:
+            return self.ln(u)
+        g = self.ln.weight.view(self.n_head, -1)  # (n_head, head_dim)
+        return (g * self._heads(u)).flatten(-2)  # (B, T, n_head, head_dim) -> (B, T, C)
+
+    def base(self, x: torch.Tensor) -> torch.Tensor:
+        """The identity term: x, or RMS(x_h) per head with ``n_head``; (B, T, C) -> (B, T, C)."""
+        return x if self.n_head is None else self._heads(x).flatten(-2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         f = self.branch(x)
-        return x + f if self.residual else f
+        return self.base(x) + f if self.residual else f
 
 
 class ResidualLinearProjection(nn.Module):
@@ -82,10 +145,11 @@ class ResidualLinearProjection(nn.Module):
         return x + self.w(x)
 
 
-def build_projection(mode: str, n_embd: int, variant: VariantConfig) -> nn.Module | None:
+def build_projection(mode: str, n_embd: int, variant: VariantConfig, n_head: int | None = None) -> nn.Module | None:
     """The one place where projection-mode names become modules.
 
-    Returns None for ``linear`` (those rows go into the block's fused matrix).
+    Returns None for ``linear`` (those rows go into the block's fused matrix).  ``n_head``: the
+    per-head normalised nonlinear map (:class:`NonlinearProjection`).
 
     Raises:
         ValueError: unknown mode.
@@ -98,33 +162,79 @@ def build_projection(mode: str, n_embd: int, variant: VariantConfig) -> nn.Modul
         return ResidualLinearProjection(n_embd)
     if mode == "nonlinear":
         return NonlinearProjection(n_embd, round(n_embd * variant.bottleneck), variant.activation,
-                                   variant.residual)
+                                   variant.residual, n_head)
     raise ValueError(f"unknown projection mode {mode!r}")
 
 
-def attention_scale(head_dim: int, variant: VariantConfig) -> float:
-    """Softmax scale: factor / sqrt(head_dim); factor 0.5 when q or k is not plain linear."""
+def attention_scale(head_dim: int, variant: VariantConfig, query: str | None = None) -> float:
+    """Softmax scale: factor / sqrt(head_dim); factor 0.5 when q or k is not plain linear.
+
+    ``query``: the query mode of the layer (default ``variant.query``; see :func:`resolve_attention`)."""
     factor = variant.scale_factor
+    query = variant.query if query is None else query
     if factor is None:
-        factor = 0.5 if (variant.query != "linear" or variant.key != "linear") else 1.0
+        factor = 0.5 if (query != "linear" or variant.key != "linear") else 1.0
     return factor / math.sqrt(head_dim)
 
 
-class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with pluggable q, k, v projections."""
+@dataclass(frozen=True)
+class AttentionRecipe:
+    """What one block's attention is, resolved from the variant (:func:`resolve_attention`).
 
-    def __init__(self, config: ModelConfig, variant: VariantConfig):
+    ``query``/``key``/``value``: projection modes; ``scale``: the softmax scale; ``q_norm``/``k_norm``:
+    the per-head normalisation of q and k (:func:`head_rms_norm`: none, rms, rms_gain);
+    ``per_head_norm``: the query is the per-head normalised nonlinear map."""
+
+    query: str
+    key: str
+    value: str
+    scale: float
+    q_norm: str = "none"
+    k_norm: str = "none"
+    per_head_norm: bool = False
+
+
+def resolve_attention(config: ModelConfig, variant: VariantConfig, layer: int) -> AttentionRecipe:
+    """The one place where a variant's switches become one layer's attention.
+
+    * query mode: ``variant.lower_query`` in layers ``layer < n_layer // 2`` where it is set (the
+      follow-up's split depth), else ``variant.query``;
+    * scale: :func:`attention_scale` of that query mode;
+    * q_norm = ``variant.qk_norm``; k_norm = ``variant.qk_norm``, or ``rms`` with ``variant.k_norm``;
+    * per_head_norm: ``variant.per_head_norm`` where this layer's query is nonlinear.
+
+    Every switch off gives the plain recipe of arXiv 2603.13381's code (q_norm = k_norm = none).
+    """
+    query = variant.query
+    if variant.lower_query is not None and layer < config.n_layer // 2:
+        query = variant.lower_query
+    head_dim = config.n_embd // config.n_head
+    k_norm = variant.qk_norm if variant.qk_norm != "none" else ("rms" if variant.k_norm else "none")
+    return AttentionRecipe(query=query, key=variant.key, value=variant.value,
+                           scale=attention_scale(head_dim, variant, query), q_norm=variant.qk_norm, k_norm=k_norm,
+                           per_head_norm=bool(variant.per_head_norm) and query == "nonlinear")
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal self-attention with pluggable q, k, v projections (layer ``layer``)."""
+
+    def __init__(self, config: ModelConfig, variant: VariantConfig, layer: int = 0):
         super().__init__()
         self.n_head, self.n_embd = config.n_head, config.n_embd
         self.head_dim = config.n_embd // config.n_head
-        self.modes = (variant.query, variant.key, variant.value)
+        self.recipe = recipe = resolve_attention(config, variant, layer)
+        self.modes = (recipe.query, recipe.key, recipe.value)
         self.n_linear = sum(m == "linear" for m in self.modes)
         # fused matrix for every linear projection, in q, k, v order
         self.c_attn = nn.Linear(config.n_embd, self.n_linear * config.n_embd, bias=False) if self.n_linear else None
+        per_head = {"q": config.n_head} if recipe.per_head_norm else {}
         self.proj = nn.ModuleDict({name: p for name, mode in zip("qkv", self.modes)
-                                   if (p := build_projection(mode, config.n_embd, variant)) is not None})
+                                   if (p := build_projection(mode, config.n_embd, variant, per_head.get(name)))
+                                   is not None})
+        self.q_norm = head_rms_norm(recipe.q_norm, self.head_dim)  # None when off
+        self.k_norm = head_rms_norm(recipe.k_norm, self.head_dim)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
-        self.scale = attention_scale(self.head_dim, variant)
+        self.scale = recipe.scale
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
@@ -136,13 +246,24 @@ class CausalSelfAttention(nn.Module):
             out.append(next(linear) if mode == "linear" else self.proj[name](x))
         return out[0], out[1], out[2]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, C) -> q, k, v each (B, n_head, T, head_dim), q and k normalised where the recipe says."""
         B, T, C = x.size()
         q, k, v = self.qkv(x)
         # (B, T, C) -> (B, T, n_head, head_dim) -> (B, n_head, T, head_dim)
         q = q.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = k.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         v = v.view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        # QK-norm over head_dim, after the head split and before the softmax scale (arXiv 2010.04245)
+        if self.q_norm is not None:
+            q = self.q_norm(q)
+        if self.k_norm is not None:
+            k = self.k_norm(k)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.size()
+        q, k, v = self.heads(x)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale,
                                            dropout_p=self.dropout if self.training else 0.0)
         # (B, n_head, T, head_dim) -> (B, T, n_head, head_dim) -> (B, T, C)
@@ -171,10 +292,10 @@ def _norm(config: ModelConfig) -> nn.Module:
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(LN(x)), then x + mlp(LN(x)); (B, T, C) -> (B, T, C)."""
 
-    def __init__(self, config: ModelConfig, variant: VariantConfig):
+    def __init__(self, config: ModelConfig, variant: VariantConfig, layer: int = 0):
         super().__init__()
         self.ln_1 = _norm(config)
-        self.attn = CausalSelfAttention(config, variant)
+        self.attn = CausalSelfAttention(config, variant, layer)
         self.ln_2 = _norm(config)
         ratio = variant.mlp_ratio if variant.mlp_ratio is not None else config.mlp_ratio
         self.mlp = MLP(config.n_embd, int(config.n_embd * ratio), config.dropout)
@@ -201,7 +322,7 @@ class GPT(nn.Module):
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             wpe=nn.Embedding(config.block_size, config.n_embd),
             drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config, variant) for _ in range(config.n_layer)]),
+            h=nn.ModuleList([Block(config, variant, i) for i in range(config.n_layer)]),
             ln_f=_norm(config),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -212,10 +333,10 @@ class GPT(nn.Module):
     def init_std(self, name: str) -> float | None:
         """Init std of parameter ``name``: matrices and embeddings N(0, 0.02), the blocks' output
         projections (``attn.c_proj``, ``mlp.c_proj``) N(0, 0.02 / sqrt(2 n_layer)) (GPT-2 scaled init);
-        None for norm gains (ones, torch's default)."""
+        None for norm gains (ones, torch's default), the QK-norm gains (``attn.q_norm``, ``attn.k_norm``) too."""
         if name.endswith("c_proj.weight"):
             return 0.02 / math.sqrt(2 * self.config.n_layer)
-        return None if name.split(".")[-2] in ("ln_1", "ln_2", "ln_f", "ln", "rms") else 0.02
+        return None if name.split(".")[-2] in ("ln_1", "ln_2", "ln_f", "ln", "rms", "q_norm", "k_norm") else 0.02
 
     @torch.no_grad()
     def init_parameters(self, init_seed: int) -> None:
@@ -263,56 +384,6 @@ class GPT(nn.Module):
             # (B, T, V) -> (B*T, V) against (B*T,)
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
-
-
-# -- diagnostics of the projections ---------------------------------------------------------------
-@torch.no_grad()
-def diagnostics(model: GPT, idx: torch.Tensor) -> dict[str, float]:
-    """Per-layer diagnostics on token ids idx (B, T), for logging at each evaluation.
-
-    x is the block's normalised input ln_1(.) (B, T, C) and, for a nonlinear projection p in q/k/v,
-    f(x) = LN(W2 act(W1 RMSNorm(x))) its branch, p(x) = x + f(x) (or f(x) without the residual).
-    Means over the batch's tokens:
-
-    ``L{i}/attn_entropy``
-        entropy (nats) of the causal attention distributions, over heads and positions.
-    ``L{i}/f_ratio_{p}``
-        ||f(x)|| / ||x||.  Both vectors leave a LayerNorm (f ends in one), so each norm is
-        sqrt(C) x the RMS of its LayerNorm's gain (f's a little less while its pre-norm variance is
-        near LayerNorm's eps, as at initialisation): once training starts the ratio is ~1 (1.00-1.05
-        observed) and tracks the ratio of the two gains, not how far p moved from the identity.
-    ``L{i}/branch_share_{p}``
-        ||f(x)|| / ||p(x)||: the nonlinear branch's share of the projection's output (1 without
-        the residual; ~0.71 at initialisation, where f(x) is about orthogonal to x and as long).
-    ``L{i}/turn_{p}``
-        1 - cos(p(x), x): how far the branch turns the output away from the identity map
-        (0: p(x) is parallel to x; 1: orthogonal).
-    """
-    out = {}
-    B, T = idx.size()
-    pos = torch.arange(T, device=idx.device)
-    x = model.transformer.wte(idx) + model.transformer.wpe(pos)  # (B, T, C)
-    mask = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
-    for i, block in enumerate(model.transformer.h):
-        attn = block.attn
-        h = block.ln_1(x)
-        for name, proj in attn.proj.items():
-            if isinstance(proj, NonlinearProjection):
-                f = proj.branch(h)  # (B, T, C)
-                p = h + f if proj.residual else f
-                out[f"L{i}/f_ratio_{name}"] = (f.norm(dim=-1) / h.norm(dim=-1).clamp_min(1e-12)).mean().item()
-                out[f"L{i}/branch_share_{name}"] = (f.norm(dim=-1) / p.norm(dim=-1).clamp_min(1e-12)).mean().item()
-                out[f"L{i}/turn_{name}"] = (1 - F.cosine_similarity(p, h, dim=-1)).mean().item()
-        q, k, _ = attn.qkv(h)
-        # (B, T, C) -> (B, n_head, T, head_dim)
-        q = q.view(B, T, attn.n_head, attn.head_dim).transpose(1, 2)
-        k = k.view(B, T, attn.n_head, attn.head_dim).transpose(1, 2)
-        scores = (q @ k.transpose(-2, -1)) * attn.scale  # (B, n_head, T, T)
-        p = scores.masked_fill(~mask, float("-inf")).softmax(-1)
-        entropy = -(p * p.clamp_min(1e-30).log()).sum(-1)  # (B, n_head, T)
-        out[f"L{i}/attn_entropy"] = entropy.mean().item()
-        x = block(x)
-    return out
 
 
 # -- parameter and FLOP accounting, next to the model ---------------------------------------------

@@ -8,8 +8,10 @@ Trains one (variant, seed) run on the prepared token data and writes
   record.json      the rest of the run's result: variant, seed, status ("ok"/"diverged"), reason and
                    diverged_step (the optimizer step the divergence was found at, null when ok; the rule:
                    :class:`study.lm.GPTModule`), per-corpus val_loss, steps, lr, parameter and FLOP counts, wall time
-                   (s, every segment of a resumed run), tokenizer, model, group, config_hash, mlflow_run_id
-  curve.csv        step, tokens, train_loss, val_loss, lr (one row per evaluation)
+                   (s, every segment of a resumed run), tokenizer, model, group, config_hash, mlflow_run_id,
+                   attn_logit_max (per layer, at the last evaluation; null for a non-finite value)
+  curve.csv        step, tokens, train_loss, val_loss, lr, val_loss/CORPUS, attn_logit_max/L{i} (one row
+                   per evaluation)
   config.json      the resolved config it trained with and the prepared data's digest (compare
                    pairs only runs that agree on everything but the variant)
   checkpoints/     last.ckpt (resumable) and run.json (resume key and the settings it covers,
@@ -60,11 +62,16 @@ from study.run_state import (METRICS, end_status, hold_run_lock, loop_state_call
 
 
 def write_curve(path: Path, rows: list[dict]) -> None:
-    """curve.csv: step, tokens, train_loss, val_loss, lr, then val_loss/CORPUS per corpus, written atomically."""
+    """curve.csv: step, tokens, train_loss, val_loss, lr, then val_loss/CORPUS per corpus, then
+    attn_logit_max/L0, /L1 ... (study.diagnostics.CURVE_DIAGNOSTICS, layers in order; empty in a row without them),
+    written atomically."""
+    from study.diagnostics import CURVE_DIAGNOSTICS, layer_order
+
     tmp = path.with_suffix(".tmp")
     extra = sorted({k for r in rows for k in r if k.startswith("val_loss/")})
+    extra += sorted({k for r in rows for k in r if k.split("/")[0] in CURVE_DIAGNOSTICS}, key=layer_order)
     with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["step", "tokens", "train_loss", "val_loss", "lr", *extra])
+        w = csv.DictWriter(f, fieldnames=["step", "tokens", "train_loss", "val_loss", "lr", *extra], restval="nan")
         w.writeheader()
         for r in rows:
             w.writerow({k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in r.items()})
@@ -127,6 +134,7 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
 
     from study.data.datamodule import TokenDataModule
     from study.lm import GPTModule, throughput_monitor, wants_throughput_monitor
+    from study.diagnostics import final_diagnostics
     from study.progress import progress_callback, quiet_logs
     from study.tracking import (artifact_location, ensure_experiment, git_commit, log_files, log_text, logged_steps,
                                 run_params,
@@ -264,6 +272,7 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
         "val_perplexity": math.exp(val_loss) if ok and val_loss < 50 else None,
         "val_loss_per_corpus": {k.split("/", 1)[1]: v for k, v in final.items() if k.startswith("val_loss/")
                                 and math.isfinite(v)} if ok else None,
+        **final_diagnostics(final),  # attn_logit_max: [layer 0, 1, ...] of the last evaluation
         "data_seed": run_seeds(cfg)[0],
         "init_seed": run_seeds(cfg)[1],
         "steps": trainer.global_step,

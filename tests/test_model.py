@@ -205,14 +205,15 @@ def test_identity_query_is_a_change_of_basis_without_normalisation():
 
 
 def test_diagnostics_by_hand():
-    from study.model import diagnostics
+    from study.diagnostics import diagnostics
 
     torch.manual_seed(5)
     m = model_cfg("nano", n_layer=2)
     model = GPT(m, variant_cfg("nonlinear_q")).eval()
     idx = torch.randint(0, m.vocab_size, (2, 16))
     d = diagnostics(model, idx)
-    assert set(d) == {f"L{i}/{k}" for i in (0, 1) for k in ("f_ratio_q", "branch_share_q", "turn_q", "attn_entropy")}
+    assert set(d) == {f"L{i}/{k}" for i in (0, 1)
+                      for k in ("f_ratio_q", "branch_share_q", "turn_q", "attn_entropy", "attn_logit_max")}
     x = model.transformer.wte(idx) + model.transformer.wpe(torch.arange(16))
     h = model.transformer.h[0].ln_1(x)
     f = model.transformer.h[0].attn.proj["q"].branch(h)

@@ -5,8 +5,10 @@ the run's ``metrics.json`` (numbers only, the DVC metric: ``val_loss`` in nats, 
 ``tokens``, ``tokens_per_s``; None where the file has no value, as for a diverged run's loss) and its
 ``record.json`` (``status`` "ok"/"diverged", ``reason``, ``diverged_step``, ``variant``, ``seed``, ``lr``,
 ``non_embedding_params``, ``flops_per_token``, ``mlflow_run_id`` ..., optionally
-``val_loss_per_corpus`` {corpus: nats}) in one dict, plus
-  "curve"     [{"tokens", "train_loss", "val_loss", "val_loss/<corpus>" ...}] one row per evaluation
+``val_loss_per_corpus`` {corpus: nats} and ``attn_logit_max`` [per layer, last evaluation]) in one
+dict, plus
+  "curve"     [{"tokens", "train_loss", "val_loss", "val_loss/<corpus>", "attn_logit_max/L<i>" ...}] one
+              row per evaluation
               (nats; train_loss = mean since the previous evaluation)
   "settings"  the resolved config the run trained with, flattened ({"model.n_layer": 4, ...}, the
               study/lr_sweep/scale_ladder/defaults sections left out) plus "data_digest" (sha256 of
@@ -163,6 +165,10 @@ def read_result(d: Path, train_cmd: str | None = None) -> dict:
     per = record.get("val_loss_per_corpus")
     if per is not None and not (isinstance(per, dict) and all(_number(x) for x in per.values())):
         raise bad("record.json", "val_loss_per_corpus", per, "an object of numbers")
+    alm = record.get("attn_logit_max")
+    lost_ok = record.get("status") == "diverged"  # a diverged run's last logits may be non-finite (null)
+    if alm is not None and not (isinstance(alm, list) and all(_number(x) or (lost_ok and x is None) for x in alm)):
+        raise bad("record.json", "attn_logit_max", alm, "a list of numbers (one per layer)")
     for k, v in metrics.items():
         if k in METRICS and not _number(v):
             raise bad("metrics.json", k, v, "a finite number")
@@ -386,7 +392,7 @@ def load_mlflow(cfg, root: Path, group: str = "main", pair: bool = True) -> dict
             "flops_per_token": metrics.get("flops_per_token"), "run_id": r.info.run_id,
             "val_loss_per_corpus": None if lost else
             ({k.split("/", 1)[1]: per[k][max(per[k])] for k in corpora if per[k]} or None),
-            "curve": curve, "name": r.info.run_name,
+            "curve": curve, "name": r.info.run_name, "attn_logit_max": _layer_values(metrics, "attn_logit_max"),
             "settings": {**{k: v for k, v in params.items() if k.split(".", 1)[0] not in NOT_SETTINGS},
                          "data_digest": tags.get("data_digest")}}
     order = {v: i for i, v in enumerate(cfg.study.variants)}
@@ -394,3 +400,10 @@ def load_mlflow(cfg, root: Path, group: str = "main", pair: bool = True) -> dict
     if pair:
         check(runs, f"the MLflow runs of experiment {cfg.study.name!r}")
     return runs
+
+
+def _layer_values(metrics: dict, name: str) -> list[float] | None:
+    """[layer 0, 1, ...] of the MLflow metrics ``diag/L{i}/NAME`` (their latest values), None without them."""
+    layers = sorted(int(k.split("/")[1][1:]) for k in metrics
+                    if k.startswith("diag/L") and k.endswith(f"/{name}") and k.count("/") == 2)
+    return [metrics[f"diag/L{i}/{name}"] for i in layers] or None

@@ -36,7 +36,7 @@ def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path, profiles_too: b
     {"n_seeds", "val_loss_mean", "val_loss_sd" (nats), "val_loss_ci95" (t interval of the mean, NaN
     below 2 seeds), "val_perplexity_mean", "lr", "min_lr" (peak and final lr the runs used),
     "non_embedding_params", "total_params", "flops_per_token", "tokens", "val_loss_per_corpus" {corpus:
-    mean nats} or None, "diverged" {seed: {"step", "reason"}} (the lost points: left out of every mean and
+    mean nats} or None, "attn_logit_max" (:func:`attn_logit_max`), "diverged" {seed: {"step", "reason"}} (the lost points: left out of every mean and
     test, listed in the report)}}, "vs_baseline" (:func:`verdict`: paired t, BH,
     power), "frontier" (:func:`frontier`), "yardsticks" (:func:`yardsticks`), "per_corpus"
     (:func:`per_corpus`), "lr_sweep", "scale_ladder" (the profiles, read from their run folders; None
@@ -60,6 +60,7 @@ def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path, profiles_too: b
                        "non_embedding_params": any_run["non_embedding_params"],
                        "total_params": any_run.get("total_params"), "flops_per_token": any_run["flops_per_token"],
                        "tokens": any_run["tokens"], "val_loss_per_corpus": per,
+                       "attn_logit_max": attn_logit_max(r),
                        "diverged": lost_points(r)}
     settings = recorded_settings(runs)
     return {"study": cfg.study.name, "baseline": base_name, "seeds": list(cfg.study.seeds), "settings": settings,
@@ -69,6 +70,16 @@ def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path, profiles_too: b
             "per_corpus": per_corpus(runs, base_name),
             "lr_sweep": profiles.lr_sweep_report(cfg, root, runs) if profiles_too else None,
             "scale_ladder": profiles.ladder_report(cfg, root) if profiles_too else None}
+
+
+def attn_logit_max(runs: dict[int, dict]) -> list[float] | None:
+    """Per layer, the mean over a variant's finished seeds of the final evaluation's largest attention
+    logit (record.json ``attn_logit_max``: max |q.k| x scale, ``study.diagnostics.diagnostics``); None where a
+    finished run lacks it (runs recorded before it existed) or the runs' layer counts differ."""
+    lists = [m.get("attn_logit_max") for m in runs.values() if m["status"] == "ok"]
+    if not lists or any(not x for x in lists) or len({len(x) for x in lists}) != 1:
+        return None
+    return [float(np.mean(layer)) for layer in zip(*lists)]
 
 
 def frontier(base_name: str, ok: dict[str, dict[int, float]], variants: dict) -> dict:

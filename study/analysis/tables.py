@@ -139,6 +139,23 @@ def corpus_table(summary: dict) -> list[str]:
     return lines
 
 
+def attention_logit_table(summary: dict) -> list[str]:
+    """Final attn_logit_max per layer and variant (mean over seeds); nothing where no run recorded it."""
+    rows = {v: s["attn_logit_max"] for v, s in summary["variants"].items() if s.get("attn_logit_max")}
+    if not rows:
+        return []
+    n = max(len(x) for x in rows.values())
+    lines = ["", "## Attention logits", "",
+             "The largest attention logit at the last evaluation, max |q.k| x scale over the first validation batch, "
+             "heads and causal positions, per layer (mean over seeds): its growth precedes divergence "
+             "(arXiv 2309.14322); QK-norm bounds it by sqrt(head_dim) x scale x the gains.", "",
+             "| variant | " + " | ".join(f"L{i}" for i in range(n)) + " | largest |", "|---|" + "---|" * (n + 1)]
+    for v, x in rows.items():
+        cells = [fmt(x[i], ".2f") if i < len(x) else "" for i in range(n)]
+        lines.append(f"| {v} | " + " | ".join(cells) + f" | {fmt(max(x), '.2f')} |")
+    return lines
+
+
 def frontier_section(summary: dict) -> list[str]:
     f = summary.get("frontier") or {}
     lines = ["", "## Parameter frontier", ""]
@@ -235,6 +252,7 @@ def diverged_section(summary: dict) -> list[str]:
 def markdown(summary: dict, figures: list[str] = ()) -> str:
     """comparison.md from summary.json's content; ``figures``: the names of the figures written."""
     lines = header(summary) + variants_table(summary) + verdict_tables(summary) + corpus_table(summary)
+    lines += attention_logit_table(summary)
     lines += frontier_section(summary)
     lines += diverged_section(summary)
     if summary.get("lr_sweep"):

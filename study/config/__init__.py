@@ -16,9 +16,10 @@ from .compose import NAMED_GROUPS, PARAMS_FILE, available, composed_params, load
 from .hydra_errors import GRAMMAR
 from .naming import (NOT_IN_RESUME_KEY, config_hash, diff_keys, flatten, resume_config, run_dir, run_label,
                      run_name, to_dict)
-from .schedule import cosine_lr, max_steps, micro_batches, peak_lr, run_seeds
-from .schema import (ACTIVATIONS, GROUPS, PRECISIONS, PROJECTION_MODES, SCHEMA_NAME, TOKENIZERS, ConfigError,
-                     DataConfig, LrSweepConfig, ModelConfig, RunConfig, ScaleLadderConfig, StudyConfig, StudyError,
+from .schedule import (SCHEDULE_FUNCTIONS, cosine_lr, d2z_lr, lr_at, max_steps, micro_batches, peak_lr, run_seeds,
+                       wsd_lr)
+from .schema import (ACTIVATIONS, GROUPS, PRECISIONS, PROJECTION_MODES, QK_NORMS, SCHEDULES, SCHEMA_NAME, TOKENIZERS,
+                     ConfigError, DataConfig, LrSweepConfig, ModelConfig, RunConfig, ScaleLadderConfig, StudyConfig, StudyError,
                      TrainConfig, TrainerConfig, VariantConfig, register)
 from .stage import run_stage
 from .validation import validate

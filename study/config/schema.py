@@ -18,7 +18,9 @@ from typing import Any, Optional
 SCHEMA_NAME = "run_config"  # the ConfigStore name of RunConfig, first in conf/study.yaml's defaults list
 GROUPS = ("model", "variant", "data", "trainer")
 PROJECTION_MODES = ("linear", "identity", "residual_linear", "nonlinear")
-ACTIVATIONS = ("gelu", "relu2", "silu")
+ACTIVATIONS = ("gelu", "relu2", "silu", "identity")
+QK_NORMS = ("none", "rms", "rms_gain")  # per-head normalisation of q and k (study.model.head_rms_norm)
+SCHEDULES = ("cosine", "d2z", "wsd")  # learning-rate schedules (study.config.schedule.SCHEDULES)
 TOKENIZERS = ("gpt2", "bpe")
 # Lightning 2.6's precision names (lightning.fabric.connector._PRECISION_INPUT), checked before Lightning is imported
 PRECISIONS = frozenset({"64", "32", "16", "bf16", "64-true", "32-true", "16-true", "bf16-true", "16-mixed",
@@ -57,6 +59,12 @@ class VariantConfig:
     ``scale_factor`` multiplies the usual 1/sqrt(head_dim) attention scale;
     ``None`` means 0.5 when q or k is not a plain linear map (arXiv 2603.13381)
     and 1.0 otherwise.
+
+    The recipe switches (all off by default; ``study.model.resolve_attention`` reads them):
+    ``qk_norm`` (:data:`QK_NORMS`) normalises q and k of each head to RMS 1 (``rms_gain``: times a
+    learnable gain of head_dim each); ``k_norm`` the keys alone; ``per_head_norm`` makes the nonlinear
+    query q_h = RMS(x_h) + g_h RMS(f(x)_h); ``lower_query`` is the query mode of the lower half of the
+    layers (split depth); ``activation: identity`` removes the nonlinear query's activation.
     """
 
     name: str = "baseline"
@@ -65,9 +73,13 @@ class VariantConfig:
     value: str = "linear"
     residual: bool = True  # nonlinear branch: x + f(x) (True) or f(x) alone
     bottleneck: float = 0.5  # r = n_embd * bottleneck, the hidden width of f
-    activation: str = "gelu"
+    activation: str = "gelu"  # of the nonlinear branch: ACTIVATIONS ("identity": the linear ablation)
     mlp_ratio: Optional[float] = None  # overrides model.mlp_ratio (parameter-matched baselines)
     scale_factor: Optional[float] = None
+    qk_norm: str = "none"  # "none", "rms" (parameter-free, arXiv 2010.04245) or "rms_gain" (+2 head_dim per layer)
+    k_norm: bool = False  # keys alone normalised per head (rms), as the follow-up's per-head arm
+    per_head_norm: bool = False  # nonlinear query only: q_h = RMS(x_h) + g_h RMS(f(x)_h), g the LN gain
+    lower_query: Optional[str] = None  # query mode of layers i < n_layer // 2 (None: query everywhere)
     lr: Optional[float] = None  # a tuned peak learning rate for this variant (overrides train.lr)
     min_lr: Optional[float] = None
     description: str = ""
@@ -118,6 +130,9 @@ class TrainConfig:
     val_micro_batch_size: int = 64
     log_every: int = 10  # optimizer steps between train-loss logs
     divergence_nats: float = 2.0  # stop when the smoothed train loss rises this far above its minimum
+    schedule: str = "cosine"  # after warmup: "cosine" to min_lr, "d2z" linear to zero, "wsd" constant then linear to zero
+    decay_fraction: float = 0.2  # wsd: the last fraction of the steps, decayed linearly to zero
+    z_loss: float = 0.0  # coefficient of mean(logsumexp(logits)^2), added to the training loss only (0: off)
     tokens_per_param: Optional[float] = None  # set: tokens = this x the baseline's non-embedding params (scale ladder)
     lr_from_sweep: bool = False  # true: the peak lr is the best of this variant's lr sweep (runs/lr_sweep)
     overwrite: bool = False  # true: a hand-started run may replace a finished run of other settings in its folder

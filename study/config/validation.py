@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import re
 
-from .schedule import batch_tokens_message, peak_lr
-from .schema import ACTIVATIONS, PRECISIONS, PROJECTION_MODES, TOKENIZERS, ConfigError, DataConfig, RunConfig
+from .schedule import batch_tokens_message, max_steps, peak_lr, wsd_decay_steps
+from .schema import (ACTIVATIONS, PRECISIONS, PROJECTION_MODES, QK_NORMS, SCHEDULES, TOKENIZERS, ConfigError,
+                     DataConfig, RunConfig)
 
 
 def validate(cfg: RunConfig) -> None:
@@ -119,6 +120,7 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"min_lr={min_lr} is above the peak lr={lr}: lower train.min_lr (or variant.min_lr)")
     if v.scale_factor is not None and v.scale_factor <= 0:
         raise ConfigError(f"variant.scale_factor={v.scale_factor} must be > 0 (or null)")
+    _validate_recipe(cfg)
     if d.max_docs_per_corpus is not None and d.max_docs_per_corpus < 1:
         raise ConfigError(f"data.max_docs_per_corpus={d.max_docs_per_corpus} must be >= 1 (or null for all)")
     _validate_hf(d)
@@ -254,3 +256,44 @@ def _validate_profiles(cfg: RunConfig) -> None:
         raise ConfigError(f"study.group={s.group!r} must be a relative sub-folder of study.runs_dir")
 
 
+
+
+def _validate_recipe(cfg: RunConfig) -> None:
+    """The recipe switches of the variant (qk_norm, k_norm, per_head_norm, lower_query) and of train
+    (schedule, decay_fraction, z_loss)."""
+    m, v, t = cfg.model, cfg.variant, cfg.train
+    if v.qk_norm not in QK_NORMS:
+        raise ConfigError(f"variant.qk_norm={v.qk_norm!r}: choose one of {list(QK_NORMS)}")
+    if v.k_norm and v.qk_norm != "none":
+        raise ConfigError(f"variant.k_norm=true with variant.qk_norm={v.qk_norm}: qk_norm already normalises the "
+                          f"keys; drop k_norm (or set qk_norm=none to normalise the keys alone)")
+    if v.lower_query is not None:
+        if v.lower_query not in PROJECTION_MODES:
+            raise ConfigError(f"variant.lower_query={v.lower_query!r} is not a projection mode: choose one of "
+                              f"{list(PROJECTION_MODES)} (or null for variant.query in every layer)")
+        if m.n_layer < 2:
+            raise ConfigError(f"variant.lower_query={v.lower_query} needs model.n_layer >= 2 (it sets the query of "
+                              f"layers below n_layer // 2): raise n_layer or set lower_query=null")
+    if v.per_head_norm:
+        if v.query != "nonlinear" or not v.residual:
+            raise ConfigError(f"variant.per_head_norm=true needs a residual nonlinear query (variant.query=nonlinear, "
+                              f"residual=true), not query={v.query} residual={v.residual}: set them or drop per_head_norm")
+        if v.qk_norm != "none":
+            raise ConfigError(f"variant.per_head_norm=true with variant.qk_norm={v.qk_norm}: per_head_norm already "
+                              f"normalises q per head; normalise the keys with k_norm=true and set qk_norm=none")
+    if t.schedule not in SCHEDULES:
+        raise ConfigError(f"train.schedule={t.schedule!r}: choose one of {list(SCHEDULES)}")
+    if t.schedule != "cosine" and v.min_lr is not None:
+        raise ConfigError(f"variant.min_lr={v.min_lr} with train.schedule={t.schedule}, which decays to zero: "
+                          f"set variant.min_lr=null (or train.schedule=cosine)")
+    if not 0.0 < t.decay_fraction <= 1.0:
+        raise ConfigError(f"train.decay_fraction={t.decay_fraction} must be in (0, 1] (the fraction of the steps "
+                          f"that wsd decays over, e.g. 0.2)")
+    if t.schedule == "wsd" and t.tokens_per_param is None:
+        steps, warmup = max_steps(cfg), t.warmup_tokens // t.batch_tokens
+        if steps - wsd_decay_steps(steps, t.decay_fraction) < warmup:
+            raise ConfigError(f"train.schedule=wsd decays over the last {wsd_decay_steps(steps, t.decay_fraction)} "
+                              f"of {steps} steps (train.decay_fraction={t.decay_fraction}), which starts inside the "
+                              f"{warmup} warmup steps: lower decay_fraction or train.warmup_tokens")
+    if not (t.z_loss >= 0.0 and t.z_loss < float("inf")):
+        raise ConfigError(f"train.z_loss={t.z_loss} must be a finite number >= 0 (0: off; 1e-4 is usual)")
