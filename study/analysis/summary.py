@@ -14,6 +14,7 @@ import numpy as np
 from study.analysis import profiles
 from study.analysis.pairing import comparable, shared_settings
 from study.analysis.runs import final_losses
+from study.analysis.verdict import verdict_report as decided
 from study.analysis.stats import (MIN_FIT_SIZES, fit_power_law, mean_ci, not_fitted, paired, parameter_multiplier,
                                   safe_exp, verdict)
 
@@ -39,7 +40,8 @@ def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path, profiles_too: b
     mean nats} or None, "diverged" {seed: reason}}}, "vs_baseline" (:func:`verdict`: paired t, BH,
     power), "frontier" (:func:`frontier`), "yardsticks" (:func:`yardsticks`), "per_corpus"
     (:func:`per_corpus`), "lr_sweep", "scale_ladder" (the profiles, read from their run folders; None
-    while off or with ``profiles_too=False``)}.
+    while off or with ``profiles_too=False``), "verdict" (the decided verdict of study.arms,
+    :func:`study.analysis.verdict.verdict_report`; None while study.arms is empty)}.
     """
     base_name = cfg.study.baseline
     ok = final_losses(runs)
@@ -66,7 +68,8 @@ def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path, profiles_too: b
             "yardsticks": yardsticks(root / cfg.data.dir / "meta.json", settings),
             "per_corpus": per_corpus(runs, base_name),
             "lr_sweep": profiles.lr_sweep_report(cfg, root, runs) if profiles_too else None,
-            "scale_ladder": profiles.ladder_report(cfg, root) if profiles_too else None}
+            "scale_ladder": profiles.ladder_report(cfg, root) if profiles_too else None,
+            "verdict": decided(cfg, root) if profiles_too else None}
 
 
 def frontier(base_name: str, ok: dict[str, dict[int, float]], variants: dict) -> dict:

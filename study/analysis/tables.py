@@ -227,6 +227,9 @@ def markdown(summary: dict, figures: list[str] = ()) -> str:
         lines += lr_sweep_section(summary["lr_sweep"], summary["baseline"])
     if summary.get("scale_ladder"):
         lines += ladder_section(summary["scale_ladder"], summary["baseline"])
+    if summary.get("verdict"):
+        from study.analysis.verdict import verdict_section
+        lines += verdict_section(summary["verdict"])
     if figures:
         lines += ["", "## Figures", ""] + [f"- `figures/{f}`" for f in figures]
     if summary.get("settings"):

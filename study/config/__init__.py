@@ -15,9 +15,10 @@ from .compose import (GRAMMAR, NAMED_GROUPS, PARAMS_FILE, available, composed_pa
 from .naming import (NOT_IN_RESUME_KEY, config_hash, diff_keys, flatten, resume_config, run_dir, run_label,
                      run_name, to_dict)
 from .schedule import cosine_lr, max_steps, micro_batches, peak_lr, run_seeds
-from .schema import (ACTIVATIONS, GROUPS, PRECISIONS, PROJECTION_MODES, SCHEMA_NAME, TOKENIZERS, ConfigError,
+from .schema import (ACTIVATIONS, GROUPS, PRECISIONS, PROJECTION_MODES, SCHEMA_NAME, TOKENIZERS, VERDICT_SECTIONS, ConfigError,
                      DataConfig, LrSweepConfig, ModelConfig, RunConfig, ScaleLadderConfig, StudyConfig, StudyError,
                      TrainConfig, TrainerConfig, VariantConfig, register)
+from .schema import ArmConfig, DecompositionConfig, TuneConfig, TunedConfig
 from .validation import validate
 
 __all__ = [n for n in dir() if not n.startswith("_")]
