@@ -35,8 +35,13 @@ def _finite(x):
     return x if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
-def tune_one(cfg, root: Path, name: str, params: str | None) -> dict:
-    """Tune arm ``name`` (see the module docstring); returns and writes its tuning.json content."""
+def tune_one(cfg, root: Path, name: str, params: str | None, base: list[str] = ()) -> dict:
+    """Tune arm ``name`` (see the module docstring); returns and writes its tuning.json content.
+
+    Args:
+        params: the composed config the runs start from (params.yaml under DVC; None: conf/ composed).
+        base: the stage's own overrides, given to every run before the run's own.
+    """
     from study.analysis.runs import read_result
 
     arm, tu = arm_of(cfg, name), cfg.tune
@@ -48,8 +53,8 @@ def tune_one(cfg, root: Path, name: str, params: str | None) -> dict:
     def evaluate(lr: float) -> float:
         losses = {}
         for seed in tu.seeds:
-            d, reused = ensure_run(run_overrides(cfg, name, seed, lr, tune_group(name, lr), tu.runs_dir) + extra,
-                                   root, params)
+            d, reused = ensure_run([*base, *run_overrides(cfg, name, seed, lr, tune_group(name, lr), tu.runs_dir),
+                                    *extra], root, params)
             r = read_result(d)
             losses[int(seed)] = r["val_loss"] if r["status"] == "ok" else None
             print(f"tune {name}: lr {lr_key(lr)} seed {seed}: "
@@ -168,8 +173,9 @@ def figure(table: dict, path: Path) -> Path:
     return _save(fig, path)
 
 
-def write_table(cfg, root: Path) -> dict:
-    """table.json, table.md, tuning.png under tune.table_dir and conf/tuned.yaml, from the arms' tuning.json."""
+def write_table(cfg, root: Path, tuned_file: Path | None = None) -> dict:
+    """table.json, table.md, tuning.png under tune.table_dir and conf/tuned.yaml (``tuned_file``), from the arms'
+    tuning.json."""
     results = read_results(cfg, root)
     table = {"rule": cfg.tune.rule, "seeds": [int(s) for s in cfg.tune.seeds], "max_points": cfg.tune.max_points,
              "arms": results}
@@ -179,8 +185,9 @@ def write_table(cfg, root: Path) -> dict:
     (out / TABLE_MD).write_text(table_markdown(table))
     if results:
         figure(table, out / FIGURE)
-    (root / TUNED_FILE).write_text(tuned_yaml(table))
-    print(f"wrote {out / TABLE_MD}, {out / TABLE_JSON}{', ' + str(out / FIGURE) if results else ''} and {TUNED_FILE} "
+    tuned_file = root / TUNED_FILE if tuned_file is None else tuned_file
+    tuned_file.write_text(tuned_yaml(table))
+    print(f"wrote {out / TABLE_MD}, {out / TABLE_JSON}{', ' + str(out / FIGURE) if results else ''} and {tuned_file} "
           f"(run `make params`, then commit them)")
     return table
 
@@ -230,9 +237,11 @@ def main(argv: list[str] | None = None) -> int:
         print("error: --arm needs an arm name, e.g. --arm baseline", file=sys.stderr)
         return 2
 
+    base = [r for i, r in enumerate(rest) if not r.startswith("-") and not (i and rest[i - 1] == "--params")]
+
     def body(cfg, root: Path) -> int:
         if mode == "arm":
-            tune_one(cfg, root, arm, params)
+            tune_one(cfg, root, arm, params, base)
         elif mode == "write":
             write_table(cfg, root)
         else:

@@ -29,12 +29,13 @@ from study.arms import arm_of, ensure_run, run_overrides, testing_group, tuned_l
 from study.config import run_stage
 
 
-def _losses(cfg, root: Path, arm: str, seeds: list[int], lr: float, params: str | None) -> dict[int, float]:
+def _losses(cfg, root: Path, arm: str, seeds: list[int], lr: float, params: str | None,
+            base: list[str] = ()) -> dict[int, float]:
     from study.analysis.runs import read_result
 
     out = {}
     for s in seeds:
-        d, reused = ensure_run(run_overrides(cfg, arm, s, lr, testing_group(arm)), root, params)
+        d, reused = ensure_run([*base, *run_overrides(cfg, arm, s, lr, testing_group(arm))], root, params)
         r = read_result(d)
         print(f"test {arm}: seed {s}: {'diverged' if r['status'] != 'ok' else format(r['val_loss'], '.4f')}"
               f"{' (reused)' if reused else ''}", flush=True)
@@ -43,8 +44,13 @@ def _losses(cfg, root: Path, arm: str, seeds: list[int], lr: float, params: str 
     return out
 
 
-def run_tests(cfg, root: Path, params: str | None) -> dict:
-    """Train (or reuse) the test runs by Stein's two stages; write and return the plan."""
+def run_tests(cfg, root: Path, params: str | None, base: list[str] = ()) -> dict:
+    """Train (or reuse) the test runs by Stein's two stages; write and return the plan.
+
+    Args:
+        params: the composed config the runs start from (params.yaml under DVC; None: conf/ composed).
+        base: the stage's own overrides, given to every run before the run's own.
+    """
     from study.tune import check_tuned
 
     s = cfg.study
@@ -60,7 +66,7 @@ def run_tests(cfg, root: Path, params: str | None) -> dict:
         arm_of(cfg, a)
     n0 = len(s.seeds)
     first = list(s.seeds)
-    ok = {a: _losses(cfg, root, a, first, lrs[a], params) for a in s.arms}
+    ok = {a: _losses(cfg, root, a, first, lrs[a], params, base) for a in s.arms}
     stage_one = compare_all(cfg, ok)
     need = {a: n0 for a in s.arms}
     for (a, r) in comparisons_of(cfg):
@@ -72,7 +78,7 @@ def run_tests(cfg, root: Path, params: str | None) -> dict:
         extra = [x for x in seeds[a] if x not in first]
         if extra:
             print(f"test {a}: Stein's second stage, {len(extra)} more seed(s): {extra}", flush=True)
-            _losses(cfg, root, a, extra, lrs[a], params)
+            _losses(cfg, root, a, extra, lrs[a], params, base)
     plan = {"arms": list(s.arms), "n0": n0, "lr": lrs, "seeds": seeds, "all_seeds": all_seeds(cfg),
             "stage_one": {k: {"s0": c["stein"]["s0"], "n_needed": c["stein"]["n_needed"],
                               "capped": c["stein"]["capped"]} for k, c in stage_one.items()}}
@@ -87,8 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         params = argv[argv.index("--params") + 1]
     params = next((a.split("=", 1)[1] for a in argv if a.startswith("--params=")), params)
 
+    base = [r for i, r in enumerate(argv) if not r.startswith("-") and not (i and argv[i - 1] == "--params")]
+
     def body(cfg, root: Path) -> int:
-        run_tests(cfg, root, params)
+        run_tests(cfg, root, params, base)
         return 0
     return run_stage(body, argv)
 

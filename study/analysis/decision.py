@@ -8,9 +8,10 @@ change is 100 (L - L_ref) / L_ref (arXiv 2603.13381).
 
 * Stein's two-stage procedure (C. Stein, Ann. Math. Statist. 16 (1945) 243-258; PAPER.md): from the
   first n0 >= 5 paired differences with sd s0, N = max(n0, floor(t^2_{1-alpha/2, n0-1} s0^2 / d^2) + 1)
-  pairs in all; the interval mean_N +- d then covers the true mean with probability
-  2 F_{n0-1}(d sqrt(N) / s0) - 1 >= 1 - alpha exactly (F: Student t cdf), because
-  (mean_N - mu) sqrt(N) / s0 is exactly t with n0 - 1 degrees of freedom.
+  pairs in all.  Because N depends on the first stage only, (mean_N - mu) sqrt(N) / s0 is exactly Student t
+  with n0 - 1 degrees of freedom, whatever the unknown sd: the interval mean_N +- t_{1-alpha/2, n0-1} s0 / sqrt(N)
+  has coverage exactly 1 - alpha, and its half-width is below d by the choice of N, so mean_N +- d covers
+  with probability >= 1 - alpha (tests/test_decision.py checks both by simulation).
 * Equivalence within +-delta: two one-sided paired t tests (statsmodels.stats.weightstats.ttost_paired),
   the same decision as the 90% paired t interval lying inside (-delta, +delta) (Schuirmann 1987).
 * Benjamini-Hochberg (scipy.stats.false_discovery_control) over all comparisons, once for the
@@ -50,12 +51,10 @@ def stein_n(s0: float, n0: int, d: float, alpha: float = ALPHA) -> int:
     return max(n0, math.floor(t * t * s0 * s0 / (d * d)) + 1)
 
 
-def stein_coverage(s0: float, n0: int, n: int, d: float) -> float:
-    """The exact coverage of mean_n +- d given the first-stage sd s0 (n0 pairs) and n pairs in all:
-    2 F_{n0-1}(d sqrt(n) / s0) - 1 (1.0 when s0 = 0)."""
-    if not s0 > 0:
-        return 1.0
-    return float(2 * stats.t.cdf(d * math.sqrt(n) / s0, n0 - 1) - 1)
+def stein_exact_halfwidth(s0: float, n0: int, n: int, alpha: float = ALPHA) -> float:
+    """The half-width t_{1-alpha/2, n0-1} s0 / sqrt(n) (nats) of Stein's exact 1 - alpha interval around the mean of
+    n pairs, n fixed by the first stage (n0 pairs, sd s0): at Stein's N it is at most d."""
+    return float(stats.t.ppf(1 - alpha / 2, n0 - 1) * s0 / math.sqrt(n))
 
 
 def tost(diffs: list[float], delta: float) -> dict:
@@ -92,7 +91,8 @@ def compare_pair(arm: dict[int, float], ref: dict[int, float], seeds: list[int],
     Returns: {"n_pairs", "seeds", "diffs", "mean_diff", "sd_diff" (nats), "arm_sd", "ref_sd" (each arm's
     own seed sd, nats: never pooled), "ci95" (paired t), "p_value" (paired t), "delta", "d" (nats),
     "tost": :func:`tost`, "stein": {"n0", "s0", "n_needed", "n_total" (min(N, max_seeds)), "capped",
-    "halfwidth", "interval" [mean - d, mean + d], "coverage" (exact, at the pairs there are)},
+    "halfwidth" (d), "interval" [mean - d, mean + d], "coverage_min" (0.95 once N pairs are in; NaN before),
+    "exact_halfwidth", "exact_interval" (mean +- t s0 / sqrt(n): coverage exactly "exact_coverage", 0.95)},
     "pct": the mean and both intervals in % log-loss}.
     """
     both = [s for s in seeds if s in arm and s in ref]
@@ -117,17 +117,20 @@ def compare_pair(arm: dict[int, float], ref: dict[int, float], seeds: list[int],
                                                       "ci90": [nan, nan], "undefined": "one pair or none"}
     first = [s for s in seeds[:n0] if s in both]
     stein = {"n0": n0, "s0": nan, "n_needed": None, "n_total": None, "capped": False, "halfwidth": d,
-             "interval": [nan, nan], "coverage": nan}
+             "interval": [nan, nan], "coverage_min": 1 - alpha, "exact_halfwidth": nan, "exact_interval": [nan, nan],
+             "exact_coverage": 1 - alpha}
     if len(first) == n0 and n0 >= 2 and d > 0:
         s0 = float(np.std([arm[s] - ref[s] for s in first], ddof=1))
         need = stein_n(s0, n0, d, alpha)
-        m = out["mean_diff"]
+        m, h = out["mean_diff"], stein_exact_halfwidth(s0, n0, n, alpha)
         stein.update(s0=s0, n_needed=need, n_total=min(need, max_seeds), capped=need > max_seeds,
-                     interval=[m - d, m + d], coverage=stein_coverage(s0, n0, n, d))
+                     interval=[m - d, m + d], exact_halfwidth=h, exact_interval=[m - h, m + h],
+                     coverage_min=(1 - alpha) if n >= need else nan)
     out["stein"] = stein
     pct = (lambda x: 100 * x / base if math.isfinite(x) else nan)  # noqa: E731
     out["pct"] = {"mean": pct(out["mean_diff"]), "ci95": [pct(x) for x in out["ci95"]],
                   "ci90": [pct(x) for x in out["tost"]["ci90"]], "stein": [pct(x) for x in stein["interval"]],
+                  "stein_exact": [pct(x) for x in stein["exact_interval"]],
                   "margin": margin_pct, "halfwidth": halfwidth_pct}
     return out
 

@@ -126,7 +126,9 @@ def verdict_section(v: dict) -> list[str]:
              f"first {v['n0']} seeds, from whose paired sd each comparison's N follows (target half-width "
              f"{v['halfwidth_pct']:g}% log-loss, at most {v['max_seeds']} seeds). Equivalence margin "
              f"+-{v['margin_pct']:g}% log-loss (TOST, statsmodels' ttost_paired); Benjamini-Hochberg over all "
-             f"comparisons (paired t and TOST each). Each arm's seed sd is its own, never pooled.", "",
+             f"comparisons (paired t and TOST each). Stein's mean +- d covers with probability >= 95% once N pairs are in; "
+             f"the exact 95% interval is mean +- t(0.975, n0 - 1) s0 / sqrt(n), s0 the first stage's sd (exact "
+             f"coverage: the pivot is Student t whatever the true sd). Each arm's seed sd is its own, never pooled.", "",
              "| arm | variant | overrides | lr | lr from | tuning | seeds | val loss mean | sd | 95% CI |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for a, r in v["arms"].items():
@@ -134,14 +136,16 @@ def verdict_section(v: dict) -> list[str]:
                      f"{r['lr_from']} | {r['tuning'] or 'n/a'} | {r['n_seeds']} | {_f(r['val_loss_mean'])} | "
                      f"{_f(r['val_loss_sd'])} | [{_f(r['val_loss_ci95'][0])}, {_f(r['val_loss_ci95'][1])}] |")
     lines += ["", "| comparison | verdict | pairs | mean diff (nats) | paired sd | % log-loss | 95% t CI (%) | "
-              "Stein mean +- d (%) [exact coverage] | Stein N | 90% CI (%) | p (t, BH) | p (TOST, BH) |",
+              "Stein mean +- d (%) | Stein exact 95% (%) | Stein N | 90% CI (%) | p (t, BH) | p (TOST, BH) |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for k, c in v["comparisons"].items():
         p, st = c["pct"], c["stein"]
         lines.append(f"| {k} | **{c['word']}**: {c['verdict']} | {c['n_pairs']} | {_f(c['mean_diff'], '+.4f')} | "
                      f"{_f(c['sd_diff'])} | {_f(p['mean'], '+.2f')} | [{_f(p['ci95'][0], '+.2f')}, "
-                     f"{_f(p['ci95'][1], '+.2f')}] | [{_f(p['stein'][0], '+.2f')}, {_f(p['stein'][1], '+.2f')}] "
-                     f"[{_f(st['coverage'], '.3f')}] | {st['n_needed'] if st['n_needed'] is not None else 'n/a'} | "
+                     f"{_f(p['ci95'][1], '+.2f')}] | [{_f(p['stein'][0], '+.2f')}, {_f(p['stein'][1], '+.2f')}]"
+                     f"{' (>= 95%)' if st['n_needed'] is not None and c['n_pairs'] >= st['n_needed'] else ' (< N pairs)'} | "
+                     f"[{_f(p['stein_exact'][0], '+.2f')}, {_f(p['stein_exact'][1], '+.2f')}] | "
+                     f"{st['n_needed'] if st['n_needed'] is not None else 'n/a'} | "
                      f"[{_f(p['ci90'][0], '+.2f')}, {_f(p['ci90'][1], '+.2f')}] | {_f(c['p_value_bh'], '.3g')} | "
                      f"{_f(c['tost_p_bh'], '.3g')} |")
     dec = v.get("decomposition")
