@@ -86,10 +86,11 @@ def compare_pair(arm: dict[int, float], ref: dict[int, float], seeds: list[int],
     Args:
         arm, ref: {seed: final val loss (nats)} of finished runs.
         seeds: the test seeds in order; the first ``n0`` are Stein's first stage.
-        margin_pct, halfwidth_pct: equivalence margin and target half-width (% log-loss of the reference).
+        margin_pct, halfwidth_pct: equivalence margin (% log-loss of the reference's mean over the pairs) and
+            target half-width d (% log-loss of the reference's mean over the first stage: d is fixed with N).
 
     Returns: {"n_pairs", "seeds", "diffs", "mean_diff", "sd_diff" (nats), "arm_sd", "ref_sd" (each arm's
-    own seed sd, nats: never pooled), "ci95" (paired t), "p_value" (paired t), "delta", "d" (nats),
+    own seed sd, nats: never pooled), "ref_mean", "ci95" (paired t), "p_value" (paired t), "delta" (nats),
     "tost": :func:`tost`, "stein": {"n0", "s0", "n_needed", "n_total" (min(N, max_seeds)), "capped",
     "halfwidth" (d), "interval" [mean - d, mean + d], "coverage_min" (0.95 once N pairs are in; NaN before),
     "exact_halfwidth", "exact_interval" (mean +- t s0 / sqrt(n): coverage exactly "exact_coverage", 0.95)},
@@ -102,11 +103,11 @@ def compare_pair(arm: dict[int, float], ref: dict[int, float], seeds: list[int],
     base = float(r.mean()) if len(r) else nan
     diffs = a - r
     n = len(both)
-    delta, d = margin_pct / 100 * base, halfwidth_pct / 100 * base
+    delta, d = margin_pct / 100 * base, nan
     out = {"n_pairs": n, "seeds": both, "diffs": diffs.tolist(), "mean_diff": float(diffs.mean()) if n else nan,
            "sd_diff": float(np.std(diffs, ddof=1)) if n > 1 else nan,
            "arm_sd": float(np.std(a, ddof=1)) if n > 1 else nan, "ref_sd": float(np.std(r, ddof=1)) if n > 1 else nan,
-           "ref_mean": base, "delta": delta, "d": d, "ci95": [nan, nan], "p_value": nan, "undefined": None}
+           "ref_mean": base, "delta": delta, "ci95": [nan, nan], "p_value": nan, "undefined": None}
     why = zero_variance(diffs, base)
     out["undefined"] = why
     if why is None:
@@ -119,12 +120,13 @@ def compare_pair(arm: dict[int, float], ref: dict[int, float], seeds: list[int],
     stein = {"n0": n0, "s0": nan, "n_needed": None, "n_total": None, "capped": False, "halfwidth": d,
              "interval": [nan, nan], "coverage_min": 1 - alpha, "exact_halfwidth": nan, "exact_interval": [nan, nan],
              "exact_coverage": 1 - alpha}
-    if len(first) == n0 and n0 >= 2 and d > 0:
+    if len(first) == n0 and n0 >= 2 and halfwidth_pct > 0:
+        d = halfwidth_pct / 100 * float(np.mean([ref[s] for s in first]))  # fixed by the first stage, as N is
         s0 = float(np.std([arm[s] - ref[s] for s in first], ddof=1))
         need = stein_n(s0, n0, d, alpha)
         m, h = out["mean_diff"], stein_exact_halfwidth(s0, n0, n, alpha)
         stein.update(s0=s0, n_needed=need, n_total=min(need, max_seeds), capped=need > max_seeds,
-                     interval=[m - d, m + d], exact_halfwidth=h, exact_interval=[m - h, m + h],
+                     halfwidth=d, interval=[m - d, m + d], exact_halfwidth=h, exact_interval=[m - h, m + h],
                      coverage_min=(1 - alpha) if n >= need else nan)
     out["stein"] = stein
     pct = (lambda x: 100 * x / base if math.isfinite(x) else nan)  # noqa: E731
