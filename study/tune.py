@@ -143,12 +143,16 @@ def figure(table: dict, path: Path) -> Path:
     the parabola through the best point and its neighbours, lr* as a star."""
     import numpy as np
 
-    from study.analysis.figures import _save, color, finish, panel
+    from study.analysis.figures import _save, finish, panel
+
+    import matplotlib
 
     fig, ax = panel(8.0)
     tops = []
+    colours = {name: matplotlib.colors.to_hex(matplotlib.colormaps["tab10"](i % 10))
+               for i, name in enumerate(table["arms"])}  # one colour per arm, distinct
     for name, a in table["arms"].items():
-        c = color(a["variant"] if name == a["variant"] else name)
+        c = colours[name]
         pts = [p for p in a["points"] if p["mean"] is not None]
         ax.plot([p["lr"] for p in pts], [p["mean"] for p in pts], "o-", color=c, label=name, ms=4)
         for p in a["points"]:
@@ -167,7 +171,7 @@ def figure(table: dict, path: Path) -> Path:
     for name, a in table["arms"].items():
         lost = [p["lr"] for p in a["points"] if p["mean"] is None]
         if lost:
-            ax.plot(lost, [top] * len(lost), "x", color=color(name), ms=8)
+            ax.plot(lost, [top] * len(lost), "x", color=colours[name], ms=8)
     finish(ax, "Tuning: mean final validation loss against peak lr (x: lost, *: lr*)", "validation loss (nats)",
            "peak learning rate", xlog=True)
     return _save(fig, path)

@@ -145,7 +145,7 @@ def test_tune_then_test_then_compare(nano_project, tmp_path, monkeypatch, fake_t
     dec = v["decomposition"]
     assert [r["arm"] for r in dec["rows"]] == ["today", "base", "nlq"] and dec["share"] is not None
     md = (tmp_path / "reports/comparison.md").read_text()
-    assert "## The decided verdict" in md and f"| nlq vs base | **{c['word']}**" in md
+    assert "## The decided verdict" in md and f"| nlq vs base | **{c['word']}**{c['verdict'][len(c['word']):]} | {n} |" in md
     assert "### The recipe decomposition" in md
 
     from mlflow import MlflowClient

@@ -137,10 +137,10 @@ def verdict_section(v: dict) -> list[str]:
                      f"{_f(r['val_loss_sd'])} | [{_f(r['val_loss_ci95'][0])}, {_f(r['val_loss_ci95'][1])}] |")
     lines += ["", "| comparison | verdict | pairs | mean diff (nats) | paired sd | % log-loss | 95% t CI (%) | "
               "Stein mean +- d (%) | Stein exact 95% (%) | Stein N | 90% CI (%) | p (t, BH) | p (TOST, BH) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for k, c in v["comparisons"].items():
         p, st = c["pct"], c["stein"]
-        lines.append(f"| {k} | **{c['word']}**: {c['verdict']} | {c['n_pairs']} | {_f(c['mean_diff'], '+.4f')} | "
+        lines.append(f"| {k} | **{c['word']}**{c['verdict'][len(c['word']):]} | {c['n_pairs']} | {_f(c['mean_diff'], '+.4f')} | "
                      f"{_f(c['sd_diff'])} | {_f(p['mean'], '+.2f')} | [{_f(p['ci95'][0], '+.2f')}, "
                      f"{_f(p['ci95'][1], '+.2f')}] | [{_f(p['stein'][0], '+.2f')}, {_f(p['stein'][1], '+.2f')}]"
                      f"{' (>= 95%)' if st['n_needed'] is not None and c['n_pairs'] >= st['n_needed'] else ' (< N pairs)'} | "
