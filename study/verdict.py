@@ -1,4 +1,4 @@
-"""The test stage, ``python -m study.verdict --params params.yaml`` (DVC stage ``test``): every arm of
+"""The test stage, ``python -m study.verdict --params params.yaml`` (DVC stage ``verdict``): every arm of
 ``study.arms`` at its lr* on the test seeds, with seeds added until the verdict is decided (Stein's two-stage
 procedure, study/analysis/decision.py).
 
