@@ -89,8 +89,13 @@ def reusable(cfg, root: Path, d: Path) -> bool:
         return False
     if not (d / "metrics.json").is_file() or not isinstance(record, dict):
         return False
-    try:
-        return record.get("config_hash") == run_digest(cfg, root / cfg.data.dir)
+    import copy
+
+    from study.profiles import resolve
+
+    try:  # hashed as study.train hashes it: after the run's derived settings (compute-matched tokens ...)
+        resolved = resolve(copy.deepcopy(cfg), root)
+        return record.get("config_hash") == run_digest(resolved, root / cfg.data.dir)
     except StudyError:
         return False
 

@@ -247,6 +247,9 @@ def main(argv: list[str] | None = None) -> int:
         if mode == "arm":
             tune_one(cfg, root, arm, params, base)
         elif mode == "write":
+            if not cfg.tune.arms:  # an empty table would erase the tracked lr* of every arm tuned before
+                print(f"tune.arms is empty: {TUNED_FILE} and {cfg.tune.table_dir} left as they are")
+                return 0
             write_table(cfg, root)
         else:
             print("\n".join(targets(cfg)))

@@ -155,3 +155,43 @@ def test_tune_then_test_then_compare(nano_project, tmp_path, monkeypatch, fake_t
     run = client.search_runs([exp.experiment_id], filter_string="tags.kind = 'verdict'")[0]
     assert run.data.tags["verdict/nlq_vs_base"] == c["verdict"]
     assert run.data.metrics["verdict_mean_diff/nlq_vs_base"] == pytest.approx(c["mean_diff"])
+
+
+@pytest.mark.slow
+def test_make_tune_through_dvc(tmp_path):
+    """The real thing at nano size: `dvc repro tune@base` trains the arm's grid through study.train, `--write` turns
+    it into conf/tuned.yaml, a second repro trains nothing, and compare's upstream holds no tuning stage."""
+    import subprocess
+
+    from conftest import BIN, copy_project, env_for, run_cli
+
+    project = copy_project(tmp_path / "p", seeds=(1, 2))
+    study = project / "conf/study.yaml"
+    study.write_text(study.read_text().replace("  - trainer: cpu\n", "  - trainer: cpu\n  - tuned\n")
+                     + "arms:\n  base: {variant: baseline}\ntune:\n  arms: [base]\n  points: 3\n  max_points: 4\n"
+                       "  tokens: 4096\n")
+    assert run_cli(project, "study.config").returncode == 0
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(git + ["commit", "-qam", "tune base"], cwd=project, check=True)
+
+    def dvc(*args):
+        return subprocess.run([str(BIN / "dvc"), *args], cwd=project, env=env_for(project), capture_output=True,
+                              text=True, timeout=1500)
+    r = run_cli(project, "study.tune", "--targets", "--params", "params.yaml")
+    assert r.stdout.split() == ["tune@base"], r.stderr
+    r = dvc("repro", "tune@base")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    res = json.loads((project / "runs_tune/base/tuning.json").read_text())
+    assert len(res["points"]) >= 3 and res["status"] in ("bracketed", "optimum not bracketed")
+    for p in res["points"]:
+        for seed in (101, 102):
+            d = project / f"runs_tune/base/lr{p['lr']:.6g}/baseline-s{seed}"
+            assert (d / "metrics.json").is_file() and json.loads((d / "config.json").read_text())["variant"]["lr"] == p["lr"]
+    assert run_cli(project, "study.tune", "--write", "--params", "params.yaml").returncode == 0
+    tuned = yaml.safe_load((project / "conf/tuned.yaml").read_text())["tuned"]["lr"]
+    assert tuned == {"base": res["lr_star"]}
+    assert run_cli(project, "study.config").returncode == 0
+    r = dvc("repro", "tune@base")
+    assert r.returncode == 0 and "didn't change" in r.stdout, r.stdout[-2000:]
+    r = dvc("dag", "--md", "compare")
+    assert r.returncode == 0 and "tune@" not in r.stdout and "verdict" in r.stdout
