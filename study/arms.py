@@ -9,7 +9,8 @@ named in the ``arms`` section of conf/study.yaml::
 A run of an arm is ``study.train`` with ``variant=VARIANT seed=SEED variant.lr=LR`` and the arm's overrides, in
 its own folder (``study.group``): tuning runs under ``tune.runs_dir/ARM/lrLR/VARIANT-sSEED``, test runs under
 ``runs/test/ARM/VARIANT-sSEED``.  :func:`ensure_run` reuses a finished run trained under the same resume key
-(settings, code and data) and trains it otherwise, in this process.
+(settings, code and data) and trains it otherwise, in this process (replacing a finished run of another key, as
+DVC replaces a stage's outputs when its dependencies change).
 """
 from __future__ import annotations
 
@@ -103,20 +104,18 @@ def reusable(cfg, root: Path, d: Path) -> bool:
 def ensure_run(overrides: list[str], root: Path, params: str | None) -> tuple[Path, bool]:
     """Train one run unless its folder already holds it finished under the same resume key.
 
-    Returns: (the run folder, whether it was reused).
+    A finished run under another key (the arm's settings, the training code or the data changed since) is
+    replaced, as DVC replaces a stage's outputs when its dependencies change (``train.overwrite``: study.train
+    prints the keys that differ and starts afresh).
 
-    Raises:
-        ConfigError: the folder holds a finished run with other settings (study.train refuses to replace it).
+    Returns: (the run folder, whether it was reused).
     """
     cfg = load_config(overrides, root, params=params)
     d = run_dir(root, cfg, cfg.variant.name, cfg.seed)
     if reusable(cfg, root, d):
         return d, True
-    try:
-        TRAIN(cfg, root)
-    except ConfigError as e:
-        if "finished run with other settings" not in str(e):
-            raise
-        raise ConfigError(f"{e}; for a tuning or test run, move {d} aside (nothing is deleted) and re-run "
-                          f"the stage, which then retrains it") from None
+    if (d / "metrics.json").is_file():
+        print(f"{d}: the finished run there was trained under other settings, code or data: replacing it", flush=True)
+        cfg.train.overwrite = True
+    TRAIN(cfg, root)
     return d, False

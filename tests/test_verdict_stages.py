@@ -46,8 +46,28 @@ def fake_train(monkeypatch):
         rec["config_hash"] = run_digest(cfg, root / cfg.data.dir)
         (d / "record.json").write_text(json.dumps(rec))
         calls.append((cfg.study.group, cfg.variant.name, cfg.seed))
+        overwrites.append(bool(cfg.train.overwrite))
+    overwrites = []
+    train.overwrites = overwrites
     monkeypatch.setattr(study.arms, "TRAIN", train)
     return calls
+
+
+def test_a_finished_run_is_reused_and_one_of_other_settings_replaced(nano_project, tmp_path, monkeypatch, fake_train):
+    import study.arms
+    from study.arms import ensure_run
+
+    monkeypatch.chdir(nano_project)
+    over = [f"study.runs_dir={tmp_path / 'runs'}", "variant=baseline", "seed=3", "variant.lr=0.003",
+            "study.group=test/x", "train.batch_tokens=2048", "train.tokens=20480"]
+    d, reused = ensure_run(over, nano_project, None)
+    assert not reused and d == tmp_path / "runs/test/x/baseline-s3" and len(fake_train) == 1
+    assert ensure_run(over, nano_project, None) == (d, True) and len(fake_train) == 1
+    # another lr is another run folder's business; here the same folder under another key (code, data or settings)
+    rec = json.loads((d / "record.json").read_text())
+    (d / "record.json").write_text(json.dumps({**rec, "config_hash": "0000000000000000"}))
+    assert ensure_run(over, nano_project, None) == (d, False) and len(fake_train) == 2
+    assert study.arms.TRAIN.overwrites == [False, True]  # replaced, as DVC replaces a stage's outputs
 
 
 def write_params(project: Path, tmp: Path, tuned: dict | None = None) -> Path:
@@ -147,6 +167,16 @@ def test_tune_then_test_then_compare(nano_project, tmp_path, monkeypatch, fake_t
     md = (tmp_path / "reports/comparison.md").read_text()
     assert "## The decided verdict" in md and f"| nlq vs base | **{c['word']}**{c['verdict'][len(c['word']):]} | {n} |" in md
     assert "### The recipe decomposition" in md
+
+    # an arm whose grid hit the cap: every verdict involving it says so
+    table = json.loads((tmp_path / "tuning/table.json").read_text())
+    table["arms"]["nlq"]["status"] = "optimum not bracketed"
+    (tmp_path / "tuning/table.json").write_text(json.dumps(table))
+    assert compare(["--params", str(params)]) == 0
+    again = json.loads((tmp_path / "reports/summary.json").read_text())["verdict"]["comparisons"]
+    assert again["nlq vs base"]["verdict"] == c["verdict"] + "; optimum not bracketed for nlq"
+    assert again["today vs base"]["verdict"] == v["comparisons"]["today vs base"]["verdict"]
+    c = again["nlq vs base"]
 
     from mlflow import MlflowClient
 

@@ -133,7 +133,7 @@ def verdict_section(v: dict) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for a, r in v["arms"].items():
         lines.append(f"| {a} | {r['variant']} | {' '.join(r['overrides']) or '-'} | {_f(r['lr'], '.4g')} | "
-                     f"{r['lr_from']} | {r['tuning'] or 'n/a'} | {r['n_seeds']} | {_f(r['val_loss_mean'])} | "
+                     f"{r['lr_from']} | {r['tuning'] or ('-' if r['lr_from'] == 'fixed' else 'n/a')} | {r['n_seeds']} | {_f(r['val_loss_mean'])} | "
                      f"{_f(r['val_loss_sd'])} | [{_f(r['val_loss_ci95'][0])}, {_f(r['val_loss_ci95'][1])}] |")
     lines += ["", "| comparison | verdict | pairs | mean diff (nats) | paired sd | % log-loss | 95% t CI (%) | "
               "Stein mean +- d (%) | Stein exact 95% (%) | Stein N | 90% CI (%) | p (t, BH) | p (TOST, BH) |",
