@@ -8,7 +8,7 @@ export DO_NOT_TRACK := true
 export TIKTOKEN_CACHE_DIR := $(CURDIR)/.tiktoken
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install params study exps lr-sweep scale-ladder test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
+.PHONY: install params study tune exps lr-sweep scale-ladder test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
 
 install: $(STAMP)
 
@@ -30,8 +30,17 @@ $(STAMP): pyproject.toml
 params: $(STAMP)
 	$(PY) -m study.config
 
+# every stage but tune@ARM (compare's upstream and check_params): the study tests at conf/tuned.yaml's lr*, never tunes
 study: params
-	.venv/bin/dvc repro
+	.venv/bin/dvc repro check_params compare
+
+# Tuning by one rule (docs/statistics-verdict.md): the DVC stages tune@ARM of tune.arms (each arm's grid, every
+# finished run reused), then the table, figure and conf/tuned.yaml from their results, then params.yaml again.
+# Commit conf/tuned.yaml and conf/tuning/: `make study` tests at those values without tuning again.
+tune: params
+	$(PY) -m study.tune --targets --params params.yaml | xargs -r .venv/bin/dvc repro
+	$(PY) -m study.tune --write --params params.yaml
+	$(PY) -m study.config
 
 # The experiments in a terminal (152 columns with the default study): every run's metrics.json and every
 # param is a column of `dvc exp show` (111 columns, ~900 characters), so keep the verdict (% log-loss of

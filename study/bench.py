@@ -10,7 +10,7 @@ tokens of the chosen model (default: the CPU default ``cpu``), for
 with the ratios the project targets: Lightning / plain >= 0.95,
 nonlinear_q / baseline >= 0.97 in the fastest precision, bf16 / fp32 >= 1.5
 where the CPU has fast bf16, and an arm with QK-norm (``X_qknorm``) >= 0.97 of its arm ``X``
-(issue 23: QK-norm should cost at most 3%).  The recipe arms in one run:
+(QK-norm should cost at most 3%).  The recipe arms in one run:
 ``--variants baseline,nonlinear_q,baseline_qknorm,nonlinear_q_qknorm,nonlinear_q_ph,nonlinear_q_linear,split_depth``.  Timing skips warm-up steps (and compilation);
 each figure is the median of ``--repeats`` measurements taken alternately
 (plain, Lightning, plain, ...) so that the machine's drift hits both loops.

@@ -34,7 +34,7 @@ PROXY_SCHEME = "mlflow-artifacts"
 # profiles), cosmetics and how prepare runs.  Left out of a run's MLflow params; kept in step with
 # study.config.config_hash, which hashes what changes a run's numbers.
 NOT_RUN_SHAPING = ("defaults", "study", "lr_sweep", "scale_ladder", "trainer.progress_bar", "data.num_proc",
-                   "data.hf_cache_dir", "train.overwrite")
+                   "data.hf_cache_dir", "train.overwrite", "arms", "tune", "tuned", "decomposition")
 # The MLflow 3 UI opens an experiment on its runs table (not the GenAI traces page) with this tag.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
@@ -246,15 +246,24 @@ def log_verdict(root: Path, cfg, report_dir: Path) -> str:
     run_id = run.info.run_id
     try:
         summary_path = report_dir / "summary.json"
-        metrics = []
+        metrics, tags = [], [RunTag("baseline", str(cfg.study.baseline))]
         if summary_path.is_file():
             summary = json.loads(summary_path.read_text())
             for v, c in (summary.get("vs_baseline") or {}).items():
                 for key in ("pct_log_loss", "p_value"):
                     if isinstance(c.get(key), (int, float)):
                         metrics.append(Metric(f"{key}/{v}", float(c[key]), int(time.time() * 1000), 0))
-        if metrics:
-            client.log_batch(run_id, metrics=metrics, tags=[RunTag("baseline", str(cfg.study.baseline))])
+            for name, c in ((summary.get("verdict") or {}).get("comparisons") or {}).items():
+                key = name.replace(" vs ", "_vs_")  # the decided verdict: one word and its numbers per comparison
+                tags.append(RunTag(f"verdict/{key}", str(c.get("verdict"))))
+                for m in ("mean_diff", "p_value_bh", "tost_p_bh"):
+                    if isinstance(c.get(m), (int, float)):
+                        metrics.append(Metric(f"verdict_{m}/{key}", float(c[m]), int(time.time() * 1000), 0))
+                if isinstance((c.get("pct") or {}).get("mean"), (int, float)):
+                    metrics.append(Metric(f"verdict_pct_log_loss/{key}", float(c["pct"]["mean"]),
+                                          int(time.time() * 1000), 0))
+        if metrics or len(tags) > 1:
+            client.log_batch(run_id, metrics=metrics, tags=tags)
         figures = [p for p in sorted(report_dir.glob("*.png")) + sorted((report_dir / "figures").glob("*.png"))
                    if not p.name.startswith("ui_")]  # the report's figures, not UI screenshots
         files = [report_dir / "comparison.md", summary_path] + figures

@@ -7,6 +7,9 @@ below imports only modules listed after it, and none imports a stage.
   tables.py    comparison.md (markdown)
   summary.py   summary.json: per-variant losses, verdict, power, frontier, yardsticks, per corpus
   profiles.py  the lr sweep's and the scale ladder's verdicts
+  verdict.py   the decided verdict of study.arms: the test runs, every comparison in one word, the decomposition
+  decision.py  Stein's two-stage seed count, TOST beside the paired t test, BH over all comparisons, the words
+  tuning.py    tuning by one rule: the x2 lr grid, its extension until bracketed, lr* (quadratic vertex or best)
   runs.py      load runs and the settings they recorded (run folders or the MLflow store)
   sweep.py     the lr sweep's points and best lr (also read while training: study.profiles.resolve)
   pairing.py   check that runs pair: the same settings but the variant (one-line PairingError)

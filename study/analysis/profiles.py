@@ -14,6 +14,7 @@ import numpy as np
 from study.analysis.pairing import check
 from study.analysis.runs import RunsError, final_losses, load_runs, lost_points, read_run
 from study.analysis.sweep import best_lr, sweep_results
+from study.analysis.tuning import choose, score
 from study.analysis.stats import effect_trend, fit_power_law, mean_ci, not_fitted, paired, parameter_multiplier, verdict
 
 SWEEP, TUNED, LADDER = "lr_sweep", "tuned", "scale_ladder"
@@ -23,7 +24,8 @@ def lr_sweep_report(cfg, root: Path, main_runs: dict[str, dict[int, dict]]) -> d
     """The lr-sweep profile's part of summary.json (None while the profile is off).
 
     Returns: {"lrs", "seed", "tokens", "shared_lr", "variants": {v: {"points": [{lr, val_loss, status}],
-    "best_lr", "best_val_loss", "at_edge", "shared_val_loss_mean", "tuned_val_loss_mean", "tuning_gain"
+    "best_lr", "best_val_loss", "at_edge", "grid_status", "lr_star", "lr_star_source", "fit" (the tuning rule of
+    study/analysis/tuning.py on the same grid), "shared_val_loss_mean", "tuned_val_loss_mean", "tuning_gain"
     (tuned - shared, paired by seed)}}, "shared": verdict at train.lr, "tuned": verdict at each
     variant's best lr}.
 
@@ -51,8 +53,14 @@ def lr_sweep_report(cfg, root: Path, main_runs: dict[str, dict[int, dict]]) -> d
         if any(not math.isclose(x, best["lr"], rel_tol=1e-9) for x in used):
             raise RunsError(f"the tuned runs of {v!r} used lr {sorted(used)} but the sweep's best is now {best['lr']}: "
                             f"they are stale; re-run `dvc repro`")
+        rule = choose([p["lr"] for p in points], [score([p["val_loss"] if p["status"] == "ok" else None])
+                                                  for p in points], len(points), "vertex")
         variants[v] = {"points": [{k: p[k] for k in ("lr", "val_loss", "status")} for p in points],
                        "best_lr": best["lr"], "best_val_loss": best["val_loss"], "at_edge": best["at_edge"],
+                       # the tuning rule's reading of the same grid (study/analysis/tuning.py): bracketed or not,
+                       # and lr* (the quadratic's vertex where defined), beside the best point the tuned runs use
+                       "grid_status": rule["status"], "lr_star": rule["lr_star"], "lr_star_source": rule["source"],
+                       "fit": rule["fit"],
                        "shared_val_loss_mean": float(np.mean(list(shared_ok[v].values()))) if shared_ok[v] else None,
                        "tuned_val_loss_mean": float(np.mean(list(tuned_ok[v].values()))) if tuned_ok[v] else None,
                        "tuning_gain": paired(tuned_ok[v], shared_ok[v])}

@@ -101,4 +101,6 @@ def verdict_lines(summary: dict) -> list[str]:
         out.append(f"{v:>20s}: {tables.fmt(c['pct_log_loss'], '+.2f')}% log-loss, "
                    f"{tables.fmt(c['pct_perplexity'], '+.2f')}% perplexity vs {summary['baseline']} "
                    f"({p}, n={c['n_pairs']})")
+    for k, c in ((summary.get("verdict") or {}).get("comparisons") or {}).items():  # the decided verdict: one word
+        out.append(f"{k:>20s}: {c['verdict']} ({tables.fmt(c['pct']['mean'], '+.2f')}% log-loss, n={c['n_pairs']})")
     return out

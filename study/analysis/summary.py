@@ -14,6 +14,7 @@ import numpy as np
 from study.analysis import profiles
 from study.analysis.pairing import comparable, shared_settings
 from study.analysis.runs import final_losses, lost_points
+from study.analysis.verdict import verdict_report as decided
 from study.analysis.stats import (MIN_FIT_SIZES, fit_power_law, mean_ci, not_fitted, paired, parameter_multiplier,
                                   safe_exp, verdict)
 
@@ -40,7 +41,8 @@ def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path, profiles_too: b
     test, listed in the report)}}, "vs_baseline" (:func:`verdict`: paired t, BH,
     power), "frontier" (:func:`frontier`), "yardsticks" (:func:`yardsticks`), "per_corpus"
     (:func:`per_corpus`), "lr_sweep", "scale_ladder" (the profiles, read from their run folders; None
-    while off or with ``profiles_too=False``)}.
+    while off or with ``profiles_too=False``), "verdict" (the decided verdict of study.arms,
+    :func:`study.analysis.verdict.verdict_report`; None while study.arms is empty)}.
     """
     base_name = cfg.study.baseline
     ok = final_losses(runs)
@@ -69,7 +71,8 @@ def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path, profiles_too: b
             "yardsticks": yardsticks(root / cfg.data.dir / "meta.json", settings),
             "per_corpus": per_corpus(runs, base_name),
             "lr_sweep": profiles.lr_sweep_report(cfg, root, runs) if profiles_too else None,
-            "scale_ladder": profiles.ladder_report(cfg, root) if profiles_too else None}
+            "scale_ladder": profiles.ladder_report(cfg, root) if profiles_too else None,
+            "verdict": decided(cfg, root) if profiles_too else None}
 
 
 def attn_logit_max(runs: dict[int, dict]) -> list[float] | None:

@@ -183,7 +183,9 @@ def lr_sweep_section(sw: dict, base: str) -> list[str]:
         cells = [("*" if p["lr"] == r["best_lr"] else "") + (fmt(p["val_loss"]) if p["status"] == "ok" else "diverged")
                  for p in r["points"]]
         edge = " (grid edge: the optimum may lie outside)" if r["at_edge"] else ""
-        lines.append(f"| {v} | " + " | ".join(cells) + f" | {r['best_lr']:g}{edge} |")
+        star = (f"; tuning rule: {r['grid_status']}, lr* {fmt(r['lr_star'], '.3g')} ({r['lr_star_source']})"
+                if r.get("grid_status") else "")
+        lines.append(f"| {v} | " + " | ".join(cells) + f" | {r['best_lr']:g}{edge}{star} |")
     lines += ["", f"The two verdicts against `{base}`, each over all study seeds, paired by seed: percent log-loss "
               f"change with its 95% interval, p (paired t). Shared: every variant at train.lr = {sw['shared_lr']:g}. "
               f"Tuned: every variant, the baseline included, at its own best lr.", "",
@@ -259,6 +261,9 @@ def markdown(summary: dict, figures: list[str] = ()) -> str:
         lines += lr_sweep_section(summary["lr_sweep"], summary["baseline"])
     if summary.get("scale_ladder"):
         lines += ladder_section(summary["scale_ladder"], summary["baseline"])
+    if summary.get("verdict"):
+        from study.analysis.verdict import verdict_section
+        lines += verdict_section(summary["verdict"])
     if figures:
         lines += ["", "## Figures", ""] + [f"- `figures/{f}`" for f in figures]
     if summary.get("settings"):

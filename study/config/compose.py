@@ -37,8 +37,8 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .hydra_errors import _first, _hydra_error, _key_hint, _yaml_error, schema_keys
-from .schema import GROUPS, SCHEMA_NAME, ConfigError, RunConfig, register
-from .validation import validate, validate_paths
+from .schema import GROUPS, SCHEMA_NAME, ConfigError, RunConfig, StudyError, register
+from .validation import used_arms, validate, validate_paths
 
 NAMED_GROUPS = ("model", "variant", "trainer")  # groups whose section records its file as ``name``
 PARAMS_FILE = "params.yaml"  # DVC's Hydra output (ParamsDependency.DEFAULT_PARAMS_FILE)
@@ -317,7 +317,8 @@ def _check(cfg: RunConfig, root: Path) -> None:
     for key, group, names in (("study.variants", "variant", cfg.study.variants),
                               ("lr_sweep.variants", "variant", cfg.lr_sweep.variants),
                               ("scale_ladder.variants", "variant", cfg.scale_ladder.variants),
-                              ("scale_ladder.models", "model", cfg.scale_ladder.models)):
+                              ("scale_ladder.models", "model", cfg.scale_ladder.models),
+                              ("the arms in use (arms.NAME.variant)", "variant", [cfg.arms[a].variant for a in used_arms(cfg)])):
         unknown = [v for v in names if not (root / "conf" / group / f"{v}.yaml").is_file()]
         if unknown:
             raise ConfigError(f"{key} lists unknown {unknown}: choose from {available(root, group)}")

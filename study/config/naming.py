@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from .schema import RunConfig
+from .schema import VERDICT_SECTIONS, RunConfig
 
 
 def run_name(variant: str, seed: int) -> str:
@@ -47,6 +47,7 @@ NOT_IN_RESUME_KEY = (
     "train.micro_batch_size", "train.log_every", "train.val_micro_batch_size", "train.overwrite",
     "data.num_proc", "data.hf_cache_dir", "data.dir",  # how/where prepare runs; the data's own digest is checked
     "variant.description",
+    *VERDICT_SECTIONS,
 )
 
 

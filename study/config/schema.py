@@ -13,10 +13,13 @@ prints them as ``error: ...``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Dict, Optional
 
 SCHEMA_NAME = "run_config"  # the ConfigStore name of RunConfig, first in conf/study.yaml's defaults list
 GROUPS = ("model", "variant", "data", "trainer")
+#: sections that say which runs exist and how they are judged, not how one run trains: left out of a run's
+#: config.json, its resume key and the settings runs pair on (like study, lr_sweep and scale_ladder)
+VERDICT_SECTIONS = ("arms", "tune", "tuned", "decomposition")
 PROJECTION_MODES = ("linear", "identity", "residual_linear", "nonlinear")
 ACTIVATIONS = ("gelu", "relu2", "silu", "identity")
 QK_NORMS = ("none", "rms", "rms_gain")  # per-head normalisation of q and k (study.model.head_rms_norm)
@@ -168,6 +171,13 @@ class StudyConfig:
     tracking_db: str = "mlruns.db"  # SQLite MLflow store, relative to the project root
     artifact_dir: str = "mlartifacts"
     group: str = ""  # sub-folder of runs_dir for one run (profiles: "lr_sweep/lr0.003", "tuned", ...)
+    # the decided verdict (docs/statistics-verdict.md; off while arms is empty): every arm at its lr* on the test
+    # seeds (study.seeds: Stein's first stage, at least 5), more seeds up to max_seeds until decided
+    arms: list = field(default_factory=list)  # arms (names in the arms section) of the test stage
+    references: list = field(default_factory=list)  # every other arm is compared with each of these
+    target_halfwidth: float = 0.5  # Stein's half-width d of the interval, % log-loss of the reference
+    max_seeds: int = 20  # most test seeds per arm; a comparison needing more is "undecided (N seeds needed)"
+    equivalence_margin: float = 1.0  # +-delta of the equivalence test (TOST), % log-loss of the reference
 
 
 @dataclass
@@ -203,6 +213,48 @@ class ScaleLadderConfig:
 
 
 @dataclass
+class ArmConfig:
+    """One arm: a variant plus the training overrides of its recipe (``study.arms``, ``tune.arms``)."""
+
+    variant: str = "baseline"  # conf/variant/NAME.yaml
+    overrides: list = field(default_factory=list)  # study.train overrides, e.g. ["train.schedule=d2z"]
+    lr: Optional[float] = None  # a fixed peak lr (never tuned); None: tuned.lr[ARM] from conf/tuned.yaml
+    description: str = ""
+
+
+@dataclass
+class TuneConfig:
+    """Tuning by one rule (``make tune``; study/analysis/tuning.py): a x2 lr grid per arm on ``seeds``."""
+
+    arms: list = field(default_factory=list)  # arms tuned by `make tune` (off while empty)
+    seeds: list = field(default_factory=lambda: [101, 102])  # tuning seeds (>= 2), never test seeds
+    centre: float = 3.0e-3  # the initial grid: centre x 2^k, ``points`` points around it
+    points: int = 3
+    max_points: int = 8  # the grid extends by x2 at the edge holding the best mean until bracketed or this
+    tokens: Optional[int] = None  # tokens per tuning run (None: train.tokens)
+    rule: str = "vertex"  # lr*: "vertex" (the quadratic's, where defined inside the bracket) or "best" (grid point)
+    runs_dir: str = "runs_tune"  # the tuning runs: RUNS_DIR/ARM/lrLR/VARIANT-sSEED (outside runs/: see dvc.yaml)
+    table_dir: str = "conf/tuning"  # table.md, table.json, tuning.png: the evidence beside conf/tuned.yaml
+
+
+@dataclass
+class TunedConfig:
+    """The tuned learning rates (conf/tuned.yaml, written by ``make tune``, tracked)."""
+
+    lr: Dict[str, float] = field(default_factory=dict)  # arm -> lr*
+
+
+@dataclass
+class DecompositionConfig:
+    """The recipe decomposition's rows (arms) and the gap whose share the linear recipe closes."""
+
+    rows: list = field(default_factory=list)  # arms in report order (off while empty)
+    start: str = ""  # the gap's start, e.g. the baseline at today's recipe
+    end: str = ""  # the gap's end, e.g. tuned nonlinear_q
+    linear: str = ""  # the linear recipe alone (e.g. baseline + d2z + QK-norm, tuned)
+
+
+@dataclass
 class RunConfig:
     """Everything one training run needs; ``seed`` fixes init and data order (see :func:`run_seeds`)."""
 
@@ -214,6 +266,10 @@ class RunConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     lr_sweep: LrSweepConfig = field(default_factory=LrSweepConfig)
     scale_ladder: ScaleLadderConfig = field(default_factory=ScaleLadderConfig)
+    arms: Dict[str, ArmConfig] = field(default_factory=dict)
+    tune: TuneConfig = field(default_factory=TuneConfig)
+    tuned: TunedConfig = field(default_factory=TunedConfig)
+    decomposition: DecompositionConfig = field(default_factory=DecompositionConfig)
     seed: int = 1
 
 

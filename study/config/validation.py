@@ -125,6 +125,7 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"data.max_docs_per_corpus={d.max_docs_per_corpus} must be >= 1 (or null for all)")
     _validate_hf(d)
     _validate_profiles(cfg)
+    _validate_verdict(cfg)
     _validate_trainer(cfg.trainer)
     _validate_chunk_bytes(d.chunk_bytes)
 
@@ -297,3 +298,61 @@ def _validate_recipe(cfg: RunConfig) -> None:
                               f"{warmup} warmup steps: lower decay_fraction or train.warmup_tokens")
     if not (t.z_loss >= 0.0 and t.z_loss < float("inf")):
         raise ConfigError(f"train.z_loss={t.z_loss} must be a finite number >= 0 (0: off; 1e-4 is usual)")
+
+
+def used_arms(cfg: RunConfig) -> list[str]:
+    """The arms the tuning and test stages and the decomposition name (in that order, each once)."""
+    d = cfg.decomposition
+    names = [*cfg.tune.arms, *cfg.study.arms, *cfg.study.references, *d.rows,
+             *([x for x in (d.start, d.end, d.linear) if x] if d.rows else [])]
+    return list(dict.fromkeys(str(a) for a in names))
+
+
+def _validate_verdict(cfg: RunConfig) -> None:
+    """The decided verdict's keys (docs/statistics-verdict.md): tuning seeds disjoint from test seeds, a grid that
+    can bracket, arms that exist, Stein's first stage of at least 5 seeds, positive margins."""
+    s, tu = cfg.study, cfg.tune
+    overlap = sorted(set(tu.seeds) & set(s.seeds))
+    if overlap:
+        raise ConfigError(f"tune.seeds={list(tu.seeds)} and study.seeds={list(s.seeds)} share {overlap}: the seeds "
+                          f"that pick a learning rate must never test it; choose disjoint seeds, e.g. tune.seeds=[101,102]")
+    if len(set(tu.seeds)) < 2 or len(set(tu.seeds)) != len(tu.seeds):
+        raise ConfigError(f"tune.seeds={list(tu.seeds)} must hold at least 2 distinct seeds (a grid point's mean "
+                          f"needs two), e.g. tune.seeds=[101,102]")
+    if not tu.centre > 0 or tu.points < 1 or tu.max_points < 3 or tu.points > tu.max_points:
+        raise ConfigError(f"tune.centre={tu.centre}, tune.points={tu.points}, tune.max_points={tu.max_points}: use "
+                          f"centre > 0 and 1 <= points <= max_points, max_points >= 3 (a bracket has 3 points)")
+    if tu.rule not in ("vertex", "best"):
+        raise ConfigError(f"tune.rule={tu.rule!r}: choose vertex (the quadratic's lr*, where defined) or best "
+                          f"(the best grid point)")
+    if tu.tokens is not None and (tu.tokens < cfg.train.batch_tokens or tu.tokens % cfg.train.batch_tokens):
+        raise ConfigError(f"tune.tokens={tu.tokens} must be a positive multiple of train.batch_tokens="
+                          f"{cfg.train.batch_tokens} (or null for train.tokens)")
+    for name in used_arms(cfg):
+        if name not in cfg.arms:
+            raise ConfigError(f"arm {name!r} (named in tune.arms, study.arms, study.references or decomposition) is "
+                              f"not defined: add arms.{name} (variant, overrides, lr) to conf/study.yaml, or choose "
+                              f"one of {sorted(cfg.arms)}")
+    for name, arm in cfg.arms.items():
+        if arm.lr is not None and not arm.lr > 0:
+            raise ConfigError(f"arms.{name}.lr={arm.lr} must be > 0 (or null: tuned by make tune)")
+    fixed = [a for a in tu.arms if cfg.arms[a].lr is not None]
+    if fixed:
+        raise ConfigError(f"tune.arms lists {fixed}, whose arms.NAME.lr is fixed: remove them from tune.arms, or set "
+                          f"their lr to null to tune them")
+    for name, lr in cfg.tuned.lr.items():
+        if not lr > 0:
+            raise ConfigError(f"tuned.lr.{name}={lr} in conf/tuned.yaml must be > 0: re-run `make tune`")
+    if s.arms:
+        if len(s.seeds) < 5:
+            raise ConfigError(f"study.seeds={list(s.seeds)} has {len(s.seeds)} seed(s): Stein's first stage needs at "
+                              f"least 5 test seeds, e.g. study.seeds=[1,2,3,4,5]")
+        if s.max_seeds < len(s.seeds):
+            raise ConfigError(f"study.max_seeds={s.max_seeds} is below the {len(s.seeds)} first-stage seeds of "
+                              f"study.seeds: raise it")
+        if not s.references or any(r not in s.arms for r in s.references):
+            raise ConfigError(f"study.references={list(s.references)} must name at least one arm of study.arms="
+                              f"{list(s.arms)}: every other arm is compared with each reference")
+        for key in ("target_halfwidth", "equivalence_margin"):
+            if not getattr(s, key) > 0:
+                raise ConfigError(f"study.{key}={getattr(s, key)} must be > 0 (% log-loss)")

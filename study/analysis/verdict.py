@@ -1,0 +1,161 @@
+"""The decided verdict's part of summary.json ("verdict"): the test runs of every arm of ``study.arms`` (each at
+its lr*, ``runs/test/ARM/VARIANT-sSEED``, trained by ``python -m study.verdict``), each arm's own seed sd, every
+comparison arm - reference paired by seed with Stein's interval, TOST and the paired t test, BH over all
+comparisons, one word each, and the recipe decomposition (statistics: :mod:`study.analysis.decision`).
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from study.analysis.decision import compare_pair, decide, decomposition, seed_list
+from study.analysis.pairing import check
+from study.analysis.runs import RunsError, final_losses, load_runs
+from study.analysis.stats import mean_ci
+
+#: the test stage's plan, under runs_dir/test: which seeds each arm needs (Stein's N from the first stage)
+PLAN = "plan.json"
+TEST_GROUP = "test"
+
+
+def comparisons_of(cfg) -> list[tuple[str, str]]:
+    """(arm, reference) for every arm of study.arms that is not a reference, against each reference."""
+    refs = list(cfg.study.references)
+    return [(a, r) for a in cfg.study.arms if a not in refs for r in refs]
+
+
+def comparison_name(arm: str, ref: str) -> str:
+    return f"{arm} vs {ref}"
+
+
+def all_seeds(cfg) -> list[int]:
+    """Every seed the test stage may use, in order: study.seeds (Stein's first stage), then more up to max_seeds."""
+    return seed_list(list(cfg.study.seeds), cfg.study.max_seeds, list(cfg.tune.seeds))
+
+
+def compare_all(cfg, ok: dict[str, dict[int, float]]) -> dict[str, dict]:
+    """Every comparison (:func:`comparisons_of`) by :func:`decision.compare_pair`, BH-adjusted and worded."""
+    s = cfg.study
+    out = {comparison_name(a, r): {"arm": a, "reference": r,
+                                   **compare_pair(ok.get(a, {}), ok.get(r, {}), all_seeds(cfg), len(s.seeds),
+                                                  s.equivalence_margin, s.target_halfwidth, s.max_seeds)}
+           for a, r in comparisons_of(cfg)}
+    return decide(out)
+
+
+def tuning_status(cfg, root: Path) -> dict[str, dict]:
+    """{arm: {"status", "lr_star", "source"}} from the tuning table (tune.table_dir/table.json; {} without one)."""
+    p = root / cfg.tune.table_dir / "table.json"
+    if not p.is_file():
+        return {}
+    arms = json.loads(p.read_text()).get("arms", {})
+    return {k: {x: a.get(x) for x in ("status", "lr_star", "source", "best_lr")} for k, a in arms.items()}
+
+
+def read_plan(cfg, root: Path) -> dict:
+    p = root / cfg.study.runs_dir / TEST_GROUP / PLAN
+    try:
+        return json.loads(p.read_text())
+    except (OSError, ValueError):
+        raise RunsError(f"{p} is missing or unreadable: run the test stage (`dvc repro`, or "
+                        f"`python -m study.verdict --params params.yaml`)") from None
+
+
+def verdict_report(cfg, root: Path) -> dict | None:
+    """summary.json's "verdict" (None while study.arms is empty).
+
+    Returns: {"arms": {arm: {"variant", "overrides", "lr", "lr_from" ("fixed"/"tuned"), "tuning" (status of its
+    grid), "n_seeds", "val_loss_mean", "val_loss_sd" (its own, never pooled), "val_loss_ci95", "diverged"}},
+    "comparisons": {"ARM vs REF": :func:`decision.compare_pair` + "p_value_bh", "tost_p_bh", "word", "verdict"},
+    "margin_pct", "halfwidth_pct", "max_seeds", "n0", "decomposition"}.
+
+    Raises:
+        RunsError: the plan or a run it names is missing.
+        PairingError: test runs differ in a setting other than the variant, its lr and the arms' own overrides.
+    """
+    s = cfg.study
+    if not s.arms:
+        return None
+    plan = read_plan(cfg, root)
+    runs, ignore = {}, set()
+    for a in s.arms:
+        arm = cfg.arms[a]
+        ignore.update(str(o).split("=", 1)[0].lstrip("+~") for o in arm.overrides)
+        seeds = plan.get("seeds", {}).get(a)
+        if seeds is None:
+            raise RunsError(f"{root / s.runs_dir / TEST_GROUP / PLAN} plans no seeds for arm {a!r}: re-run the test "
+                            f"stage (`dvc repro`)")
+        runs[a] = load_runs(cfg, root, [arm.variant], seeds, group=f"{TEST_GROUP}/{a}", pair=False)[arm.variant]
+    check(runs, "the test runs", ignore=tuple(sorted(ignore)))
+    ok = final_losses(runs)
+    tuning = tuning_status(cfg, root)
+    arms = {}
+    for a in s.arms:
+        xs = list(ok[a].values())
+        m, lo, hi = mean_ci(xs) if xs else (float("nan"),) * 3
+        one = next(iter(runs[a].values()), {})
+        arms[a] = {"variant": cfg.arms[a].variant, "overrides": [str(o) for o in cfg.arms[a].overrides],
+                   "lr": one.get("lr"), "lr_from": "fixed" if cfg.arms[a].lr is not None else "tuned",
+                   "tuning": (tuning.get(a) or {}).get("status"), "n_seeds": len(xs), "val_loss_mean": m,
+                   "val_loss_sd": float(np.std(xs, ddof=1)) if len(xs) > 1 else float("nan"),
+                   "val_loss_ci95": [lo, hi],
+                   "diverged": {str(k): r.get("reason") for k, r in runs[a].items() if r["status"] != "ok"}}
+    comps = compare_all(cfg, ok)
+    for c in comps.values():
+        unbracketed = [x for x in (c["arm"], c["reference"]) if arms[x]["tuning"] == "optimum not bracketed"]
+        c["not_bracketed"] = unbracketed
+        if unbracketed:
+            c["verdict"] += f"; optimum not bracketed for {', '.join(unbracketed)}"
+    d = cfg.decomposition
+    dec = decomposition(ok, list(d.rows), d.start, d.end, d.linear) if d.rows else None
+    return {"arms": arms, "comparisons": comps, "margin_pct": s.equivalence_margin, "halfwidth_pct": s.target_halfwidth,
+            "max_seeds": s.max_seeds, "n0": len(s.seeds), "decomposition": dec}
+
+
+def _f(x, spec=".4f") -> str:
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def verdict_section(v: dict) -> list[str]:
+    """comparison.md's section of the decided verdict (every number a field of summary.json "verdict")."""
+    lines = ["", "## The decided verdict", "",
+             f"Every arm at its lr* (conf/tuned.yaml, or its fixed lr) on the test seeds; Stein's first stage is the "
+             f"first {v['n0']} seeds, from whose paired sd each comparison's N follows (target half-width "
+             f"{v['halfwidth_pct']:g}% log-loss, at most {v['max_seeds']} seeds). Equivalence margin "
+             f"+-{v['margin_pct']:g}% log-loss (TOST, statsmodels' ttost_paired); Benjamini-Hochberg over all "
+             f"comparisons (paired t and TOST each). Stein's mean +- d covers with probability >= 95% once N pairs are in; "
+             f"the exact 95% interval is mean +- t(0.975, n0 - 1) s0 / sqrt(n), s0 the first stage's sd (exact "
+             f"coverage: the pivot is Student t whatever the true sd). Each arm's seed sd is its own, never pooled.", "",
+             "| arm | variant | overrides | lr | lr from | tuning | seeds | val loss mean | sd | 95% CI |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for a, r in v["arms"].items():
+        lines.append(f"| {a} | {r['variant']} | {' '.join(r['overrides']) or '-'} | {_f(r['lr'], '.4g')} | "
+                     f"{r['lr_from']} | {r['tuning'] or ('-' if r['lr_from'] == 'fixed' else 'n/a')} | {r['n_seeds']} | {_f(r['val_loss_mean'])} | "
+                     f"{_f(r['val_loss_sd'])} | [{_f(r['val_loss_ci95'][0])}, {_f(r['val_loss_ci95'][1])}] |")
+    lines += ["", "| comparison | verdict | pairs | mean diff (nats) | paired sd | % log-loss | 95% t CI (%) | "
+              "Stein mean +- d (%) | Stein exact 95% (%) | Stein N | 90% CI (%) | p (t, BH) | p (TOST, BH) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for k, c in v["comparisons"].items():
+        p, st = c["pct"], c["stein"]
+        lines.append(f"| {k} | **{c['word']}**{c['verdict'][len(c['word']):]} | {c['n_pairs']} | {_f(c['mean_diff'], '+.4f')} | "
+                     f"{_f(c['sd_diff'])} | {_f(p['mean'], '+.2f')} | [{_f(p['ci95'][0], '+.2f')}, "
+                     f"{_f(p['ci95'][1], '+.2f')}] | [{_f(p['stein'][0], '+.2f')}, {_f(p['stein'][1], '+.2f')}]"
+                     f"{' (>= 95%)' if st['n_needed'] is not None and c['n_pairs'] >= st['n_needed'] else ' (< N pairs)'} | "
+                     f"[{_f(p['stein_exact'][0], '+.2f')}, {_f(p['stein_exact'][1], '+.2f')}] | "
+                     f"{st['n_needed'] if st['n_needed'] is not None else 'n/a'} | "
+                     f"[{_f(p['ci90'][0], '+.2f')}, {_f(p['ci90'][1], '+.2f')}] | {_f(c['p_value_bh'], '.3g')} | "
+                     f"{_f(c['tost_p_bh'], '.3g')} |")
+    dec = v.get("decomposition")
+    if dec:
+        lines += ["", "### The recipe decomposition", "",
+                  "| arm | seeds | val loss mean | sd | 95% CI |", "|---|---|---|---|---|"]
+        for r in dec["rows"]:
+            lines.append(f"| {r['arm']} | {r['n_seeds']} | {_f(r['mean'])} | {_f(r['sd'])} | "
+                         f"[{_f(r['ci95'][0])}, {_f(r['ci95'][1])}] |")
+        share = "n/a" if dec["share"] is None else f"{100 * dec['share']:.0f}%"
+        lines += ["", f"Gap {dec['start']} -> {dec['end']}: {_f(dec['gap'], '+.4f')} nats; the linear recipe alone "
+                  f"({dec['linear']}) closes {share} of it (the follow-up measured 88% at GPT-3 Large)."]
+    return lines

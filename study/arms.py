@@ -1,0 +1,121 @@
+"""Arms: what the tuning and test stages train.  An arm is a variant plus training overrides (its recipe),
+named in the ``arms`` section of conf/study.yaml::
+
+    arms:
+      baseline_today: {variant: baseline, lr: 3.0e-3}        # a fixed lr: never tuned
+      baseline_d2z:   {variant: baseline, overrides: [train.schedule=d2z]}
+      nonlinear_q:    {variant: nonlinear_q}                 # lr: null -> tuned.lr.nonlinear_q (make tune)
+
+A run of an arm is ``study.train`` with ``variant=VARIANT seed=SEED variant.lr=LR`` and the arm's overrides, in
+its own folder (``study.group``): tuning runs under ``tune.runs_dir/ARM/lrLR/VARIANT-sSEED``, test runs under
+``runs/test/ARM/VARIANT-sSEED``.  :func:`ensure_run` reuses a finished run trained under the same resume key
+(settings, code and data) and trains it otherwise, in this process (replacing a finished run of another key, as
+DVC replaces a stage's outputs when its dependencies change).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from study.analysis.tuning import lr_key
+from study.config import ConfigError, StudyError, load_config, run_dir
+
+#: where the test runs go, under study.runs_dir (study.group=test/ARM)
+TEST_GROUP = "test"
+
+
+def arm_of(cfg, name: str):
+    """The ``arms.NAME`` entry.  Raises ConfigError (one line) for an arm the section lacks."""
+    if name not in cfg.arms:
+        raise ConfigError(f"arm {name!r} is not defined: add it to the arms section of conf/study.yaml "
+                          f"(variant, overrides, lr), or choose one of {sorted(cfg.arms)}")
+    return cfg.arms[name]
+
+
+def override_keys(arm) -> list[str]:
+    """The keys an arm's overrides set (``train.schedule=d2z`` -> ``train.schedule``): pairing ignores them."""
+    return [str(o).split("=", 1)[0].lstrip("+~") for o in arm.overrides]
+
+
+def tuned_lr(cfg, name: str) -> float:
+    """The peak lr of an arm in the test stage: its fixed ``lr``, else ``tuned.lr[NAME]`` (conf/tuned.yaml).
+
+    Raises:
+        ConfigError: the arm has neither (run `make tune`).
+    """
+    arm = arm_of(cfg, name)
+    if arm.lr is not None:
+        return float(arm.lr)
+    if name not in cfg.tuned.lr:
+        raise ConfigError(f"arm {name!r} has no tuned lr in conf/tuned.yaml (tuned.lr) and no fixed arms.{name}.lr: "
+                          f"add it to tune.arms and run `make tune` (then commit conf/tuned.yaml and conf/tuning/)")
+    return float(cfg.tuned.lr[name])
+
+
+def run_overrides(cfg, name: str, seed: int, lr: float, group: str, runs_dir: str | None = None) -> list[str]:
+    """The ``study.train`` overrides of one run of arm ``name`` (Hydra syntax)."""
+    arm = arm_of(cfg, name)
+    out = [f"variant={arm.variant}", f"seed={seed}", f"variant.lr={float(lr)!r}",
+           f"study.group={group}", *[str(o) for o in arm.overrides]]
+    if runs_dir is not None:
+        out.append(f"study.runs_dir={runs_dir}")
+    return out
+
+
+def tune_group(name: str, lr: float) -> str:
+    return f"{name}/lr{lr_key(lr)}"
+
+
+def testing_group(name: str) -> str:
+    return f"{TEST_GROUP}/{name}"
+
+
+def _train(cfg, root: Path) -> dict:
+    from study.train import train
+
+    return train(cfg, root)
+
+
+#: the function that trains one run (``study.train.train``); tests put a synthetic trainer here
+TRAIN = _train
+
+
+def reusable(cfg, root: Path, d: Path) -> bool:
+    """Whether ``d`` holds a finished run trained under this config's resume key (settings, code, data)."""
+    from study.run_state import resume_record, run_digest
+
+    try:
+        record = json.loads((d / "record.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if not (d / "metrics.json").is_file() or not isinstance(record, dict):
+        return False
+    import copy
+
+    from study.profiles import resolve
+
+    try:  # hashed as study.train hashes it: after the run's derived settings (compute-matched tokens ...)
+        resolved = resolve(copy.deepcopy(cfg), root)
+        return record.get("config_hash") == run_digest(resolved, root / cfg.data.dir)
+    except StudyError:
+        return False
+
+
+def ensure_run(overrides: list[str], root: Path, params: str | None) -> tuple[Path, bool]:
+    """Train one run unless its folder already holds it finished under the same resume key.
+
+    A finished run under another key (the arm's settings, the training code or the data changed since) is
+    replaced, as DVC replaces a stage's outputs when its dependencies change (``train.overwrite``: study.train
+    prints the keys that differ and starts afresh).
+
+    Returns: (the run folder, whether it was reused).
+    """
+    cfg = load_config(overrides, root, params=params)
+    d = run_dir(root, cfg, cfg.variant.name, cfg.seed)
+    if reusable(cfg, root, d):
+        return d, True
+    if (d / "metrics.json").is_file():
+        print(f"{d}: the finished run there was trained under other settings, code or data: replacing it", flush=True)
+        cfg.train.overwrite = True
+    TRAIN(cfg, root)
+    return d, False

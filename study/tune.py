@@ -1,0 +1,261 @@
+"""Tuning by one rule, ``make tune``: every arm of ``tune.arms`` on the same x2 lr grid, on the tuning seeds.
+
+    python -m study.tune --arm NAME [--params params.yaml] [overrides]   tune one arm (DVC stage tune@NAME)
+    python -m study.tune --write [--params params.yaml] [overrides]      the table, figure and conf/tuned.yaml
+    python -m study.tune --targets [--params params.yaml]                the DVC stages of tune.arms, one a line
+
+``--arm NAME`` trains (or reuses: a finished run of the same settings, code and data is never retrained)
+each (lr, tuning seed) of the arm's grid in ``tune.runs_dir/NAME/lrLR/VARIANT-sSEED`` (study.train, in this
+process), extends the grid by x2 at the edge holding the best mean until the optimum is bracketed or
+``tune.max_points`` is reached (study/analysis/tuning.py has the rule), and writes
+``tune.runs_dir/NAME/tuning.json``: every point's per-seed losses (nats; null = diverged), its mean (null =
+lost), the grid's status, the quadratic (A, B, C, vertex, cost of a x2 miss) and lr* with its source.
+
+``--write`` gathers the arms' tuning.json into ``tune.table_dir`` (table.json, table.md, tuning.png: loss
+against lr per arm, the fitted parabola, lr* marked) and writes each arm's lr* to conf/tuned.yaml, which the
+study's composition reads (``tuned.lr``); both are tracked, so a fresh ``make study`` does not tune again.
+Every output is byte-stable (no times, no ids).
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+from study.analysis.tuning import choose, lr_key, score, tune_arm
+from study.arms import arm_of, ensure_run, run_overrides, tune_group
+from study.config import ConfigError, StudyError, run_stage
+
+TABLE_JSON, TABLE_MD, FIGURE, RESULT = "table.json", "table.md", "tuning.png", "tuning.json"
+TUNED_FILE = Path("conf") / "tuned.yaml"
+
+
+def _finite(x):
+    return x if isinstance(x, (int, float)) and math.isfinite(x) else None
+
+
+def tune_one(cfg, root: Path, name: str, params: str | None, base: list[str] = ()) -> dict:
+    """Tune arm ``name`` (see the module docstring); returns and writes its tuning.json content.
+
+    Args:
+        params: the composed config the runs start from (params.yaml under DVC; None: conf/ composed).
+        base: the stage's own overrides, given to every run before the run's own.
+    """
+    from study.analysis.runs import read_result
+
+    arm, tu = arm_of(cfg, name), cfg.tune
+    if name not in tu.arms:
+        raise ConfigError(f"arm {name!r} is not in tune.arms={list(tu.arms)}: add it there to tune it")
+    extra = [f"train.tokens={tu.tokens}"] if tu.tokens is not None else []
+    points = {}
+
+    def evaluate(lr: float) -> float:
+        losses = {}
+        for seed in tu.seeds:
+            d, reused = ensure_run([*base, *run_overrides(cfg, name, seed, lr, tune_group(name, lr), tu.runs_dir),
+                                    *extra], root, params)
+            r = read_result(d)
+            losses[int(seed)] = r["val_loss"] if r["status"] == "ok" else None
+            print(f"tune {name}: lr {lr_key(lr)} seed {seed}: "
+                  f"{'diverged' if losses[int(seed)] is None else format(losses[int(seed)], '.4f')}"
+                  f"{' (reused)' if reused else ''}", flush=True)
+        s = score(list(losses.values()))
+        points[lr] = {"lr": lr, "losses": {str(k): v for k, v in losses.items()}, "mean": _finite(s),
+                      "status": "ok" if math.isfinite(s) else "lost"}
+        return s
+
+    lrs, scores, status = tune_arm(evaluate, tu.centre, tu.points, tu.max_points)
+    res = choose(lrs, scores, tu.max_points, tu.rule)
+    out = {"arm": name, "variant": arm.variant, "overrides": [str(o) for o in arm.overrides],
+           "seeds": [int(s) for s in tu.seeds], "tokens": int(tu.tokens or cfg.train.tokens), "rule": tu.rule,
+           "centre": tu.centre, "max_points": tu.max_points, "points": [points[x] for x in lrs],
+           **{k: res[k] for k in ("status", "best_lr", "lr_star", "source", "why")},
+           "best_loss": _finite(res["best_loss"]), "fit": res["fit"]}
+    folder = root / tu.runs_dir / name
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / RESULT).write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
+    star = "none (every point lost)" if out["lr_star"] is None else f"{out['lr_star']:.4g} ({out['source']})"
+    print(f"tune {name}: {out['status']}; lr* = {star}")
+    return out
+
+
+def read_results(cfg, root: Path) -> dict[str, dict]:
+    """{arm: tuning.json} of every arm of tune.arms.
+
+    Raises:
+        StudyError: an arm has no tuning.json (run `make tune`).
+    """
+    out = {}
+    for name in cfg.tune.arms:
+        p = root / cfg.tune.runs_dir / name / RESULT
+        try:
+            out[name] = json.loads(p.read_text())
+        except (OSError, ValueError):
+            raise StudyError(f"{p} is missing or unreadable: tune the arm first (`make tune`, or "
+                             f"`python -m study.tune --arm {name} --params params.yaml`)") from None
+    return out
+
+
+def table_markdown(table: dict) -> str:
+    """table.md: one section per arm, every grid point's per-seed losses and mean, then lr* and the fit."""
+    seeds = table["seeds"]
+    lines = ["# Tuning table", "",
+             f"Every arm on the same x2 lr grid, each point trained on tuning seeds {seeds} (never test seeds); a "
+             f"point's score is the mean final validation loss (nats), and a point with a diverged seed is lost. "
+             f"The grid grows by x2 at the edge holding the best mean until the best point has a worse neighbour "
+             f"on each side, or it holds {table['max_points']} points (optimum not bracketed). lr* rule: "
+             f"{table['rule']} (the vertex exp(-B/2A) of the quadratic in ln lr through the best point and its "
+             f"neighbours, when A > 0 and it lies between them; else the best point). A: curvature, nats per "
+             f"(ln lr)^2; A (ln 2)^2: the predicted cost of a x2 miss.", "",
+             "| arm | variant | overrides | status | best lr | best mean | A | x2 miss (nats) | vertex | lr* | from |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    fmt = (lambda x, s=".4g": "n/a" if x is None else format(x, s))  # noqa: E731
+    for name, a in table["arms"].items():
+        f = a.get("fit") or {}
+        lines.append(f"| {name} | {a['variant']} | {' '.join(a['overrides']) or '-'} | {a['status']} | "
+                     f"{fmt(a['best_lr'])} | {fmt(a['best_loss'], '.4f')} | {fmt(f.get('A'), '.4f')} | "
+                     f"{fmt(f.get('miss_cost_x2'), '.4f')} | {fmt(f.get('vertex'))} | {fmt(a['lr_star'])} | "
+                     f"{a['source'] or 'n/a'}{' (' + a['why'] + ')' if a.get('why') else ''} |")
+    for name, a in table["arms"].items():
+        lines += ["", f"## {name}", "", "| lr | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |",
+                  "|---|" + "---|" * (len(seeds) + 1)]
+        for p in a["points"]:
+            cells = [fmt(p["losses"].get(str(s)), ".4f").replace("n/a", "diverged") for s in seeds]
+            lines.append(f"| {lr_key(p['lr'])} | " + " | ".join(cells) + f" | {fmt(p['mean'], '.4f').replace('n/a', 'lost')} |")
+    return "\n".join(lines) + "\n"
+
+
+def tuned_yaml(table: dict) -> str:
+    """conf/tuned.yaml's text: every arm's lr* (repr: the exact float of table.json)."""
+    lines = ["# Each arm's tuned peak lr (lr*), written by `make tune` from the tuning table beside it "
+             "(conf/tuning/table.json,", "# table.md, tuning.png): tracked, so a fresh `make study` tests at these "
+             "values without tuning again.", "# Edit only through `make tune`: tests/test_tuning.py fails when this "
+             "file and the table disagree.", "tuned:"]
+    lrs = {k: a["lr_star"] for k, a in table["arms"].items() if a["lr_star"] is not None}
+    if not lrs:
+        return "\n".join(lines + ["  lr: {}"]) + "\n"
+    return "\n".join(lines + ["  lr:"] + [f"    {k}: {float(v)!r}" for k, v in lrs.items()]) + "\n"
+
+
+def figure(table: dict, path: Path) -> Path:
+    """tuning.png: mean loss against lr (log) per arm, each seed's loss as a dot, lost points as x at the top,
+    the parabola through the best point and its neighbours, lr* as a star."""
+    import numpy as np
+
+    from study.analysis.figures import _save, finish, panel
+
+    import matplotlib
+
+    fig, ax = panel(8.0)
+    tops = []
+    colours = {name: matplotlib.colors.to_hex(matplotlib.colormaps["tab10"](i % 10))
+               for i, name in enumerate(table["arms"])}  # one colour per arm, distinct
+    for name, a in table["arms"].items():
+        c = colours[name]
+        pts = [p for p in a["points"] if p["mean"] is not None]
+        ax.plot([p["lr"] for p in pts], [p["mean"] for p in pts], "o-", color=c, label=name, ms=4)
+        for p in a["points"]:
+            xs = [v for v in p["losses"].values() if v is not None]
+            ax.plot([p["lr"]] * len(xs), xs, ".", color=c, alpha=0.4, ms=3)
+            tops += xs
+        f = a.get("fit")
+        if f:
+            i = [p["lr"] for p in a["points"]].index(a["best_lr"])
+            x = np.linspace(math.log(a["points"][i - 1]["lr"]), math.log(a["points"][i + 1]["lr"]), 50)
+            ax.plot(np.exp(x), f["A"] * x * x + f["B"] * x + f["C"], "--", color=c, lw=1)
+        if a["lr_star"] is not None:
+            y = (f or {}).get("vertex_loss") if a["source"] == "vertex" else a["best_loss"]
+            ax.plot([a["lr_star"]], [y], "*", color=c, ms=12, mec="k")
+    top = max(tops) if tops else 1.0
+    for name, a in table["arms"].items():
+        lost = [p["lr"] for p in a["points"] if p["mean"] is None]
+        if lost:
+            ax.plot(lost, [top] * len(lost), "x", color=colours[name], ms=8)
+    finish(ax, "Tuning: mean final validation loss against peak lr (x: lost, *: lr*)", "validation loss (nats)",
+           "peak learning rate", xlog=True)
+    return _save(fig, path)
+
+
+def write_table(cfg, root: Path, tuned_file: Path | None = None) -> dict:
+    """table.json, table.md, tuning.png under tune.table_dir and conf/tuned.yaml (``tuned_file``), from the arms'
+    tuning.json."""
+    results = read_results(cfg, root)
+    table = {"rule": cfg.tune.rule, "seeds": [int(s) for s in cfg.tune.seeds], "max_points": cfg.tune.max_points,
+             "arms": results}
+    out = root / cfg.tune.table_dir
+    out.mkdir(parents=True, exist_ok=True)
+    (out / TABLE_JSON).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    (out / TABLE_MD).write_text(table_markdown(table))
+    if results:
+        figure(table, out / FIGURE)
+    tuned_file = root / TUNED_FILE if tuned_file is None else tuned_file
+    tuned_file.write_text(tuned_yaml(table))
+    print(f"wrote {out / TABLE_MD}, {out / TABLE_JSON}{', ' + str(out / FIGURE) if results else ''} and {tuned_file} "
+          f"(run `make params`, then commit them)")
+    return table
+
+
+def check_tuned(cfg, root: Path) -> None:
+    """conf/tuned.yaml (``tuned.lr``) agrees with the tuning table it came from (tune.table_dir/table.json).
+
+    Raises:
+        ConfigError: an arm's lr differs, or is in one and not the other (one line: re-run `make tune`).
+    """
+    p = root / cfg.tune.table_dir / TABLE_JSON
+    table = json.loads(p.read_text()) if p.is_file() else {"arms": {}}
+    want = {k: a["lr_star"] for k, a in table.get("arms", {}).items() if a.get("lr_star") is not None}
+    have = {str(k): float(v) for k, v in cfg.tuned.lr.items()}
+    if want != have:
+        bad = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+        raise ConfigError(f"conf/tuned.yaml (tuned.lr) disagrees with {p.relative_to(root) if p.is_relative_to(root) else p} "
+                          f"for {bad} ({ {k: have.get(k) for k in bad} } vs {{{', '.join(f'{k!r}: {want.get(k)}' for k in bad)}}}): "
+                          f"re-run `make tune` (which writes both), or restore both from git")
+
+
+def targets(cfg) -> list[str]:
+    """The DVC stages of tune.arms: ``tune@ARM``."""
+    return [f"tune@{a}" for a in cfg.tune.arms]
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    mode, arm, rest = None, None, []
+    it = iter(argv)
+    for a in it:
+        if a == "--arm" or a.startswith("--arm="):
+            arm = a.split("=", 1)[1] if "=" in a else next(it, None)
+            mode = "arm"
+        elif a in ("--write", "--targets"):
+            mode = a[2:]
+        else:
+            rest.append(a)
+    if any(a in ("-h", "--help") for a in rest) or mode is None:
+        print(__doc__.strip())
+        return 0 if mode is not None or any(a in ("-h", "--help") for a in rest) else 2
+    params = next((r.split("=", 1)[1] for r in rest if r.startswith("--params=")), None)
+    if "--params" in rest:
+        i = rest.index("--params")
+        params = rest[i + 1] if i + 1 < len(rest) else None
+    if mode == "arm" and not arm:
+        print("error: --arm needs an arm name, e.g. --arm baseline", file=sys.stderr)
+        return 2
+
+    base = [r for i, r in enumerate(rest) if not r.startswith("-") and not (i and rest[i - 1] == "--params")]
+
+    def body(cfg, root: Path) -> int:
+        if mode == "arm":
+            tune_one(cfg, root, arm, params, base)
+        elif mode == "write":
+            if not cfg.tune.arms:  # an empty table would erase the tracked lr* of every arm tuned before
+                print(f"tune.arms is empty: {TUNED_FILE} and {cfg.tune.table_dir} left as they are")
+                return 0
+            write_table(cfg, root)
+        else:
+            print("\n".join(targets(cfg)))
+        return 0
+    return run_stage(body, rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""The test stage, ``python -m study.verdict --params params.yaml`` (DVC stage ``verdict``): every arm of
+``study.arms`` at its lr* on the test seeds, with seeds added until the verdict is decided (Stein's two-stage
+procedure, study/analysis/decision.py).
+
+1. Checks that conf/tuned.yaml agrees with the tuning table it came from (one line, re-run `make tune`).
+2. Stage one: every arm on ``study.seeds`` (at least 5), in ``runs/test/ARM/VARIANT-sSEED``.
+3. From each comparison's first-stage paired sd, Stein's N; each arm gets the largest N of its comparisons,
+   capped at ``study.max_seeds`` (a comparison needing more is reported "undecided (N seeds needed)").
+4. Stage two: the extra seeds (after max(study.seeds), skipping the tuning seeds).
+Every finished run of the same settings, code and data is reused, never retrained, so a re-run after a kill, or
+after adding an arm, trains only what is missing.  Writes ``runs/test/plan.json`` (byte-stable): the seeds of
+each arm and each comparison's first-stage sd and N; ``compare`` reads the runs and reports the verdict.
+
+Why a driver stage rather than a DVC matrix: N is known only after the first stage, and a matrix must be known
+when dvc.yaml is read; a matrix generated from a tracked file would need the pipeline to rewrite its own
+definition between two `dvc repro` calls.  One stage that reuses every finished run gives the same caching
+(runs/test persists) in one `dvc repro`.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from study.analysis.decision import seed_list, seeds_to_train
+from study.analysis.summary import finite_or_null
+from study.analysis.verdict import PLAN, TEST_GROUP, all_seeds, compare_all, comparisons_of, comparison_name
+from study.arms import arm_of, ensure_run, run_overrides, testing_group, tuned_lr
+from study.config import run_stage
+
+
+def _losses(cfg, root: Path, arm: str, seeds: list[int], lr: float, params: str | None,
+            base: list[str] = ()) -> dict[int, float]:
+    from study.analysis.runs import read_result
+
+    out = {}
+    for s in seeds:
+        d, reused = ensure_run([*base, *run_overrides(cfg, arm, s, lr, testing_group(arm))], root, params)
+        r = read_result(d)
+        print(f"test {arm}: seed {s}: {'diverged' if r['status'] != 'ok' else format(r['val_loss'], '.4f')}"
+              f"{' (reused)' if reused else ''}", flush=True)
+        if r["status"] == "ok":
+            out[int(s)] = r["val_loss"]
+    return out
+
+
+def run_tests(cfg, root: Path, params: str | None, base: list[str] = ()) -> dict:
+    """Train (or reuse) the test runs by Stein's two stages; write and return the plan.
+
+    Args:
+        params: the composed config the runs start from (params.yaml under DVC; None: conf/ composed).
+        base: the stage's own overrides, given to every run before the run's own.
+    """
+    from study.tune import check_tuned
+
+    s = cfg.study
+    folder = root / s.runs_dir / TEST_GROUP
+    folder.mkdir(parents=True, exist_ok=True)
+    if not s.arms:
+        print("study.arms is empty: no test stage (docs/statistics-verdict.md)")
+        (folder / PLAN).write_text(json.dumps({"arms": [], "seeds": {}}, indent=1, sort_keys=True) + "\n")
+        return {}
+    check_tuned(cfg, root)
+    lrs = {a: tuned_lr(cfg, a) for a in s.arms}
+    for a in s.arms:
+        arm_of(cfg, a)
+    n0 = len(s.seeds)
+    first = list(s.seeds)
+    ok = {a: _losses(cfg, root, a, first, lrs[a], params, base) for a in s.arms}
+    stage_one = compare_all(cfg, ok)
+    need = {a: n0 for a in s.arms}
+    for (a, r) in comparisons_of(cfg):
+        c = stage_one[comparison_name(a, r)]
+        n = seeds_to_train({"c": c}, n0, s.max_seeds)
+        need[a], need[r] = max(need[a], n), max(need[r], n)
+    seeds = {a: seed_list(first, need[a], list(cfg.tune.seeds)) for a in s.arms}
+    for a in s.arms:
+        extra = [x for x in seeds[a] if x not in first]
+        if extra:
+            print(f"test {a}: Stein's second stage, {len(extra)} more seed(s): {extra}", flush=True)
+            _losses(cfg, root, a, extra, lrs[a], params, base)
+    plan = {"arms": list(s.arms), "n0": n0, "lr": lrs, "seeds": seeds, "all_seeds": all_seeds(cfg),
+            "stage_one": {k: {"s0": c["stein"]["s0"], "n_needed": c["stein"]["n_needed"],
+                              "capped": c["stein"]["capped"]} for k, c in stage_one.items()}}
+    (folder / PLAN).write_text(json.dumps(finite_or_null(plan), indent=1, sort_keys=True) + "\n")
+    return plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    params = None
+    if "--params" in argv and argv.index("--params") + 1 < len(argv):
+        params = argv[argv.index("--params") + 1]
+    params = next((a.split("=", 1)[1] for a in argv if a.startswith("--params=")), params)
+
+    base = [r for i, r in enumerate(argv) if not r.startswith("-") and not (i and argv[i - 1] == "--params")]
+
+    def body(cfg, root: Path) -> int:
+        run_tests(cfg, root, params, base)
+        return 0
+    return run_stage(body, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""The tuning and test stages end to end on synthetic runs: study.tune (grid, extension, lost points, reuse,
+byte-stable table and figure, conf/tuned.yaml), study.verdict (Stein's second stage) and compare's decided verdict
+(comparison.md, summary.json, MLflow).  Runs are faked (study.arms.TRAIN) with losses from a known bowl in ln lr."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from scipy import stats
+
+from tests.synthetic_runs import write_run
+
+BEST = {"baseline": 4e-3, "nonlinear_q": 1.6e-2}
+DIVERGE = {"baseline": math.inf, "nonlinear_q": 2e-2}
+
+
+def noise(variant: str, seed: int) -> float:
+    base = 0.01 * (((seed * 7) % 5) - 2)
+    return base + (0.015 * math.sin(3.0 * seed) if variant == "nonlinear_q" else 0.0)
+
+
+def loss(variant: str, lr: float, seed: int) -> float | None:
+    if lr > DIVERGE[variant]:
+        return None
+    return 4.0 + 0.05 * math.log(lr / BEST[variant]) ** 2 + noise(variant, seed) - (0.05 if variant == "nonlinear_q" else 0)
+
+
+@pytest.fixture
+def fake_train(monkeypatch):
+    import study.arms
+    from study.config import run_dir
+    from study.run_state import run_digest
+
+    calls = []
+
+    def train(cfg, root):
+        d = run_dir(root, cfg, cfg.variant.name, cfg.seed)
+        x = loss(cfg.variant.name, cfg.variant.lr, cfg.seed)
+        write_run(d, cfg.variant.name, cfg.seed, 9.0 if x is None else x, lr=cfg.variant.lr, tokens=cfg.train.tokens,
+                  status="ok" if x is not None else "diverged")
+        rec = json.loads((d / "record.json").read_text())
+        rec["config_hash"] = run_digest(cfg, root / cfg.data.dir)
+        (d / "record.json").write_text(json.dumps(rec))
+        calls.append((cfg.study.group, cfg.variant.name, cfg.seed))
+        overwrites.append(bool(cfg.train.overwrite))
+    overwrites = []
+    train.overwrites = overwrites
+    monkeypatch.setattr(study.arms, "TRAIN", train)
+    return calls
+
+
+def test_a_finished_run_is_reused_and_one_of_other_settings_replaced(nano_project, tmp_path, monkeypatch, fake_train):
+    import study.arms
+    from study.arms import ensure_run
+
+    monkeypatch.chdir(nano_project)
+    over = [f"study.runs_dir={tmp_path / 'runs'}", "variant=baseline", "seed=3", "variant.lr=0.003",
+            "study.group=test/x", "train.batch_tokens=2048", "train.tokens=20480"]
+    d, reused = ensure_run(over, nano_project, None)
+    assert not reused and d == tmp_path / "runs/test/x/baseline-s3" and len(fake_train) == 1
+    assert ensure_run(over, nano_project, None) == (d, True) and len(fake_train) == 1
+    # another lr is another run folder's business; here the same folder under another key (code, data or settings)
+    rec = json.loads((d / "record.json").read_text())
+    (d / "record.json").write_text(json.dumps({**rec, "config_hash": "0000000000000000"}))
+    assert ensure_run(over, nano_project, None) == (d, False) and len(fake_train) == 2
+    assert study.arms.TRAIN.overwrites == [False, True]  # replaced, as DVC replaces a stage's outputs
+
+
+def write_params(project: Path, tmp: Path, tuned: dict | None = None) -> Path:
+    """A params.yaml as DVC's Hydra mode composes it (inside `dvc exp run`), with three arms."""
+    from study.config import composed_params
+
+    data = yaml.safe_load(composed_params(project, [
+        f"study.runs_dir={tmp / 'runs'}", f"study.reports_dir={tmp / 'reports'}",
+        f"study.tracking_db={tmp / 'mlruns.db'}", f"study.artifact_dir={tmp / 'mlartifacts'}",
+        "study.seeds=[1,2,3,4,5]", f"tune.runs_dir={tmp / 'runs_tune'}", f"tune.table_dir={tmp / 'tuning'}",
+        "train.batch_tokens=2048", "train.tokens=20480"]))
+    data["arms"] = {"today": {"variant": "baseline", "overrides": [], "lr": 3e-3, "description": ""},
+                    "base": {"variant": "baseline", "overrides": [], "lr": None, "description": ""},
+                    "nlq": {"variant": "nonlinear_q", "overrides": [], "lr": None, "description": ""}}
+    data["tune"]["arms"] = ["base", "nlq"]
+    data["study"].update(arms=["today", "base", "nlq"], references=["base"], max_seeds=12, target_halfwidth=0.2)
+    data["decomposition"] = {"rows": ["today", "base", "nlq"], "start": "today", "end": "nlq", "linear": "base"}
+    data["tuned"] = {"lr": tuned or {}}
+    path = tmp / "params.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_tune_then_test_then_compare(nano_project, tmp_path, monkeypatch, fake_train):
+    from study.compare import main as compare
+    from study.config import load_config
+    from study.tune import main as tune, write_table
+    from study.verdict import main as verdict
+
+    monkeypatch.chdir(nano_project)
+    monkeypatch.setenv("DVC_EXP_NAME", "test")  # params.yaml is DVC's composition, as inside `dvc exp run`
+    params = write_params(nano_project, tmp_path)
+
+    # tuning: baseline brackets on the first grid; nonlinear_q extends upwards, and 2.4e-2 diverges (lost)
+    assert tune(["--arm", "base", "--params", str(params)]) == 0
+    assert tune(["--arm", "nlq", "--params", str(params)]) == 0
+    base = json.loads((tmp_path / "runs_tune/base/tuning.json").read_text())
+    nlq = json.loads((tmp_path / "runs_tune/nlq/tuning.json").read_text())
+    assert [p["lr"] for p in base["points"]] == [1.5e-3, 3e-3, 6e-3] and base["status"] == "bracketed"
+    # the bowl is a parabola in ln lr and the seed offsets cancel in the mean: the vertex is its optimum exactly
+    assert base["source"] == "vertex" and base["lr_star"] == pytest.approx(4e-3, rel=1e-9)
+    assert [p["lr"] for p in nlq["points"]] == [1.5e-3, 3e-3, 6e-3, 1.2e-2, 2.4e-2]
+    assert nlq["points"][-1]["status"] == "lost" and nlq["points"][-1]["mean"] is None
+    assert nlq["status"] == "bracketed" and nlq["lr_star"] == 1.2e-2 and nlq["source"] == "best point"
+    assert len(fake_train) == 2 * 3 + 2 * 5
+    # a second tuning reuses every finished run
+    assert tune(["--arm", "nlq", "--params", str(params)]) == 0 and len(fake_train) == 16
+
+    # the table, figure and tuned file: byte-stable
+    cfg = load_config([], nano_project, params=str(params))
+    tuned_file = tmp_path / "tuned.yaml"
+    write_table(cfg, nano_project, tuned_file)
+    first = {p.name: p.read_bytes() for p in (tmp_path / "tuning").iterdir()}
+    write_table(cfg, nano_project, tuned_file)
+    assert {p.name: p.read_bytes() for p in (tmp_path / "tuning").iterdir()} == first
+    assert set(first) == {"table.json", "table.md", "tuning.png"} and first["tuning.png"][:4] == b"\x89PNG"
+    tuned = yaml.safe_load(tuned_file.read_text())["tuned"]["lr"]
+    assert tuned == {"base": base["lr_star"], "nlq": 1.2e-2}
+    assert "| nlq | nonlinear_q | - | bracketed | 0.012 |" in first["table.md"].decode()
+
+    # the test stage refuses a tuned file that disagrees with its table, then runs Stein's two stages
+    assert verdict(["--params", str(write_params(nano_project, tmp_path, {"base": 5e-3, "nlq": 1.2e-2}))]) == 2
+    params = write_params(nano_project, tmp_path, tuned)
+    assert verdict(["--params", str(params)]) == 0
+    plan = json.loads((tmp_path / "runs/test/plan.json").read_text())
+    # Stein's N by hand from the first five seeds: d = 0.2% of the reference's first-stage mean loss
+    ref = {s: loss("baseline", tuned["base"], s) for s in range(1, 13)}
+    d5 = 0.002 * np.mean([ref[s] for s in range(1, 6)])
+    for arm in ("today", "nlq"):
+        s0 = plan["stage_one"][f"{arm} vs base"]["s0"]
+        want = max(5, math.floor(stats.t.ppf(0.975, 4) ** 2 * s0 ** 2 / d5 ** 2) + 1)
+        assert plan["stage_one"][f"{arm} vs base"]["n_needed"] == want
+        assert plan["seeds"][arm] == list(range(1, min(12, want) + 1))
+    assert plan["seeds"]["base"] == list(range(1, max(len(plan["seeds"]["today"]), len(plan["seeds"]["nlq"])) + 1))
+    assert len(plan["seeds"]["base"]) > 5  # the second stage trained more seeds
+    n_before = len(fake_train)
+    assert verdict(["--params", str(params)]) == 0 and len(fake_train) == n_before  # every run reused
+
+    # compare: the study's own runs (synthetic), then the decided verdict beside them
+    for v in ("baseline", "nonlinear_q"):
+        for s in range(1, 6):
+            write_run(tmp_path / f"runs/{v}-s{s}", v, s, 4.0 + noise(v, s), tokens=20480)
+    assert compare(["--params", str(params)]) == 0
+    summary = json.loads((tmp_path / "reports/summary.json").read_text())
+    v = summary["verdict"]
+    assert set(v["comparisons"]) == {"today vs base", "nlq vs base"}
+    c = v["comparisons"]["nlq vs base"]
+    n = c["n_pairs"]
+    diffs = [loss("nonlinear_q", 1.2e-2, s) - loss("baseline", tuned["base"], s) for s in range(1, n + 1)]
+    assert c["mean_diff"] == pytest.approx(np.mean(diffs), rel=1e-9)
+    assert c["p_value"] == pytest.approx(stats.ttest_1samp(diffs, 0).pvalue, rel=1e-9)
+    assert c["word"] in ("better", "worse", "equivalent", "undecided") and c["verdict"].startswith(c["word"])
+    assert v["arms"]["nlq"]["val_loss_sd"] == pytest.approx(np.std(
+        [loss("nonlinear_q", 1.2e-2, s) for s in range(1, n + 1)], ddof=1), rel=1e-9)
+    dec = v["decomposition"]
+    assert [r["arm"] for r in dec["rows"]] == ["today", "base", "nlq"] and dec["share"] is not None
+    md = (tmp_path / "reports/comparison.md").read_text()
+    assert "## The decided verdict" in md and f"| nlq vs base | **{c['word']}**{c['verdict'][len(c['word']):]} | {n} |" in md
+    assert "### The recipe decomposition" in md
+
+    # an arm whose grid hit the cap: every verdict involving it says so
+    table = json.loads((tmp_path / "tuning/table.json").read_text())
+    table["arms"]["nlq"]["status"] = "optimum not bracketed"
+    (tmp_path / "tuning/table.json").write_text(json.dumps(table))
+    assert compare(["--params", str(params)]) == 0
+    again = json.loads((tmp_path / "reports/summary.json").read_text())["verdict"]["comparisons"]
+    assert again["nlq vs base"]["verdict"] == c["verdict"] + "; optimum not bracketed for nlq"
+    assert again["today vs base"]["verdict"] == v["comparisons"]["today vs base"]["verdict"]
+    c = again["nlq vs base"]
+
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
+    exp = client.get_experiment_by_name(summary["study"])
+    run = client.search_runs([exp.experiment_id], filter_string="tags.kind = 'verdict'")[0]
+    assert run.data.tags["verdict/nlq_vs_base"] == c["verdict"]
+    assert run.data.metrics["verdict_mean_diff/nlq_vs_base"] == pytest.approx(c["mean_diff"])
+
+
+@pytest.mark.slow
+def test_make_tune_through_dvc(tmp_path):
+    """The real thing at nano size: `dvc repro tune@base` trains the arm's grid through study.train, `--write` turns
+    it into conf/tuned.yaml, a second repro trains nothing, and compare's upstream holds no tuning stage."""
+    import subprocess
+
+    from conftest import BIN, copy_project, env_for, run_cli
+
+    project = copy_project(tmp_path / "p", seeds=(1, 2))
+    study = project / "conf/study.yaml"
+    study.write_text(study.read_text().replace("  - trainer: cpu\n", "  - trainer: cpu\n  - tuned\n")
+                     + "arms:\n  base: {variant: baseline}\ntune:\n  arms: [base]\n  points: 3\n  max_points: 4\n"
+                       "  tokens: 4096\n")
+    assert run_cli(project, "study.config").returncode == 0
+    git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(git + ["commit", "-qam", "tune base"], cwd=project, check=True)
+
+    def dvc(*args):
+        return subprocess.run([str(BIN / "dvc"), *args], cwd=project, env=env_for(project), capture_output=True,
+                              text=True, timeout=1500)
+    r = run_cli(project, "study.tune", "--targets", "--params", "params.yaml")
+    assert r.stdout.split() == ["tune@base"], r.stderr
+    r = dvc("repro", "tune@base")
+    assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
+    res = json.loads((project / "runs_tune/base/tuning.json").read_text())
+    assert len(res["points"]) >= 3 and res["status"] in ("bracketed", "optimum not bracketed")
+    for p in res["points"]:
+        for seed in (101, 102):
+            d = project / f"runs_tune/base/lr{p['lr']:.6g}/baseline-s{seed}"
+            assert (d / "metrics.json").is_file() and json.loads((d / "config.json").read_text())["variant"]["lr"] == p["lr"]
+    assert run_cli(project, "study.tune", "--write", "--params", "params.yaml").returncode == 0
+    tuned = yaml.safe_load((project / "conf/tuned.yaml").read_text())["tuned"]["lr"]
+    assert tuned == {"base": res["lr_star"]}
+    assert run_cli(project, "study.config").returncode == 0
+    r = dvc("repro", "tune@base")
+    assert r.returncode == 0 and "didn't change" in r.stdout, r.stdout[-2000:]
+    r = dvc("dag", "--md", "compare")
+    assert r.returncode == 0 and "tune@" not in r.stdout and "verdict" in r.stdout
