@@ -3,6 +3,7 @@ one-line errors before Lightning is imported, and DVC's Hydra mode (params.yaml)
 from __future__ import annotations
 
 import configparser
+import math
 import os
 import shutil
 import subprocess
@@ -261,7 +262,8 @@ def test_dvc_exp_run_set_param_reaches_the_stages(tmp_path):
 
     from conftest import BIN, copy_project
 
-    project = copy_project(tmp_path / "proj", name="exp", variants=("baseline",), seeds=(1,), tokens=10240)
+    project = copy_project(tmp_path / "proj", name="exp", variants=("baseline", "nonlinear_q"), seeds=(1,),
+                           tokens=10240)
     (project / "conf/model/nano1.yaml").write_text((project / "conf/model/nano.yaml").read_text()
                                                    .replace("name: nano", "name: nano1").replace("n_layer: 2", "n_layer: 1"))
     git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
@@ -274,6 +276,15 @@ def test_dvc_exp_run_set_param_reaches_the_stages(tmp_path):
     assert (config["model"]["name"], config["model"]["n_layer"], config["train"]["lr"]) == ("nano1", 1, 6e-3)
     params = yaml.safe_load((project / "params.yaml").read_text())
     assert (params["model"]["name"], params["train"]["lr"]) == ("nano1", 6e-3)
+    # the experiment's own verdict, as `make exps` shows it: reports/metrics is cached, so `dvc exp show` reads
+    # the experiment's metrics from its commit (with cache: false, every experiment but the workspace shows '-')
+    shown = json.loads(subprocess.run([str(BIN / "dvc"), "exp", "show", "--json"], cwd=project, env=env_for(project),
+                                      capture_output=True, text=True, check=True).stdout)
+    exps = [r for row in shown for e in (row.get("experiments") or []) for r in e["revs"]]
+    assert len(exps) == 1, shown
+    verdict = exps[0]["data"]["metrics"]["reports/metrics/nonlinear_q.json"]["data"]
+    written = json.loads((project / "reports/metrics/nonlinear_q.json").read_text())
+    assert verdict["pct_log_loss"] == written["pct_log_loss"] and math.isfinite(verdict["pct_log_loss"])
 
 
 # -- broken conf/ files, params.yaml and command lines: one line, nothing written ----------------------
