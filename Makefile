@@ -34,7 +34,7 @@ params: $(STAMP)
 study: params
 	.venv/bin/dvc repro check_params compare
 
-# Tuning by one rule (docs/statistics-verdict.md): the DVC stages tune@ARM of tune.arms (each arm's grid, every
+# Tuning by one rule (docs/verdict.md): the DVC stages tune@ARM of tune.arms (each arm's grid, every
 # finished run reused), then the table, figure and conf/tuned.yaml from their results, then params.yaml again.
 # Commit conf/tuned.yaml and conf/tuning/: `make study` tests at those values without tuning again.
 tune: params

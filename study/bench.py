@@ -5,7 +5,7 @@ every variant in fp32 and bf16-mixed, eager and torch.compile'd, on random
 tokens of the chosen model (default: the CPU default ``cpu``), for
 
 * the plain PyTorch loop (reference, no Lightning), and
-* the same step driven by Lightning's Trainer (``study.lm.GPTModule``),
+* the same step driven by Lightning's Trainer (``study.modeling.lm.GPTModule``),
 
 with the ratios the project targets: Lightning / plain >= 0.95,
 nonlinear_q / baseline >= 0.97 in the fastest precision, bf16 / fp32 >= 1.5
@@ -15,11 +15,11 @@ where the CPU has fast bf16, and an arm with QK-norm (``X_qknorm``) >= 0.97 of i
 each figure is the median of ``--repeats`` measurements taken alternately
 (plain, Lightning, plain, ...) so that the machine's drift hits both loops.
 Every row also gives the model FLOPs utilisation (MFU: tokens/s x training FLOPs per token
-over the device's peak, :func:`study.throughput.device_peak_flops`) and, on GPUs, the peak memory allocated.
+over the device's peak, :func:`study.runner.throughput.device_peak_flops`) and, on GPUs, the peak memory allocated.
 ``--precisions`` / ``--modes`` pick the settings (e.g. ``--precisions bf16-mixed --modes compiled``);
 ``--json PATH`` rewrites PATH after every row (so a killed bench keeps its rows).
 Figures go to stdout; docs/benchmarks.md records a measured table.  The loops and the measuring
-are in ``study.throughput``; this module parses the options, calls it per row and reports.
+are in ``study.runner.throughput``; this module parses the options, calls it per row and reports.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 
 from study.config import load_config, project_root
-from study.throughput import bench_device, bf16_fast, device_peak_flops, measure_row
+from study.runner.throughput import bench_device, bf16_fast, device_peak_flops, measure_row
 
 
 def _positive(text: str) -> int:

@@ -18,7 +18,7 @@ the runs of runs/GROUP/ (trained with the same ``study.group``) and writes to re
                   they apply) per corpus, frontier, lr sweep, scale ladder
 With ``study.arms`` set, the decided verdict of the test runs (runs/test/, the ``verdict`` stage) is added to
 summary.json ("verdict"), comparison.md and the MLflow run "compare": every comparison in one word, with its
-numbers (docs/statistics-verdict.md).
+numbers (docs/verdict.md).
 Diverged runs are reported as such and left out of the statistics.  The work is
 :func:`study.analysis.report.write_report`.
 """
@@ -29,7 +29,7 @@ from pathlib import Path
 
 from study.analysis.report import report_dir, verdict_lines, write_report
 from study.config import run_stage
-from study.tracking import log_verdict, tracking_uri
+from study.runner.tracking import log_verdict, tracking_uri
 
 
 def _report(cfg, root: Path) -> int:

@@ -2,12 +2,12 @@
 
 Trains one (variant, seed) run on the prepared token data and writes
 ``runs/VARIANT-sSEED/``:
-  metrics.json     the DVC metric, numbers only (:data:`study.run_state.METRICS`): final val_loss (nats),
+  metrics.json     the DVC metric, numbers only (:data:`study.runner.run_state.METRICS`): final val_loss (nats),
                    val_perplexity, tokens seen, throughput (tokens/s); a key without a value
                    (a diverged run's loss: a lost point has none) is left out
   record.json      the rest of the run's result: variant, seed, status ("ok"/"diverged"), reason and
                    diverged_step (the optimizer step the divergence was found at, null when ok; the rule:
-                   :class:`study.lm.GPTModule`), per-corpus val_loss, steps, lr, parameter and FLOP counts, wall time
+                   :class:`study.modeling.lm.GPTModule`), per-corpus val_loss, steps, lr, parameter and FLOP counts, wall time
                    (s, every segment of a resumed run), tokenizer, model, group, config_hash, mlflow_run_id,
                    attn_logit_max (per layer, at the last evaluation; null for a non-finite value)
   curve.csv        step, tokens, train_loss, val_loss, lr, val_loss/CORPUS, attn_logit_max/L{i} (one row
@@ -18,9 +18,9 @@ Trains one (variant, seed) run on the prepared token data and writes
                    MLflow run id)
   .lock            held by the one process that writes this folder (filelock)
   .replaced/       only while a start builds its Trainer: the last run's files it replaces, put back
-                   if Lightning refuses the trainer settings (study.run_state.Replaced)
+                   if Lightning refuses the trainer settings (study.runner.run_state.Replaced)
 (``runs/GROUP/VARIANT-sSEED/`` with ``study.group=GROUP``, as the lr-sweep and
-scale-ladder profiles do, see study/profiles.py)
+scale-ladder profiles do, see study/runner/profiles.py)
 and one MLflow run (experiment = study.name, run name = [GROUP/]VARIANT-sSEED) in the
 project's SQLite store.
 
@@ -35,8 +35,8 @@ folder, or a hand-started run whose settings differ from the finished run in its
 folder, is refused in one line (``train.overwrite=true`` replaces it).
 
 The pieces are elsewhere: the data and their checks in ``study.data``, the run folder's lock, resume
-key and MLflow ending in ``study.run_state``, devices and strategy in ``study.launch``, the model in
-``study.model`` / ``study.lm``; this module composes them into one Trainer run and reports.
+key and MLflow ending in ``study.runner.run_state``, devices and strategy in ``study.runner.launch``, the model in
+``study.modeling.model`` / ``study.modeling.lm``; this module composes them into one Trainer run and reports.
 """
 from __future__ import annotations
 
@@ -54,8 +54,8 @@ from study.data import DataError
 from study.data.records import check_prepared
 from study.data.records import data_digest as prepared_data_digest
 from study.data.windows import check_train_windows
-from study.launch import build_trainer, check_multi_node, launch_rank, make_strategy, world_size
-from study.run_state import (METRICS, end_status, hold_run_lock, loop_state_callback, open_run_folder,  # noqa: F401
+from study.runner.launch import build_trainer, check_multi_node, launch_rank, make_strategy, world_size
+from study.runner.run_state import (METRICS, end_status, hold_run_lock, loop_state_callback, open_run_folder,  # noqa: F401
                              read_resume_checkpoint, restore_env, settle_previous_run, split_result,
                              RUN_FOLDER_TAG, end_orphaned_runs, run_folder_tag,
                              terminate_as_exception)
@@ -63,9 +63,9 @@ from study.run_state import (METRICS, end_status, hold_run_lock, loop_state_call
 
 def write_curve(path: Path, rows: list[dict]) -> None:
     """curve.csv: step, tokens, train_loss, val_loss, lr, then val_loss/CORPUS per corpus, then
-    attn_logit_max/L0, /L1 ... (study.diagnostics.CURVE_DIAGNOSTICS, layers in order; empty in a row without them),
+    attn_logit_max/L0, /L1 ... (study.modeling.diagnostics.CURVE_DIAGNOSTICS, layers in order; empty in a row without them),
     written atomically."""
-    from study.diagnostics import CURVE_DIAGNOSTICS, layer_order
+    from study.modeling.diagnostics import CURVE_DIAGNOSTICS, layer_order
 
     tmp = path.with_suffix(".tmp")
     extra = sorted({k for r in rows for k in r if k.startswith("val_loss/")})
@@ -136,14 +136,14 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
     from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
     from study.data.datamodule import TokenDataModule
-    from study.lm import GPTModule, throughput_monitor, wants_throughput_monitor
-    from study.diagnostics import final_diagnostics
-    from study.progress import progress_callback, quiet_logs
-    from study.tracking import (artifact_location, ensure_experiment, git_commit, log_files, log_text, logged_steps,
+    from study.modeling.lm import GPTModule, throughput_monitor, wants_throughput_monitor
+    from study.modeling.diagnostics import final_diagnostics
+    from study.runner.progress import progress_callback, quiet_logs
+    from study.runner.tracking import (artifact_location, ensure_experiment, git_commit, log_files, log_text, logged_steps,
                                 run_params,
                                 step_aligned_logger, store_lock, tracking_uri)
 
-    from study.profiles import resolve
+    from study.runner.profiles import resolve
 
     check_multi_node(cfg.trainer)  # num_nodes > 1 without a launcher would hang in Lightning's start for ever
     resolve(cfg, root)  # profile settings: compute-matched tokens, the lr sweep's best lr

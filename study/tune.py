@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from study.analysis.tuning import choose, lr_key, score, tune_arm
-from study.arms import arm_of, ensure_run, run_overrides, tune_group
+from study.runner.arms import arm_of, ensure_run, run_overrides, tune_group
 from study.config import ConfigError, StudyError, run_stage
 
 TABLE_JSON, TABLE_MD, FIGURE, RESULT = "table.json", "table.md", "tuning.png", "tuning.json"

@@ -1,7 +1,7 @@
 """``python -m study.ui [--port 5000] [--no-open]`` (or ``make ui``): the MLflow UI on the project's own store.
 
 Serves ``sqlite:///<root>/mlruns.db`` on 127.0.0.1 with one worker, with the runs' artifacts
-proxied from ``<root>/mlartifacts`` (``mlflow-artifacts:/`` locations, see study/tracking.py, so a
+proxied from ``<root>/mlartifacts`` (``mlflow-artifacts:/`` locations, see study/runner/tracking.py, so a
 moved project folder still serves them), waits until it answers, then prints and opens (where a
 browser is available) the URL of the study's runs table: a shared view of the MLflow UI (experiment
 tag ``mlflow.sharedViewState.runs``, URL ``?viewStateShareKey=runs``) sorted by ``val_loss`` with the
@@ -13,7 +13,7 @@ in a real headless browser (Debian's chromium-headless-shell driven by Playwrigh
 page and checks that every training run of the study is listed with its val_loss, then saves a
 screenshot.  Exit 0 when it holds, 1 when not, 2 when the browser or the runs are missing.
 
-The server, the view and the check are ``study.mlflow_ui``; this module parses, calls and reports.
+The server, the view and the check are ``study.runner.mlflow_ui``; this module parses, calls and reports.
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ import sys
 from pathlib import Path
 
 from study.config import ConfigError, load_config, project_root
-from study.mlflow_ui import CHROMIUM, HOST, check, chromium, experiment_id, runs_url, start, stop, study_runs
-from study.tracking import artifact_root, tracking_uri
+from study.runner.mlflow_ui import CHROMIUM, HOST, check, chromium, experiment_id, runs_url, start, stop, study_runs
+from study.runner.tracking import artifact_root, tracking_uri
 
 
 def _port(text: str) -> int:

@@ -25,7 +25,7 @@ from pathlib import Path
 from study.analysis.decision import seed_list, seeds_to_train
 from study.analysis.summary import finite_or_null
 from study.analysis.verdict import PLAN, TEST_GROUP, all_seeds, compare_all, comparisons_of, comparison_name
-from study.arms import arm_of, ensure_run, run_overrides, testing_group, tuned_lr
+from study.runner.arms import arm_of, ensure_run, run_overrides, testing_group, tuned_lr
 from study.config import run_stage
 
 
@@ -57,7 +57,7 @@ def run_tests(cfg, root: Path, params: str | None, base: list[str] = ()) -> dict
     folder = root / s.runs_dir / TEST_GROUP
     folder.mkdir(parents=True, exist_ok=True)
     if not s.arms:
-        print("study.arms is empty: no test stage (docs/statistics-verdict.md)")
+        print("study.arms is empty: no test stage (docs/verdict.md)")
         (folder / PLAN).write_text(json.dumps({"arms": [], "seeds": {}}, indent=1, sort_keys=True) + "\n")
         return {}
     check_tuned(cfg, root)

@@ -44,7 +44,7 @@ def test_one_seed_gives_two_variants_the_same_weights_where_they_share_modules(n
     import torch
 
     from study.config import load_config
-    from study.model import GPT
+    from study.modeling.model import GPT
 
     def build(variant, seed=1):
         cfg = load_config(["model=nano", f"variant={variant}"], nano_project)

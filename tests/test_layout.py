@@ -112,3 +112,20 @@ def test_no_module_is_too_long():
     long = {p.relative_to(ROOT).as_posix(): n for p in study_modules().values()
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines (split them by concern): {long}"
+
+
+def _has_main(path: Path) -> bool:
+    return any(isinstance(n, ast.FunctionDef) and n.name == "main" for n in ast.parse(path.read_text()).body)
+
+
+def test_the_stages_are_the_top_level_modules_and_the_machinery_packages_hold_none():
+    """A stage is told at a glance: every module at the top of study/ has a main() (``python -m study.NAME``);
+    the machinery packages (modeling, runner, data, analysis) hold no main().  The two packaged stages,
+    config and gpu_check, run as ``python -m study.config`` / ``study.gpu_check`` through their __main__."""
+    top = [p for p in sorted((ROOT / "study").glob("*.py")) if p.name != "__init__.py"]
+    assert len(top) >= 8, top
+    assert [p.name for p in top if not _has_main(p)] == []
+    machinery = [p for pkg in ("modeling", "runner", "data", "analysis") for p in sorted((ROOT / "study" / pkg).glob("*.py"))]
+    assert len(machinery) > 30 and [str(p.relative_to(ROOT)) for p in machinery if _has_main(p)] == []
+    for pkg in ("config", "gpu_check"):
+        assert (ROOT / "study" / pkg / "__main__.py").is_file()

@@ -1,6 +1,6 @@
 """The model: shapes, parameter/FLOP counts, fidelity to arXiv 2603.13381, the algebra of 2510.23912.
 
-Expected values are computed here independently of study/model.py (formulas,
+Expected values are computed here independently of study/modeling/model.py (formulas,
 plain tensor algebra), never read back from the module under test.
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ import torch
 from omegaconf import OmegaConf
 
 from study.config import ModelConfig, VariantConfig
-from study.model import GPT, describe, param_counts
+from study.modeling.model import GPT, describe, param_counts
 
 ROOT_CONF = __import__("pathlib").Path(__file__).resolve().parent.parent / "conf"
 
@@ -205,7 +205,7 @@ def test_identity_query_is_a_change_of_basis_without_normalisation():
 
 
 def test_diagnostics_by_hand():
-    from study.diagnostics import diagnostics
+    from study.modeling.diagnostics import diagnostics
 
     torch.manual_seed(5)
     m = model_cfg("nano", n_layer=2)

@@ -1,7 +1,7 @@
 """The recipe arms of issue 23: QK-norm, k-norm, per-head normalised nonlinear query, the GELU-free
 ablation, split depth, the d2z/wsd schedules, z-loss and the attention-logit probe.
 
-Expected values are computed here independently of study/model.py and study/lm.py (explicit tensor
+Expected values are computed here independently of study/modeling/model.py and study/modeling/lm.py (explicit tensor
 algebra, formulas), except the pin test, whose values were recorded on the code before this change.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ def short_run(variant: str, steps: int = 10) -> float:
     """A fixed 10-step AdamW run of the nano model on random tokens (fp32, 1 thread), through GPTModule's
     own loss, optimizer groups and lr schedule (warmup 2 steps, cosine 1e-2 -> 1e-3), clip 1.0; returns
     the loss on the first batch after the last step (nats)."""
-    from study.lm import GPTModule
+    from study.modeling.lm import GPTModule
 
     torch.set_num_threads(1)
     cfg = nano_run_config(variant, batch_tokens=256, tokens=256 * steps, warmup_tokens=512, lr=1e-2, min_lr=1e-3)
@@ -78,7 +78,7 @@ def model_and_variant(model: str, variant: str, **over):
 
 
 def non_embedding(model: str, variant: str, **over) -> int:
-    from study.model import describe
+    from study.modeling.model import describe
 
     return describe(*model_and_variant(model, variant, **over))["non_embedding_params"]
 
@@ -103,7 +103,7 @@ def test_the_arms_parameter_counts(model):
 
 def test_gelu_free_ablation_has_nonlinear_qs_exact_parameters():
     """nonlinear_q_linear: the same parameter names, shapes and initial values as nonlinear_q; only act differs."""
-    from study.model import GPT
+    from study.modeling.model import GPT
 
     a, b = GPT(*model_and_variant("nano", "nonlinear_q")), GPT(*model_and_variant("nano", "nonlinear_q_linear"))
     sa, sb = a.state_dict(), b.state_dict()
@@ -113,7 +113,7 @@ def test_gelu_free_ablation_has_nonlinear_qs_exact_parameters():
 
 
 def test_split_depth_layers():
-    from study.model import NonlinearProjection, GPT
+    from study.modeling.model import NonlinearProjection, GPT
 
     m, v = model_and_variant("cpu", "split_depth")  # 4 layers
     model = GPT(m, v)
@@ -132,7 +132,7 @@ def head_rms(t: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("qk_norm, k_norm", [("rms", False), ("rms_gain", False), ("none", True)])
 def test_normalised_q_and_k_have_unit_rms_per_head(qk_norm, k_norm):
-    from study.model import GPT
+    from study.modeling.model import GPT
 
     torch.manual_seed(0)
     m, v = model_and_variant("nano", "baseline", qk_norm=qk_norm, k_norm=k_norm)
@@ -161,7 +161,7 @@ def test_normalised_q_and_k_have_unit_rms_per_head(qk_norm, k_norm):
 
 def test_per_head_query_against_a_hand_computation():
     """q_h = RMS(x_h) + g_h * RMS(u_h), u = W2 GELU(W1 RMSNorm(x)), on C = 8, 2 heads, in float64 by hand."""
-    from study.model import NonlinearProjection
+    from study.modeling.model import NonlinearProjection
 
     torch.manual_seed(3)
     C, H, r = 8, 2, 4
@@ -180,7 +180,7 @@ def test_per_head_query_against_a_hand_computation():
 
 
 def test_per_head_arm_normalises_its_keys_and_scales_by_one():
-    from study.model import GPT, NonlinearProjection
+    from study.modeling.model import GPT, NonlinearProjection
 
     m, v = model_and_variant("nano", "nonlinear_q_ph")
     attn = GPT(m, v).transformer.h[1].attn
@@ -194,7 +194,7 @@ def test_per_head_arm_normalises_its_keys_and_scales_by_one():
                                            ("nonlinear_q_linear", {}), ("split_depth", {}),
                                            ("nonlinear_q_qknorm", {"qk_norm": "rms_gain"})])
 def test_every_parameter_receives_a_gradient(variant, over):
-    from study.model import GPT
+    from study.modeling.model import GPT
 
     torch.manual_seed(0)
     m, v = model_and_variant("nano", variant, **over)
@@ -239,7 +239,7 @@ def test_cosine_is_todays_schedule_and_the_module_uses_lr_at():
     import math
 
     from study.config import lr_at
-    from study.lm import GPTModule
+    from study.modeling.lm import GPTModule
 
     cfg = schedule_cfg("cosine")
     want = [1e-2 * (s + 1) / 5 if s < 4 else 1e-3 + 0.5 * (1 + math.cos(math.pi * (s - 4) / 16)) * 9e-3
@@ -253,7 +253,7 @@ def test_cosine_is_todays_schedule_and_the_module_uses_lr_at():
 def test_z_loss_against_a_direct_logsumexp():
     from types import SimpleNamespace
 
-    from study.lm import GPTModule
+    from study.modeling.lm import GPTModule
 
     torch.manual_seed(0)
     module = GPTModule(nano_run_config("baseline", z_loss=1e-3))
@@ -279,8 +279,8 @@ def test_z_loss_against_a_direct_logsumexp():
 def test_attn_logit_max_against_an_explicit_score_matrix(variant, over):
     import math
 
-    from study.diagnostics import diagnostics
-    from study.model import GPT
+    from study.modeling.diagnostics import diagnostics
+    from study.modeling.model import GPT
 
     torch.manual_seed(1)
     m, v = model_and_variant("nano", variant, **over)

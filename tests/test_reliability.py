@@ -78,7 +78,7 @@ def test_resume_key_covers_exactly_what_changes_the_numbers(nano_project):
 
 def test_run_digest_ignores_volatile_bytes(nano_project, tmp_path):
     from study.config import load_config
-    from study.run_state import run_digest
+    from study.runner.run_state import run_digest
 
     cfg = load_config([], nano_project)
     copy = shutil.copytree(nano_project / "data/tokens", tmp_path / "tokens")
@@ -90,7 +90,7 @@ def test_run_digest_ignores_volatile_bytes(nano_project, tmp_path):
 
 
 def _fail_at(monkeypatch, step: int):
-    from study.lm import GPTModule
+    from study.modeling.lm import GPTModule
 
     original = GPTModule.on_train_batch_end
 
@@ -107,7 +107,7 @@ def test_failed_run_resumes_on_other_settings_and_a_finished_run_is_not_overwrit
     """Exception -> FAILED with an end time; the same run with other devices/threads/logging resumes it
     (one MLflow run, honouring MLFLOW_TRACKING_URI); a hand-started run with another lr is refused while
     the finished run is there, and replaces it only with train.overwrite=true."""
-    from study.lm import GPTModule
+    from study.modeling.lm import GPTModule
     from study.train import main
 
     env_db = tmp_path / "env.db"
@@ -158,7 +158,7 @@ def test_an_unreadable_checkpoint_or_run_json_is_refused_in_one_line_and_kept(
     original = _fail_at(monkeypatch, 7)
     with pytest.raises(RuntimeError, match="injected failure at step 7"):
         run_in()
-    monkeypatch.setattr(__import__("study.lm", fromlist=["GPTModule"]).GPTModule, "on_train_batch_end", original)
+    monkeypatch.setattr(__import__("study.modeling.lm", fromlist=["GPTModule"]).GPTModule, "on_train_batch_end", original)
     ckpts = tmp_path / "runs/baseline-s1/checkpoints"
     before = [(r.info.run_id, r.info.status) for r in _store(db)[1]]
     argv = [f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={db}",
@@ -190,7 +190,7 @@ def test_a_checkpoint_resumes_on_another_world_size_in_the_same_mlflow_run(run_i
     MLflow run, FINISHED) and ends where an uninterrupted 1-process run ends."""
     import torch
 
-    from study.lm import GPTModule
+    from study.modeling.lm import GPTModule
 
     tokens, threads = f"train.tokens={20 * 32 * 64}", torch.get_num_threads()
     ref = run_in(tokens, "trainer.threads=1", f"study.runs_dir={tmp_path / 'ref'}")
@@ -232,7 +232,7 @@ def test_a_checkpoint_resumes_on_another_world_size_in_the_same_mlflow_run(run_i
 def test_loop_state_is_rescaled_to_the_new_accumulation():
     """Step 5 of a run with 1 micro-batch per step, resumed with 2 (and back): Lightning's micro-batch
     counters become steps x accumulation, so the next step and evaluation fall where they did."""
-    from study.run_state import rescale_loop_state
+    from study.runner.run_state import rescale_loop_state
 
     def ckpt(total, current, steps):
         return {"global_step": steps, "loops": {"fit_loop": {"epoch_loop.batch_progress": {
@@ -425,7 +425,7 @@ def test_token_ids_are_range_checked(nano_project, tmp_path, monkeypatch, capsys
 # -- 6. byte-identical prepare outputs ---------------------------------------------------------------
 def test_prepare_twice_gives_byte_identical_data(nano_project, tmp_path):
     from study.config import load_config
-    from study.run_state import run_digest
+    from study.runner.run_state import run_digest
 
     small = ["model=nano", "data.corpora=[sotu]", "data.max_docs_per_corpus=7", "data.val_every=3",
              "data.bpe_vocab_size=300"]
@@ -468,7 +468,7 @@ def test_compare_twice_gives_byte_identical_reports(nano_project, tmp_path, monk
 # -- 7. MLFLOW_TRACKING_URI --------------------------------------------------------------------------
 def test_tracking_uri_honours_mlflow_stores_or_refuses(nano_project, tmp_path, monkeypatch, capsys):
     from study.config import ConfigError, load_config
-    from study.tracking import tracking_uri
+    from study.runner.tracking import tracking_uri
     from study.train import main
 
     study = load_config([], nano_project).study

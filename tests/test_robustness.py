@@ -104,7 +104,7 @@ def test_bad_input_table(nano_project, tmp_path, monkeypatch, capsys, case, modu
     ({"MASTER_ADDR": "h", "NODE_RANK": "1"}, "MASTER_ADDR/NODE_RANK"), ({"MASTER_ADDR": "h", "WORLD_SIZE": "4"},
                                                                         "MASTER_ADDR/NODE_RANK")])
 def test_multi_node_needs_a_launcher(env, launcher):
-    from study.launch import multi_node_launcher
+    from study.runner.launch import multi_node_launcher
 
     assert multi_node_launcher(env) == launcher
 
@@ -181,7 +181,7 @@ def test_a_trainer_lightning_refuses_keeps_the_finished_run(nano_project, tmp_pa
     import lightning.pytorch
 
     from study.config import load_config
-    from study.run_state import resume_record, run_digest
+    from study.runner.run_state import resume_record, run_digest
     from study.train import main, write_json
 
     monkeypatch.chdir(nano_project)

@@ -1,5 +1,5 @@
 """MLflow: each run's artifacts, params, metric steps; artifacts relative to the project; compare's verdict run;
-MFU through Lightning's ThroughputMonitor (study/tracking.py, study/train.py, study/lm.py)."""
+MFU through Lightning's ThroughputMonitor (study/runner/tracking.py, study/train.py, study/modeling/lm.py)."""
 from __future__ import annotations
 
 import csv
@@ -32,7 +32,7 @@ def _study(root: Path, **over):
 def test_run_logs_its_files_shaping_params_and_steps_of_the_curve(run_in, nano_project, tmp_path):
     from omegaconf import OmegaConf
 
-    from study.tracking import artifact_repo
+    from study.runner.tracking import artifact_repo
 
     m = run_in("variant=nonlinear_q", "seed=2")
     client = _client(tmp_path / "mlruns.db")
@@ -82,7 +82,7 @@ def _flat(d: dict, prefix: str = "") -> list[str]:
 
 def test_run_params_leave_out_what_does_not_change_a_run(nano_project):
     from study.config import load_config
-    from study.tracking import run_params
+    from study.runner.tracking import run_params
 
     base = run_params(load_config([], nano_project))
     same = run_params(load_config(["study.variants=[baseline,nonlinear_q]", "lr_sweep.variants=[baseline]",
@@ -95,7 +95,7 @@ def test_run_params_leave_out_what_does_not_change_a_run(nano_project):
 
 def test_moved_project_keeps_artifacts_readable(run_in, nano_project, tmp_path):
     """The store and artifact folder move together (as a project folder does): nothing points at the old place."""
-    from study.tracking import artifact_repo
+    from study.runner.tracking import artifact_repo
 
     m = run_in("variant=baseline", "seed=1")
     moved = tmp_path / "elsewhere" / "project"
@@ -111,7 +111,7 @@ def test_moved_project_keeps_artifacts_readable(run_in, nano_project, tmp_path):
 
 def test_log_verdict_records_the_report_as_one_run(nano_project, tmp_path):
     from study.config import load_config
-    from study.tracking import artifact_repo, log_verdict
+    from study.runner.tracking import artifact_repo, log_verdict
 
     cfg = load_config([f"study.tracking_db={tmp_path / 'mlruns.db'}", f"study.artifact_dir={tmp_path / 'art'}"],
                       nano_project)
@@ -142,10 +142,10 @@ def test_mfu_comes_from_lightnings_throughput_monitor(run_in, tmp_path, monkeypa
     and the monitor switched on for a CPU run: MFU = tokens/s x training FLOPs per token / peak."""
     import lightning.pytorch.callbacks.throughput_monitor as tm
 
-    import study.lm
+    import study.modeling.lm
 
     monkeypatch.setattr(tm, "get_available_flops", lambda device, dtype: 10 ** 12)
-    monkeypatch.setattr(study.lm, "wants_throughput_monitor", lambda trainer_cfg: True)
+    monkeypatch.setattr(study.modeling.lm, "wants_throughput_monitor", lambda trainer_cfg: True)
     m = run_in("variant=baseline", "seed=1", "train.log_every=1")
     run = _client(tmp_path / "mlruns.db").get_run(m["mlflow_run_id"])
     got = run.data.metrics

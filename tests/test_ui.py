@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from study import mlflow_ui as ui
+from study.runner import mlflow_ui as ui
 
 
 def test_runs_url_opens_the_runs_table_with_val_loss():

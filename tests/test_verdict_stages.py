@@ -1,6 +1,6 @@
 """The tuning and test stages end to end on synthetic runs: study.tune (grid, extension, lost points, reuse,
 byte-stable table and figure, conf/tuned.yaml), study.verdict (Stein's second stage) and compare's decided verdict
-(comparison.md, summary.json, MLflow).  Runs are faked (study.arms.TRAIN) with losses from a known bowl in ln lr."""
+(comparison.md, summary.json, MLflow).  Runs are faked (study.runner.arms.TRAIN) with losses from a known bowl in ln lr."""
 from __future__ import annotations
 
 import json
@@ -31,9 +31,9 @@ def loss(variant: str, lr: float, seed: int) -> float | None:
 
 @pytest.fixture
 def fake_train(monkeypatch):
-    import study.arms
+    import study.runner.arms
     from study.config import run_dir
-    from study.run_state import run_digest
+    from study.runner.run_state import run_digest
 
     calls = []
 
@@ -49,13 +49,13 @@ def fake_train(monkeypatch):
         overwrites.append(bool(cfg.train.overwrite))
     overwrites = []
     train.overwrites = overwrites
-    monkeypatch.setattr(study.arms, "TRAIN", train)
+    monkeypatch.setattr(study.runner.arms, "TRAIN", train)
     return calls
 
 
 def test_a_finished_run_is_reused_and_one_of_other_settings_replaced(nano_project, tmp_path, monkeypatch, fake_train):
-    import study.arms
-    from study.arms import ensure_run
+    import study.runner.arms
+    from study.runner.arms import ensure_run
 
     monkeypatch.chdir(nano_project)
     over = [f"study.runs_dir={tmp_path / 'runs'}", "variant=baseline", "seed=3", "variant.lr=0.003",
@@ -67,7 +67,7 @@ def test_a_finished_run_is_reused_and_one_of_other_settings_replaced(nano_projec
     rec = json.loads((d / "record.json").read_text())
     (d / "record.json").write_text(json.dumps({**rec, "config_hash": "0000000000000000"}))
     assert ensure_run(over, nano_project, None) == (d, False) and len(fake_train) == 2
-    assert study.arms.TRAIN.overwrites == [False, True]  # replaced, as DVC replaces a stage's outputs
+    assert study.runner.arms.TRAIN.overwrites == [False, True]  # replaced, as DVC replaces a stage's outputs
 
 
 def write_params(project: Path, tmp: Path, tuned: dict | None = None) -> Path:

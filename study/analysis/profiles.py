@@ -1,7 +1,7 @@
 """The two fairness profiles' analyses (summary.json "lr_sweep" and "scale_ladder").
 
 The profiles themselves (which runs exist, and how a run resolves its budget and lr) are
-:mod:`study.profiles`; this module only reads their finished runs, checks that they pair, and
+:mod:`study.runner.profiles`; this module only reads their finished runs, checks that they pair, and
 computes their verdicts.
 """
 from __future__ import annotations

@@ -29,7 +29,7 @@ from study.analysis.pairing import check
 from study.config import VERDICT_SECTIONS, flatten, run_dir
 from study.data import DataError
 from study.data.records import MISSING, json_kind
-from study.run_state import METRICS, REPLACED
+from study.runner.run_state import METRICS, REPLACED
 
 #: sections of the resolved config that say which runs exist, not how one run trained
 NOT_SETTINGS = ("study", "lr_sweep", "scale_ladder", "defaults", *VERDICT_SECTIONS)
@@ -352,7 +352,7 @@ def load_mlflow(cfg, root: Path, group: str = "main", pair: bool = True) -> dict
     """
     from mlflow import MlflowClient
 
-    from study.tracking import tracking_uri
+    from study.runner.tracking import tracking_uri
 
     client = MlflowClient(tracking_uri=tracking_uri(root, cfg.study))
     exp = client.get_experiment_by_name(cfg.study.name)

@@ -77,7 +77,7 @@ def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path, profiles_too: b
 
 def attn_logit_max(runs: dict[int, dict]) -> list[float] | None:
     """Per layer, the mean over a variant's finished seeds of the final evaluation's largest attention
-    logit (record.json ``attn_logit_max``: max |q.k| x scale, ``study.diagnostics.diagnostics``); None where a
+    logit (record.json ``attn_logit_max``: max |q.k| x scale, ``study.modeling.diagnostics.diagnostics``); None where a
     finished run lacks it (runs recorded before it existed) or the runs' layer counts differ."""
     lists = [m.get("attn_logit_max") for m in runs.values() if m["status"] == "ok"]
     if not lists or any(not x for x in lists) or len({len(x) for x in lists}) != 1:

@@ -1,4 +1,4 @@
-"""The lr sweep's points: read by :func:`study.profiles.resolve` while training (a tuned run takes
+"""The lr sweep's points: read by :func:`study.runner.profiles.resolve` while training (a tuned run takes
 its variant's best lr) and by the sweep's report.  Kept apart so that the train stages depend on
 this file only, not on the rest of the analysis."""
 from __future__ import annotations

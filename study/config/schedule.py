@@ -10,7 +10,7 @@ from .schema import ConfigError, RunConfig
 def run_seeds(cfg: RunConfig) -> tuple[int, int]:
     """(data_seed, init_seed) of a run: ``train.data_seed`` / ``train.init_seed``, each defaulting to
     ``seed``.  The data seed alone fixes the order of the training windows, the init seed alone the
-    initial weights (keyed by parameter name, study.model.GPT.init_parameters): runs of two variants
+    initial weights (keyed by parameter name, study.modeling.model.GPT.init_parameters): runs of two variants
     with one seed see the same windows and share the initial values of every module they have in common."""
     t = cfg.train
     return (cfg.seed if t.data_seed is None else t.data_seed,

@@ -22,7 +22,7 @@ GROUPS = ("model", "variant", "data", "trainer")
 VERDICT_SECTIONS = ("arms", "tune", "tuned", "decomposition")
 PROJECTION_MODES = ("linear", "identity", "residual_linear", "nonlinear")
 ACTIVATIONS = ("gelu", "relu2", "silu", "identity")
-QK_NORMS = ("none", "rms", "rms_gain")  # per-head normalisation of q and k (study.model.head_rms_norm)
+QK_NORMS = ("none", "rms", "rms_gain")  # per-head normalisation of q and k (study.modeling.model.head_rms_norm)
 SCHEDULES = ("cosine", "d2z", "wsd")  # learning-rate schedules (study.config.schedule.SCHEDULES)
 TOKENIZERS = ("gpt2", "bpe")
 # Lightning 2.6's precision names (lightning.fabric.connector._PRECISION_INPUT), checked before Lightning is imported
@@ -56,14 +56,14 @@ class ModelConfig:
 
 @dataclass
 class VariantConfig:
-    """How attention projects x into q, k and v (see ``study.model``).
+    """How attention projects x into q, k and v (see ``study.modeling.model``).
 
     ``query``/``key``/``value`` each take one of :data:`PROJECTION_MODES`.
     ``scale_factor`` multiplies the usual 1/sqrt(head_dim) attention scale;
     ``None`` means 0.5 when q or k is not a plain linear map (arXiv 2603.13381)
     and 1.0 otherwise.
 
-    The recipe switches (all off by default; ``study.model.resolve_attention`` reads them):
+    The recipe switches (all off by default; ``study.modeling.model.resolve_attention`` reads them):
     ``qk_norm`` (:data:`QK_NORMS`) normalises q and k of each head to RMS 1 (``rms_gain``: times a
     learnable gain of head_dim each); ``k_norm`` the keys alone; ``per_head_norm`` makes the nonlinear
     query q_h = RMS(x_h) + g_h RMS(f(x)_h); ``lower_query`` is the query mode of the lower half of the
@@ -171,7 +171,7 @@ class StudyConfig:
     tracking_db: str = "mlruns.db"  # SQLite MLflow store, relative to the project root
     artifact_dir: str = "mlartifacts"
     group: str = ""  # sub-folder of runs_dir for one run (profiles: "lr_sweep/lr0.003", "tuned", ...)
-    # the decided verdict (docs/statistics-verdict.md; off while arms is empty): every arm at its lr* on the test
+    # the decided verdict (docs/verdict.md; off while arms is empty): every arm at its lr* on the test
     # seeds (study.seeds: Stein's first stage, at least 5), more seeds up to max_seeds until decided
     arms: list = field(default_factory=list)  # arms (names in the arms section) of the test stage
     references: list = field(default_factory=list)  # every other arm is compared with each of these

@@ -309,7 +309,7 @@ def used_arms(cfg: RunConfig) -> list[str]:
 
 
 def _validate_verdict(cfg: RunConfig) -> None:
-    """The decided verdict's keys (docs/statistics-verdict.md): tuning seeds disjoint from test seeds, a grid that
+    """The decided verdict's keys (docs/verdict.md): tuning seeds disjoint from test seeds, a grid that
     can bracket, arms that exist, Stein's first stage of at least 5 seeds, positive margins."""
     s, tu = cfg.study, cfg.tune
     overlap = sorted(set(tu.seeds) & set(s.seeds))

@@ -25,7 +25,7 @@ Written by ``python -m study.prepare`` (:func:`study.data.build.build`), read by
   datamodule.py  :class:`~study.data.datamodule.TokenDataModule`, the only module that imports Lightning
 
 Every module but loader.py and datamodule.py imports neither torch nor Lightning, so that a
-configuration or data error is reported before they load.  The model (``study.model``) knows
+configuration or data error is reported before they load.  The model (``study.modeling.model``) knows
 nothing of data.
 """
 from __future__ import annotations

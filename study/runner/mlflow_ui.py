@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 from study.config import load_config, project_root
-from study.tracking import artifact_root, tracking_uri
+from study.runner.tracking import artifact_root, tracking_uri
 
 HOST = "127.0.0.1"
 

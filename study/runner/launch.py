@@ -80,7 +80,7 @@ def make_strategy(trainer_cfg):
         except ImportError as e:
             raise missing_package(e, "trainer.strategy=fsdp") from e
 
-        from study.model import Block
+        from study.modeling.model import Block
         if trainer_cfg.accelerator == "cpu":
             raise ConfigError("trainer.strategy=fsdp needs GPUs (Lightning's and torch's FSDP refuse CPUs): "
                               "use trainer.accelerator=gpu, or trainer.strategy=ddp on CPUs")

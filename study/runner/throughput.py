@@ -51,10 +51,10 @@ def _peak_memory(device: str, before: int) -> int | None:
 
 def device_peak_flops(device: str, precision: str) -> tuple[float | None, str]:
     """(peak FLOP/s of one device for this precision, where the figure comes from):
-    ``study.lm.peak_flops`` (GPUs: NVIDIA's dense datasheet figures, through Lightning's table or,
-    for the H200 that Lightning misses, ``study.lm.H200_SXM_DENSE``; CPUs: a measured 1024^3 fp32
+    ``study.modeling.lm.peak_flops`` (GPUs: NVIDIA's dense datasheet figures, through Lightning's table or,
+    for the H200 that Lightning misses, ``study.modeling.lm.H200_SXM_DENSE``; CPUs: a measured 1024^3 fp32
     matrix product); None when the GPU is unknown."""
-    from study.lm import peak_flops
+    from study.modeling.lm import peak_flops
 
     if device != "cuda":
         return peak_flops(torch.device("cpu"), precision), "measured fp32 matmul (1024^3)"
@@ -64,7 +64,7 @@ def device_peak_flops(device: str, precision: str) -> tuple[float | None, str]:
 def plain_loop(cfg, steps: int, precision: str, compile_: bool) -> dict:
     """A hand-written PyTorch training loop (same model, optimizer, clipping): ``tokens_per_s`` and
     ``peak_memory_bytes`` (GPU; None on CPUs).  The batches are on the device before timing starts."""
-    from study.model import GPT
+    from study.modeling.model import GPT
 
     torch.manual_seed(0)
     device = bench_device(cfg)
@@ -100,7 +100,7 @@ def lightning_loop(cfg, steps: int, precision: str, compile_: bool) -> dict:
     that Lightning's copy to the device does not wait for the step before it)."""
     import lightning.pytorch as pl
 
-    from study.lm import GPTModule
+    from study.modeling.lm import GPTModule
 
     cfg.trainer.compile = compile_
     device = bench_device(cfg)
@@ -146,7 +146,7 @@ def measure_row(cfg, name: str, steps: int, precision: str, mode: str, repeats: 
     """One row of the bench for variant ``name`` (configured by ``cfg``): the medians (and ranges) of :func:`measure`'s
     tokens/s of both loops, their ratio, MFU against ``peak`` FLOP/s, peak GPU memory; returns
     (row, the largest peak memory of all measurements in bytes, None on CPUs)."""
-    from study.model import GPT, flops_per_token
+    from study.modeling.model import GPT, flops_per_token
 
     with torch.device("meta"):
         fpt = flops_per_token(GPT(cfg.model, cfg.variant))

@@ -46,7 +46,7 @@ def resolve(cfg: RunConfig, root: Path) -> RunConfig:
         DataError (RunsError): the lr sweep this run needs is missing or fully diverged.
     """
     if cfg.train.tokens_per_param is not None:
-        from study.model import describe
+        from study.modeling.model import describe
 
         base = load_config([f"variant={cfg.study.baseline}"], root).variant
         n = describe(cfg.model, base)["non_embedding_params"]

@@ -1,4 +1,4 @@
-"""Diagnostics of a :class:`study.model.GPT` at an evaluation: attention entropy, the largest attention
+"""Diagnostics of a :class:`study.modeling.model.GPT` at an evaluation: attention entropy, the largest attention
 logit (arXiv 2309.14322's instability signal) and how far a nonlinear projection moves from the identity;
 and how they are written to a run's curve.csv and record.json.
 """
@@ -9,7 +9,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from study.model import GPT, NonlinearProjection
+from study.modeling.model import GPT, NonlinearProjection
 
 @torch.no_grad()
 def diagnostics(model: GPT, idx: torch.Tensor) -> dict[str, float]:

@@ -82,7 +82,7 @@ TRAIN = _train
 
 def reusable(cfg, root: Path, d: Path) -> bool:
     """Whether ``d`` holds a finished run trained under this config's resume key (settings, code, data)."""
-    from study.run_state import resume_record, run_digest
+    from study.runner.run_state import resume_record, run_digest
 
     try:
         record = json.loads((d / "record.json").read_text())
@@ -92,7 +92,7 @@ def reusable(cfg, root: Path, d: Path) -> bool:
         return False
     import copy
 
-    from study.profiles import resolve
+    from study.runner.profiles import resolve
 
     try:  # hashed as study.train hashes it: after the run's derived settings (compute-matched tokens ...)
         resolved = resolve(copy.deepcopy(cfg), root)

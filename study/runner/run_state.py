@@ -24,7 +24,7 @@ from study.config import ConfigError, StudyError, diff_keys, resume_config
 from study.data.records import data_digest
 
 
-STUDY = Path(__file__).resolve().parent
+STUDY = Path(__file__).resolve().parent.parent  # the study package
 
 
 #: the keys of a run's result that go to metrics.json (the DVC metric: numbers, few enough that
@@ -41,15 +41,15 @@ def split_result(result: dict) -> tuple[dict, dict]:
 
 
 def code_files() -> list[str]:
-    """The training code a checkpoint depends on, relative to study/: model.py, lm.py and every module
-    of the data package (``data/*.py``, sorted), so that the resume key is the same on every machine."""
-    return ["model.py", "lm.py", *sorted(p.relative_to(STUDY).as_posix() for p in (STUDY / "data").glob("*.py"))]
+    """The training code a checkpoint depends on, relative to study/: modeling/model.py, modeling/lm.py and
+    every module of the data package (``data/*.py``, sorted), so that the resume key is the same on every machine."""
+    return ["modeling/model.py", "modeling/lm.py", *sorted(p.relative_to(STUDY).as_posix() for p in (STUDY / "data").glob("*.py"))]
 
 
 def resume_record(cfg, data_dir: Path) -> dict:
     """What a checkpoint must match to be resumed, flat: :func:`study.config.resume_config` (the
     settings that change a run's numbers, not devices, strategy, threads, compile, logging), the sha256
-    of the training code (``code:study/model.py``, ``code:study/data/loader.py`` ...: :func:`code_files`)
+    of the training code (``code:study/modeling/model.py``, ``code:study/data/loader.py`` ...: :func:`code_files`)
     and ``data:meta.json`` (:func:`study.data.records.data_digest`)."""
     rec = dict(resume_config(cfg))
     for n in code_files():
@@ -359,7 +359,7 @@ def restore_env(name: str):
     """Give environment variable ``name`` its value from before the block back after it.  Lightning's
     MLFlowLogger calls ``mlflow.set_tracking_uri``, which exports MLFLOW_TRACKING_URI to the process: a
     second run in the same process (or a subprocess it starts) would then take the first run's store
-    for the user's choice (study.tracking.tracking_uri honours the variable)."""
+    for the user's choice (study.runner.tracking.tracking_uri honours the variable)."""
     before = os.environ.get(name)
     try:
         yield

@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from torchmetrics.aggregation import MeanMetric
 
 from study.config import RunConfig, lr_at, peak_lr, run_seeds
-from study.diagnostics import curve_diagnostics, diagnostics
-from study.model import GPT, flops_per_token, param_counts
+from study.modeling.diagnostics import curve_diagnostics, diagnostics
+from study.modeling.model import GPT, flops_per_token, param_counts
 
 
 H200_SXM_DENSE = {torch.bfloat16: 989.4e12, torch.float16: 989.4e12}  # FLOP/s, the H100 SXM's tensor cores
@@ -88,7 +88,7 @@ def throughput_monitor(window: int):
 
 
 class GPTModule(pl.LightningModule):
-    """Trains :class:`study.model.GPT` on batches of (B, block_size + 1) token ids.
+    """Trains :class:`study.modeling.model.GPT` on batches of (B, block_size + 1) token ids.
 
     Keeps the learning curve (one row per evaluation: step, tokens, train_loss,
     val_loss, lr) in the checkpoint, so a resumed run writes the whole curve.
@@ -241,7 +241,7 @@ class GPTModule(pl.LightningModule):
             self._diag_batch = batch[:, :-1].long()
 
     def _diagnostics(self) -> dict[str, float] | None:
-        """:func:`study.diagnostics.diagnostics` on the stored batch; None where it is not logged.
+        """:func:`study.modeling.diagnostics.diagnostics` on the stored batch; None where it is not logged.
 
         Under FSDP the Blocks' weights are shards outside their own forward, so the full weights are
         gathered (``summon_full_params``, a collective: every rank takes part); otherwise rank 0 only.
