@@ -128,3 +128,22 @@ def test_undated_counts_are_found():
 def test_counts_of_tests_and_minutes_are_dated():
     undated = [f"{p.relative_to(ROOT)}:{i}: {line}" for p in PAGES for i, line in undated_counts(p.read_text())]
     assert not undated, "numbers of tests or minutes without a date (add the date they were measured):\n" + "\n".join(undated)
+
+
+def test_the_configuration_page_lists_every_key_of_the_schema():
+    """docs/configuration.md's "Every key" table names every key of the typed schema (sections' fields and the
+    top-level keys), so a key added to study/config/schema.py without its line there fails here."""
+    import dataclasses
+
+    from study.config import schema
+
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    keys = []
+    for f in dataclasses.fields(schema.RunConfig):
+        sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None
+        if sub is not None and dataclasses.is_dataclass(sub):
+            keys += [f"{f.name}.{g.name}" for g in dataclasses.fields(sub)]
+        else:
+            keys.append(f.name)
+    assert len(keys) > 80
+    assert [k for k in keys if f"| `{k}` |" not in text] == []
