@@ -13,6 +13,7 @@ from .schema import (ACTIVATIONS, PRECISIONS, PROJECTION_MODES, QK_NORMS, SCHEDU
 def validate(cfg: RunConfig) -> None:
     """Check a composed config; raise :class:`ConfigError` naming the key and the fix."""
     m, v, t, d, s = cfg.model, cfg.variant, cfg.train, cfg.data, cfg.study
+    _validate_finite(cfg)
     for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
         if getattr(m, key) <= 0:
             raise ConfigError(f"model.{key}={getattr(m, key)} must be a positive integer")
@@ -162,6 +163,29 @@ def validate_paths(cfg: RunConfig, root) -> None:
                 where = "is a file" if p == path else f"is below the file {p}"
                 raise ConfigError(f"study.{key}={value} {where}, not a folder: choose a folder (existing or new) "
                                   f"for {what}, e.g. study.{key}={default}")
+
+
+def _validate_finite(cfg: RunConfig) -> None:
+    """Every float of the config is a finite number: a NaN slips through comparisons such as ``x < 0``
+    (train.divergence_nats=nan, train.weight_decay=nan) and an infinity through ``x > 0`` (train.lr=inf),
+    and either would stop the run later with a traceback (config.json is strict JSON)."""
+    import math
+    from dataclasses import asdict
+
+    from omegaconf import OmegaConf
+
+    def walk(node, path):
+        if isinstance(node, float) and not math.isfinite(node):
+            raise ConfigError(f"{path}={node} is not a finite number: write a finite value (nan and inf are no "
+                              f"setting of this study)")
+        if isinstance(node, dict):
+            for k, x in node.items():
+                walk(x, f"{path}.{k}" if path else str(k))
+        elif isinstance(node, (list, tuple)):
+            for i, x in enumerate(node):
+                walk(x, f"{path}[{i}]")
+
+    walk(OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else asdict(cfg), "")
 
 
 def _int_like(x) -> bool:
