@@ -73,3 +73,20 @@ def test_exp_run_then_a_conf_edit_then_repro_loses_nothing(tmp_path):
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert '"lr": 0.003' in (run / "record.json").read_text() and (run / "metrics.json").is_file()
     assert not (run / ".replaced").exists()
+
+
+def test_a_stage_that_trains_depends_on_every_study_module_the_training_module_imports():
+    """QA: study/diagnostics.py (attn_logit_max in curve.csv and record.json), imported by study/lm.py, was no
+    dependency of the train stages: editing it re-ran no run.  Every module of study/ that lm.py imports is one."""
+    import ast
+
+    tree = ast.parse((ROOT / "study/lm.py").read_text())
+    imported = {n.module for n in ast.walk(tree)
+                if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("study.")}
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    training = {name: s["deps"] for name, s in stages.items() if "study/lm.py" in s.get("deps", [])}
+    assert {"train", "lr_sweep", "train_tuned", "scale_ladder"} <= set(training)
+    for name, deps in training.items():
+        for module in imported:
+            path = module.replace(".", "/")
+            assert f"{path}.py" in deps or any(path == d or path.startswith(d + "/") for d in deps), (name, module)
