@@ -313,11 +313,20 @@ def _validate_recipe(cfg: RunConfig) -> None:
     if not 0.0 < t.decay_fraction <= 1.0:
         raise ConfigError(f"train.decay_fraction={t.decay_fraction} must be in (0, 1] (the fraction of the steps "
                           f"that wsd decays over, e.g. 0.2)")
-    if t.schedule == "wsd" and t.tokens_per_param is None:
-        steps, warmup = max_steps(cfg), t.warmup_tokens // t.batch_tokens
-        if steps - wsd_decay_steps(steps, t.decay_fraction) < warmup:
-            raise ConfigError(f"train.schedule=wsd decays over the last {wsd_decay_steps(steps, t.decay_fraction)} "
-                              f"of {steps} steps (train.decay_fraction={t.decay_fraction}), which starts inside the "
-                              f"{warmup} warmup steps: lower decay_fraction or train.warmup_tokens")
+    if t.tokens_per_param is None:  # else train.tokens is set when the run starts (study.profiles.resolve)
+        check_wsd_fits(cfg)
     if not (t.z_loss >= 0.0 and t.z_loss < float("inf")):
         raise ConfigError(f"train.z_loss={t.z_loss} must be a finite number >= 0 (0: off; 1e-4 is usual)")
+
+
+def check_wsd_fits(cfg: RunConfig) -> None:
+    """``train.schedule=wsd``: its decay must start after the warmup, at the run's ``train.tokens`` (checked
+    again once ``train.tokens_per_param`` has set them)."""
+    t = cfg.train
+    if t.schedule == "wsd":
+        steps, warmup = max_steps(cfg), t.warmup_tokens // t.batch_tokens
+        if steps - wsd_decay_steps(steps, t.decay_fraction) < warmup:
+            how = f"train.tokens_per_param={t.tokens_per_param}; " if t.tokens_per_param is not None else ""
+            raise ConfigError(f"train.schedule=wsd decays over the last {wsd_decay_steps(steps, t.decay_fraction)} "
+                              f"of {steps} steps ({how}train.decay_fraction={t.decay_fraction}), which starts inside "
+                              f"the {warmup} warmup steps: lower decay_fraction or train.warmup_tokens")
