@@ -57,6 +57,23 @@ def test_an_adhoc_run_with_other_tokens_is_refused_by_name(nano_project, tmp_pat
     assert "nonlinear_q-s1" in err and "train.tokens 8192 (vs 20480)" in err and "train.lr 0.002 (vs 0.003)" in err
 
 
+def test_seeds_of_one_variant_with_another_architecture_are_refused_by_name(nano_project, tmp_path, monkeypatch,
+                                                                           capsys):
+    """QA: `python -m study.train variant=baseline seed=2 variant.qk_norm=rms` (a recipe switch on the command line)
+    wrote runs/baseline-s2, and compare averaged it with the plain baseline-s1 as one variant."""
+    for s in SEEDS:
+        write_run(tmp_path / f"runs/baseline-s{s}", "baseline", s, BASE[s], lr=3e-3 if s != 3 else 1e30,
+                  status="ok" if s != 3 else "diverged")  # a seed's own lr (a diverged seed): allowed
+        write_run(tmp_path / f"runs/nonlinear_q-s{s}", "nonlinear_q", s, BASE[s] - 0.03)
+    assert _compare(nano_project, monkeypatch, _study(tmp_path)) == 0
+    config = tmp_path / "runs/baseline-s2/config.json"
+    config.write_text(config.read_text().replace('"variant": {', '"variant": {"qk_norm": "rms", '))
+    capsys.readouterr()
+    assert _compare(nano_project, monkeypatch, _study(tmp_path)) == 2
+    err = capsys.readouterr().err
+    assert "baseline-s2 differs from" in err and "variant.qk_norm 'rms'" in err and len(err.strip().splitlines()) == 1
+
+
 def test_block_size_mismatch_is_refused_and_the_header_states_recorded_settings(nano_project, tmp_path, monkeypatch,
                                                                                 capsys):
     """Baselines at block_size 16, nonlinear_q at 64: refused (it printed +0.03%, p = 0.615 before)."""

@@ -152,3 +152,21 @@ def test_an_old_diverged_run_with_nan_or_an_absurd_loss_is_read_as_a_lost_point(
     r = read_result(d)
     assert r["status"] == "diverged" and r["val_loss"] is None and r["val_loss_per_corpus"] is None
     assert r["tokens"] == 1000 and r["diverged_step"] is None
+
+
+def test_every_baseline_seed_diverged_is_still_a_report(nano_project, tmp_path, monkeypatch):
+    """QA: with per-corpus losses recorded and every baseline seed diverged (variant.lr=1e3 at both seeds),
+    compare stopped on a StopIteration in summary.per_corpus; it must write the report with the lost points."""
+    from study.compare import main
+    from tests.synthetic_runs import write_run
+
+    corpora = {"sotu": 4.1, "shakespeare": 4.2, "kjv": 4.0}
+    for s in (1, 2):
+        write_run(tmp_path / f"runs/baseline-s{s}", "baseline", s, 4.0, status="diverged")
+        write_run(tmp_path / f"runs/nonlinear_q-s{s}", "nonlinear_q", s, 4.0 + 0.01 * s, per_corpus=corpora)
+    monkeypatch.chdir(nano_project)
+    assert main([f"study.runs_dir={tmp_path / 'runs'}", f"study.reports_dir={tmp_path / 'reports'}",
+                 "study.seeds=[1,2]", "study.variants=[baseline,nonlinear_q]"]) == 0
+    summary = strict_json(tmp_path / "reports/summary.json")
+    assert summary["per_corpus"] is None and set(summary["variants"]["baseline"]["diverged"]) == {"1", "2"}
+    assert "baseline-s1: diverged" in (tmp_path / "reports/comparison.md").read_text()

@@ -73,3 +73,23 @@ def test_exp_run_then_a_conf_edit_then_repro_loses_nothing(tmp_path):
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     assert '"lr": 0.003' in (run / "record.json").read_text() and (run / "metrics.json").is_file()
     assert not (run / ".replaced").exists()
+
+
+def test_a_stage_that_trains_depends_on_every_study_module_the_training_module_imports():
+    """study/modeling/diagnostics.py (attn_logit_max in curve.csv and record.json), imported by the
+    LightningModule, must be a dependency of every stage that trains: every module of study/ that
+    study/modeling/lm.py imports is one (a package's __init__ counts as the package's folder)."""
+    import ast
+
+    tree = ast.parse((ROOT / "study/modeling/lm.py").read_text())
+    imported = {n.module for n in ast.walk(tree)
+                if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("study.")}
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    training = {name: s["deps"] for name, s in stages.items() if "study/modeling/lm.py" in s.get("deps", [])}
+    assert {"train", "lr_sweep", "train_tuned", "scale_ladder"} <= set(training)
+    for name, deps in training.items():
+        for module in imported:
+            path = module.replace(".", "/")
+            if (ROOT / path).is_dir() and not (ROOT / f"{path}.py").is_file():  # a package: its __init__
+                path = path + "/__init__"
+            assert f"{path}.py" in deps or any(path == d or path.startswith(d + "/") for d in deps), (name, module)

@@ -422,3 +422,18 @@ def test_bench_measures_the_recipe_arms_beside_baseline(nano_project, monkeypatc
     assert re.findall(r"^(\S+)\s+32-true\s+eager\s+plain", out, flags=re.M) == arms
     for arm in ("baseline_qknorm", "nonlinear_q_qknorm"):
         assert re.search(rf"^qk-norm cost {arm}\s+[\d.]+ of {arm.removesuffix('_qknorm')}'s tokens/s", out, flags=re.M)
+
+
+def test_wsd_inside_the_warmup_is_refused_once_tokens_per_param_sets_the_tokens():
+    """QA: validate() skips the wsd check under train.tokens_per_param (the tokens are not known yet), and the run
+    then trained with a decay that started inside the warmup (its lr never reached the peak); the check runs
+    again when study.runner.profiles.resolve sets train.tokens, before anything is written."""
+    from study.config import ConfigError, load_config
+    from study.runner.profiles import resolve
+
+    over = ["model=nano", "data.bpe_vocab_size=512", "variant=baseline", "train.tokens=20480",
+            "train.batch_tokens=2048", "train.warmup_tokens=4096", "train.tokens_per_param=0.5", "train.schedule=wsd"]
+    cfg = load_config([*over, "train.decay_fraction=1.0"], CONF.parent)  # passes: the tokens are not known
+    with pytest.raises(ConfigError, match=r"of 6 steps \(train.tokens_per_param=0.5; train.decay_fraction=1.0\)"):
+        resolve(cfg, CONF.parent)
+    assert resolve(load_config(over, CONF.parent), CONF.parent).train.tokens == 6 * 2048

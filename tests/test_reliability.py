@@ -539,3 +539,21 @@ def test_a_dvc_stage_replaces_its_finished_run_a_hand_run_does_not(run_in, tmp_p
     monkeypatch.setenv("DVC_STAGE", "train@baseline-1")
     m = run_in("variant=baseline", "seed=1", "train.tokens=4096", "train.lr=1e-3")
     assert m["status"] == "ok" and read_result(tmp_path / "runs/baseline-s1")["lr"] == 1e-3
+
+
+def test_a_finished_run_without_its_checkpoints_is_judged_by_its_config_json(run_in, tmp_path, monkeypatch):
+    """QA: with a finished run's checkpoints/ deleted (its run.json held the settings), the very same command was
+    refused as "a finished run with other settings ((not recorded))"; config.json records them: the same settings
+    run, other settings are named."""
+    import shutil
+
+    from study.config import ConfigError
+
+    monkeypatch.delenv("DVC_STAGE", raising=False)
+    run_in("variant=baseline", "seed=1", "train.tokens=4096", "train.schedule=d2z")
+    shutil.rmtree(tmp_path / "runs/baseline-s1/checkpoints")
+    with pytest.raises(ConfigError, match=r"other settings \(train.z_loss: 0.0 -> 0.001\)"):
+        run_in("variant=baseline", "seed=1", "train.tokens=4096", "train.schedule=d2z", "train.z_loss=1e-3")
+    assert not (tmp_path / "runs/baseline-s1/checkpoints").exists()  # refused before anything was written
+    m = run_in("variant=baseline", "seed=1", "train.tokens=4096", "train.schedule=d2z", "trainer.threads=1")
+    assert m["status"] == "ok"

@@ -77,6 +77,12 @@ BAD_INPUT = [
      ["train.batch_tokens=1000 is not a multiple of model.block_size=64", "such as 960 or 1024"]),
     ("batch below one window", "study.config.__main__", ["train.batch_tokens=32", "train.tokens=4096"],
      ["train.batch_tokens=32 is less than one window of model.block_size=64", "train.batch_tokens=64"]),
+    ("divergence_nats nan (QA: a traceback from config.json)", "study.train", ["train.divergence_nats=nan"],
+     ["train.divergence_nats=nan is not a finite number"]),
+    ("lr inf", "study.train", ["train.lr=inf"], ["train.lr=inf is not a finite number"]),
+    ("weight_decay nan", "study.config.__main__", ["train.weight_decay=nan"],
+     ["train.weight_decay=nan is not a finite number"]),
+    ("a nan in a list", "study.train", ["lr_sweep.lrs=[1e-3,nan,3e-3]"], ["lr_sweep.lrs[1]=nan is not a finite"]),
     ("two nodes, no launcher", "study.train", ["trainer.num_nodes=2"],
      ["trainer.num_nodes=2", "no multi-node launcher", "torchrun", "srun", "trainer.num_nodes=1"]),
 ]

@@ -15,6 +15,9 @@ from study.config import StudyError
 
 #: settings that may differ between paired runs: the variant itself and the seed (paired by it)
 VARIANT_KEYS = ("variant.",)
+#: the variant keys that may differ between the seeds of one variant (its tuned or swept lr, its wording);
+#: every other variant key (projections, widths, qk_norm, ...) is the variant's architecture
+VARIANT_TUNING = ("variant.lr", "variant.min_lr", "variant.description")
 SEED_KEYS = ("seed", "train.data_seed", "train.init_seed")
 #: how a run executes or is logged, not what it computes (also left out of the resume key,
 #: study/config/naming.py); ``train.overwrite`` only let a hand-started run replace a finished one
@@ -82,6 +85,18 @@ def check(runs: dict[str, dict[int, dict]], where: str, ignore: tuple[str, ...] 
                            f" from {ref_name}; runs compare only when they agree on everything but the variant: "
                            f"re-run the odd run(s) with the study's settings (`dvc repro`), or move them out of the "
                            f"study's folder")
+    for v, runs_of in runs.items():  # the seeds of one variant: one architecture
+        arch = [(r["name"], {k: _fmt(x) for k, x in r["settings"].items()
+                             if k.startswith(VARIANT_KEYS) and k not in VARIANT_TUNING})
+                for _, r in sorted(runs_of.items())]
+        for name, a in arch[1:]:
+            keys = sorted(k for k in set(a) | set(arch[0][1]) if a.get(k) != arch[0][1].get(k))
+            if keys:
+                shown = ", ".join(f"{k} {a.get(k)} (vs {arch[0][1].get(k)})" for k in keys[:6])
+                raise PairingError(f"{where} do not pair: {name} differs from {arch[0][0]} in {shown}; the seeds of "
+                                   f"one variant must share its architecture (only variant.lr may differ): re-run "
+                                   f"the odd run with the variant's file (`dvc repro`), or move it out of the study's "
+                                   f"folder")
     by_seed: dict[int, dict] = {}
     for v, s, r in flat:
         by_seed.setdefault(s, {})[v] = (seeds_of(r["settings"], s), r["name"])

@@ -151,8 +151,8 @@ def per_corpus(runs: dict[str, dict[int, dict]], base: str) -> dict | None:
 
     Returns: {"corpora": [...], "vs_baseline": {corpus: {variant: paired(...)}}} or None."""
     per = {v: {s: m.get("val_loss_per_corpus") for s, m in r.items() if m["status"] == "ok"} for v, r in runs.items()}
-    if not per or not all(x for r in per.values() for x in r.values()) or base not in per:
-        return None
+    if not per or not all(x for r in per.values() for x in r.values()) or not per.get(base):
+        return None  # also when no baseline run finished (every seed diverged): nothing to pair against
     corpora = sorted(next(iter(per[base].values())))
     out = {"corpora": corpora, "vs_baseline": {}}
     for c in corpora:

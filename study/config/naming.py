@@ -57,7 +57,11 @@ def resume_config(cfg: RunConfig) -> dict[str, Any]:
     Everything in the config except :data:`NOT_IN_RESUME_KEY` (devices, nodes, strategy, threads,
     compile, logging cadence, validation micro-batch, the study's run list and folders).  A checkpoint
     resumes only under the same resume config (see ``study.train.run_digest``)."""
-    flat = flatten(to_dict(cfg))
+    return resume_part(flatten(to_dict(cfg)))
+
+
+def resume_part(flat: dict[str, Any]) -> dict[str, Any]:
+    """The keys of a flattened config that are in the resume key (all but :data:`NOT_IN_RESUME_KEY`), sorted."""
     return {k: v for k, v in sorted(flat.items())
             if not any(k == x or k.startswith(x + ".") for x in NOT_IN_RESUME_KEY)}
 

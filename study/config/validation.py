@@ -13,6 +13,7 @@ from .schema import (ACTIVATIONS, PRECISIONS, PROJECTION_MODES, QK_NORMS, SCHEDU
 def validate(cfg: RunConfig) -> None:
     """Check a composed config; raise :class:`ConfigError` naming the key and the fix."""
     m, v, t, d, s = cfg.model, cfg.variant, cfg.train, cfg.data, cfg.study
+    _validate_finite(cfg)
     for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
         if getattr(m, key) <= 0:
             raise ConfigError(f"model.{key}={getattr(m, key)} must be a positive integer")
@@ -165,6 +166,29 @@ def validate_paths(cfg: RunConfig, root) -> None:
                                   f"for {what}, e.g. study.{key}={default}")
 
 
+def _validate_finite(cfg: RunConfig) -> None:
+    """Every float of the config is a finite number: a NaN slips through comparisons such as ``x < 0``
+    (train.divergence_nats=nan, train.weight_decay=nan) and an infinity through ``x > 0`` (train.lr=inf),
+    and either would stop the run later with a traceback (config.json is strict JSON)."""
+    import math
+    from dataclasses import asdict
+
+    from omegaconf import OmegaConf
+
+    def walk(node, path):
+        if isinstance(node, float) and not math.isfinite(node):
+            raise ConfigError(f"{path}={node} is not a finite number: write a finite value (nan and inf are no "
+                              f"setting of this study)")
+        if isinstance(node, dict):
+            for k, x in node.items():
+                walk(x, f"{path}.{k}" if path else str(k))
+        elif isinstance(node, (list, tuple)):
+            for i, x in enumerate(node):
+                walk(x, f"{path}[{i}]")
+
+    walk(OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else asdict(cfg), "")
+
+
 def _int_like(x) -> bool:
     return (isinstance(x, int) and not isinstance(x, bool)) or (isinstance(x, str) and re.fullmatch(r"-?\d+", x.strip()) is not None)
 
@@ -290,14 +314,23 @@ def _validate_recipe(cfg: RunConfig) -> None:
     if not 0.0 < t.decay_fraction <= 1.0:
         raise ConfigError(f"train.decay_fraction={t.decay_fraction} must be in (0, 1] (the fraction of the steps "
                           f"that wsd decays over, e.g. 0.2)")
-    if t.schedule == "wsd" and t.tokens_per_param is None:
-        steps, warmup = max_steps(cfg), t.warmup_tokens // t.batch_tokens
-        if steps - wsd_decay_steps(steps, t.decay_fraction) < warmup:
-            raise ConfigError(f"train.schedule=wsd decays over the last {wsd_decay_steps(steps, t.decay_fraction)} "
-                              f"of {steps} steps (train.decay_fraction={t.decay_fraction}), which starts inside the "
-                              f"{warmup} warmup steps: lower decay_fraction or train.warmup_tokens")
+    if t.tokens_per_param is None:  # else train.tokens is set when the run starts (study.runner.profiles.resolve)
+        check_wsd_fits(cfg)
     if not (t.z_loss >= 0.0 and t.z_loss < float("inf")):
         raise ConfigError(f"train.z_loss={t.z_loss} must be a finite number >= 0 (0: off; 1e-4 is usual)")
+
+
+def check_wsd_fits(cfg: RunConfig) -> None:
+    """``train.schedule=wsd``: its decay must start after the warmup, at the run's ``train.tokens`` (checked
+    again once ``train.tokens_per_param`` has set them)."""
+    t = cfg.train
+    if t.schedule == "wsd":
+        steps, warmup = max_steps(cfg), t.warmup_tokens // t.batch_tokens
+        if steps - wsd_decay_steps(steps, t.decay_fraction) < warmup:
+            how = f"train.tokens_per_param={t.tokens_per_param}; " if t.tokens_per_param is not None else ""
+            raise ConfigError(f"train.schedule=wsd decays over the last {wsd_decay_steps(steps, t.decay_fraction)} "
+                              f"of {steps} steps ({how}train.decay_fraction={t.decay_fraction}), which starts inside "
+                              f"the {warmup} warmup steps: lower decay_fraction or train.warmup_tokens")
 
 
 def used_arms(cfg: RunConfig) -> list[str]:

@@ -52,6 +52,9 @@ def resolve(cfg: RunConfig, root: Path) -> RunConfig:
         n = describe(cfg.model, base)["non_embedding_params"]
         steps = max(1, int(cfg.train.tokens_per_param * n) // cfg.train.batch_tokens)
         cfg.train.tokens = steps * cfg.train.batch_tokens
+        from study.config.validation import check_wsd_fits
+
+        check_wsd_fits(cfg)  # validate() could not: the tokens were not known then
     if cfg.train.lr_from_sweep:
         cfg.variant.lr = best_lr(sweep_results(cfg, root, cfg.variant.name))["lr"]
     return cfg

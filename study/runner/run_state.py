@@ -20,7 +20,7 @@ import threading
 from contextlib import contextmanager
 from pathlib import Path
 
-from study.config import ConfigError, StudyError, diff_keys, resume_config
+from study.config import ConfigError, StudyError, diff_keys, flatten, resume_config, resume_part
 from study.data.records import data_digest
 
 
@@ -166,6 +166,19 @@ def config_part(record: dict) -> dict:
     return {k: v for k, v in record.items() if ":" not in k}
 
 
+def recorded_settings(out_dir: Path) -> dict | None:
+    """The resume settings of the finished run in ``out_dir`` as its ``config.json`` records them (the
+    folder's ``checkpoints/run.json``, which holds them too, may have been deleted); None when unreadable."""
+    try:
+        recorded = json.loads((out_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(recorded, dict):
+        return None
+    recorded.pop("data_digest", None)
+    return resume_part(flatten(recorded))
+
+
 REPLACED = ".replaced"  # a run folder's sub-folder holding what a start replaces until its Trainer exists
 
 #: what a new start of a run folder replaces: the outputs of its last run and (starting afresh) its checkpoints
@@ -257,8 +270,8 @@ def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) ->
                          f"(it was edited or damaged): delete {ckpt_dir} to start the run afresh")
     if (out_dir / "metrics.json").is_file() and not cfg.train.overwrite and not dvc_stage():  # a finished run:
         # never replaced silently by a hand-started run
-        old = state.get("resume")
-        differ = diff_keys(config_part(old), config_part(record)) if old is not None else ["(not recorded)"]
+        old = config_part(state["resume"]) if state.get("resume") is not None else recorded_settings(out_dir)
+        differ = diff_keys(old, config_part(record)) if old is not None else ["(not recorded)"]
         if differ:
             raise ConfigError(f"{out_dir} holds a finished run with other settings ({'; '.join(differ)}): give this "
                               f"run its own folder with study.group=NAME, or replace the finished run with "
