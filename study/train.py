@@ -198,16 +198,16 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
         run_id = logger.run_id
         if rank == 0 and resume is not None and state.get("mlflow_run_id") == run_id:  # each step logged once
             logger.logged_through = logged_steps(logger.experiment, run_id)
-    if not state.get("mlflow_run_id"):
-        logger.log_hyperparams(run_params(cfg))  # what shapes the run; the whole config is config.yaml
-        if rank == 0:
-            from omegaconf import OmegaConf
-            log_text(root, cfg.study, run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
-        state = {"config_hash": digest, "mlflow_run_id": run_id, "completed": False,
-                 "seconds": state.get("seconds", 0.0), "resume": record}
-        if rank == 0:
-            write_json(state_path, state)
-    try:
+    try:  # from here on an exception ends the MLflow run FAILED (KILLED on SIGTERM), never RUNNING
+        if not state.get("mlflow_run_id"):
+            logger.log_hyperparams(run_params(cfg))  # what shapes the run; the whole config is config.yaml
+            if rank == 0:
+                from omegaconf import OmegaConf
+                log_text(root, cfg.study, run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
+            state = {"config_hash": digest, "mlflow_run_id": run_id, "completed": False,
+                     "seconds": state.get("seconds", 0.0), "resume": record}
+            if rank == 0:
+                write_json(state_path, state)
         data_seed, _ = run_seeds(cfg)  # the order of the windows; the init seed goes to GPTModule
         pl.seed_everything(cfg.seed, workers=True, verbose=False)  # anything else random (dropout)
         dm = TokenDataModule(data_dir, cfg.model.block_size, micro, data_seed, n_val, val_micro,

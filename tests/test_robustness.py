@@ -345,6 +345,30 @@ def test_failure_inside_a_run_marks_mlflow_failed(nano_project, tmp_path, monkey
     assert not (tmp_path / "runs/baseline-s1/metrics.json").exists()
 
 
+
+def test_a_failure_while_logging_the_run_settings_ends_the_mlflow_run_failed(nano_project, tmp_path, monkeypatch, capsys):
+    """An exception between the MLflow run's creation and training (logging the params, config.yaml, run.json)
+    ends that run FAILED with an end time, never RUNNING."""
+    from mlflow import MlflowClient
+
+    import study.train
+    from study.config import StudyError
+
+    def broken(*a, **k):
+        raise StudyError("the artifact store is read-only: fix study.artifact_dir")
+
+    monkeypatch.chdir(nano_project)
+    monkeypatch.setattr(study.train, "log_text", broken, raising=False)
+    import study.runner.tracking
+    monkeypatch.setattr(study.runner.tracking, "log_text", broken)
+    db = tmp_path / "m.db"
+    assert study.train.main([f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={db}",
+                             "trainer.progress_bar=false"]) == 2
+    assert "the artifact store is read-only" in capsys.readouterr().err
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert [r.info.status for r in runs] == ["FAILED"] and runs[0].info.end_time is not None
+
 # -- determinism, divergence ------------------------------------------------------------------------
 def test_same_seed_gives_identical_curves(run_in, tmp_path):
     a = run_in("variant=nonlinear_q", "seed=3", f"study.runs_dir={tmp_path / 'a'}")

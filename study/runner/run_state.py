@@ -41,9 +41,9 @@ def split_result(result: dict) -> tuple[dict, dict]:
 
 
 def code_files() -> list[str]:
-    """The training code a checkpoint depends on, relative to study/: modeling/model.py, modeling/lm.py and
-    every module of the data package (``data/*.py``, sorted), so that the resume key is the same on every machine."""
-    return ["modeling/model.py", "modeling/lm.py", *sorted(p.relative_to(STUDY).as_posix() for p in (STUDY / "data").glob("*.py"))]
+    """The training code a checkpoint depends on, relative to study/: modeling/model.py, modeling/lm.py,
+    modeling/diagnostics.py (what curve.csv's diagnostics mean: one definition per run) and every module of the data package (``data/*.py``, sorted), so that the resume key is the same on every machine."""
+    return ["modeling/model.py", "modeling/lm.py", "modeling/diagnostics.py", *sorted(p.relative_to(STUDY).as_posix() for p in (STUDY / "data").glob("*.py"))]
 
 
 def resume_record(cfg, data_dir: Path) -> dict:
