@@ -6,7 +6,7 @@ Units: losses and differences in nats; margins and half-widths in percent log-lo
 nats with the reference arm's mean loss (``pct / 100 * L_ref``), as the paper's percent log-loss
 change is 100 (L - L_ref) / L_ref (arXiv 2603.13381).
 
-* Stein's two-stage procedure (C. Stein, Ann. Math. Statist. 16 (1945) 243-258; PAPER.md): from the
+* Stein's two-stage procedure (C. Stein, Ann. Math. Statist. 16 (1945) 243-258): from the
   first n0 >= 5 paired differences with sd s0, N = max(n0, floor(t^2_{1-alpha/2, n0-1} s0^2 / d^2) + 1)
   pairs in all.  Because N depends on the first stage only, (mean_N - mu) sqrt(N) / s0 is exactly Student t
   with n0 - 1 degrees of freedom, whatever the unknown sd: the interval mean_N +- t_{1-alpha/2, n0-1} s0 / sqrt(N)
@@ -31,7 +31,7 @@ from scipy import stats
 from study.analysis.stats import adjust, mean_ci, zero_variance
 
 ALPHA = 0.05
-#: the smallest first stage of Stein's procedure (PAPER.md)
+#: the smallest first stage of Stein's procedure (C. Stein, Ann. Math. Statist. 16 (1945) 243-258)
 MIN_N0 = 5
 WORDS = ("better", "worse", "equivalent", "undecided")
 

@@ -1,8 +1,8 @@
 """Tuning by one rule (pure logic, no training): the lr grid, its extension until the optimum is bracketed,
 and the choice of lr* (a quadratic in ln lr through the best point and its neighbours, or the best point).
 
-The rule (PAPER.md "Statistics for a decided verdict"; arXiv 1910.11758 and the AlgoPerf rules for equal
-tuning effort; the follow-up "Retuning the Linear Baseline at GPT-3 Large" for the quadratic):
+The rule (arXiv 1910.11758 and the AlgoPerf rules for equal tuning effort; the public follow-up "Retuning
+the Linear Baseline at GPT-3 Large" (GitHub fork 25simsa1/1beyond_query_linearity, 2026) for the quadratic):
 
 * the grid is log-spaced in x2 steps: ``centre * 2**k`` for ``points`` consecutive k around 0;
 * every grid point is trained on every tuning seed; its score is the mean final val loss (nats) over

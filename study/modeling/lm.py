@@ -93,7 +93,8 @@ class GPTModule(pl.LightningModule):
     Keeps the learning curve (one row per evaluation: step, tokens, train_loss,
     val_loss, lr) in the checkpoint, so a resumed run writes the whole curve.
 
-    Divergence (the rule of the public follow-up's guard, PAPER.md: a non-finite loss, or two
+    Divergence (the rule of the guard of the public follow-up "Retuning the Linear Baseline at GPT-3 Large" (GitHub fork 25simsa1/1beyond_query_linearity, 2026):
+    a non-finite loss, or two
     consecutive evaluations above the best + ``train.divergence_nats``) stops the run, with
     ``self.diverged`` set to the reason and ``self.diverged_step`` to the optimizer step:
       - the train loss of an optimizer step is NaN/inf (all-reduced: every rank stops at that step);

@@ -25,7 +25,8 @@ All linear projections of a block that remain are fused in one matrix
 (C -> n_linear * C), so the baseline is nanoGPT's c_attn (C -> 3C) and the
 identity/nonlinear query keeps one fused C -> 2C projection for k and v.
 
-The recipe switches of the follow-up study (PAPER.md, "The follow-up: recipe or architecture?"),
+The recipe switches of the public follow-up "Retuning the Linear Baseline at GPT-3 Large" (GitHub fork 25simsa1/1beyond_query_linearity, 2026),
+which asks whether the gain is the recipe or the architecture;
 each a field of the variant, all resolved per layer by :func:`resolve_attention` and all off by
 default (then every tensor op is the one of the plain model):
 
@@ -95,7 +96,7 @@ class NonlinearProjection(nn.Module):
 
     Parameters: W1 (r, C), W2 (C, r), RMSNorm gain (C), LayerNorm gain (C).
 
-    With ``n_head`` set (the follow-up's per-head normalised query, PAPER.md): the LayerNorm is not
+    With ``n_head`` set (the follow-up's per-head normalised query): the LayerNorm is not
     applied; its gain g (C,) is read as (n_head, head_dim) and, per head h,
     q_h = RMS(x_h) + g_h * RMS(u_h), u = W2 act(W1 RMSNorm(x)), RMS(v) = v rsqrt(mean(v^2) + 1e-6)
     over head_dim: the same parameters as the plain map.
@@ -329,7 +330,7 @@ class GPT(nn.Module):
         self.transformer.wte.weight = self.lm_head.weight  # tied embeddings
         self.init_parameters(init_seed)
 
-    # -- initialisation, all in one place (GPT-2 / nanoGPT; PAPER.md) -------------------------
+    # -- initialisation, all in one place (GPT-2 / nanoGPT) ----------------------------------
     def init_std(self, name: str) -> float | None:
         """Init std of parameter ``name``: matrices and embeddings N(0, 0.02), the blocks' output
         projections (``attn.c_proj``, ``mlp.c_proj``) N(0, 0.02 / sqrt(2 n_layer)) (GPT-2 scaled init);
