@@ -35,6 +35,26 @@ def _finite(x):
     return x if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
+def seed_losses(cfg, root: Path, name: str, lr: float, seeds, group: str, params: str | None, base=(),
+                runs_dir: str | None = None, extra=(), label: str = "") -> dict[int, float | None]:
+    """Train (or reuse, :func:`study.runner.arms.ensure_run`) arm ``name`` at peak ``lr`` on each of ``seeds``
+    in run group ``group``; the tuning and the test stage both use it.
+
+    Returns: {seed: final validation loss (nats), None for a diverged run (a lost point)}; prints one line per
+    seed, ``label`` first.
+    """
+    from study.analysis.runs import read_result
+
+    out: dict[int, float | None] = {}
+    for seed in seeds:
+        d, reused = ensure_run([*base, *run_overrides(cfg, name, seed, lr, group, runs_dir), *extra], root, params)
+        r = read_result(d)
+        out[int(seed)] = r["val_loss"] if r["status"] == "ok" else None
+        print(f"{label}seed {seed}: {'diverged' if out[int(seed)] is None else format(out[int(seed)], '.4f')}"
+              f"{' (reused)' if reused else ''}", flush=True)
+    return out
+
+
 def tune_one(cfg, root: Path, name: str, params: str | None, base: list[str] = ()) -> dict:
     """Tune arm ``name`` (see the module docstring); returns and writes its tuning.json content.
 
@@ -42,8 +62,6 @@ def tune_one(cfg, root: Path, name: str, params: str | None, base: list[str] = (
         params: the composed config the runs start from (params.yaml under DVC; None: conf/ composed).
         base: the stage's own overrides, given to every run before the run's own.
     """
-    from study.analysis.runs import read_result
-
     arm, tu = arm_of(cfg, name), cfg.tune
     if name not in tu.arms:
         raise ConfigError(f"arm {name!r} is not in tune.arms={list(tu.arms)}: add it there to tune it")
@@ -51,15 +69,8 @@ def tune_one(cfg, root: Path, name: str, params: str | None, base: list[str] = (
     points = {}
 
     def evaluate(lr: float) -> float:
-        losses = {}
-        for seed in tu.seeds:
-            d, reused = ensure_run([*base, *run_overrides(cfg, name, seed, lr, tune_group(name, lr), tu.runs_dir),
-                                    *extra], root, params)
-            r = read_result(d)
-            losses[int(seed)] = r["val_loss"] if r["status"] == "ok" else None
-            print(f"tune {name}: lr {lr_key(lr)} seed {seed}: "
-                  f"{'diverged' if losses[int(seed)] is None else format(losses[int(seed)], '.4f')}"
-                  f"{' (reused)' if reused else ''}", flush=True)
+        losses = seed_losses(cfg, root, name, lr, tu.seeds, tune_group(name, lr), params, base, tu.runs_dir, extra,
+                             label=f"tune {name}: lr {lr_key(lr)} ")
         s = score(list(losses.values()))
         points[lr] = {"lr": lr, "losses": {str(k): v for k, v in losses.items()}, "mean": _finite(s),
                       "status": "ok" if math.isfinite(s) else "lost"}

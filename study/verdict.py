@@ -25,23 +25,16 @@ from pathlib import Path
 from study.analysis.decision import seed_list, seeds_to_train
 from study.analysis.summary import finite_or_null
 from study.analysis.verdict import PLAN, TEST_GROUP, all_seeds, compare_all, comparisons_of, comparison_name
-from study.runner.arms import arm_of, ensure_run, run_overrides, testing_group, tuned_lr
+from study.runner.arms import arm_of, testing_group, tuned_lr
+from study.tune import check_tuned, seed_losses
 from study.config import run_stage
 
 
 def _losses(cfg, root: Path, arm: str, seeds: list[int], lr: float, params: str | None,
             base: list[str] = ()) -> dict[int, float]:
-    from study.analysis.runs import read_result
-
-    out = {}
-    for s in seeds:
-        d, reused = ensure_run([*base, *run_overrides(cfg, arm, s, lr, testing_group(arm))], root, params)
-        r = read_result(d)
-        print(f"test {arm}: seed {s}: {'diverged' if r['status'] != 'ok' else format(r['val_loss'], '.4f')}"
-              f"{' (reused)' if reused else ''}", flush=True)
-        if r["status"] == "ok":
-            out[int(s)] = r["val_loss"]
-    return out
+    """{seed: final val loss} of the test runs of ``arm`` that finished (diverged ones left out: lost points)."""
+    losses = seed_losses(cfg, root, arm, lr, seeds, testing_group(arm), params, base, label=f"test {arm}: ")
+    return {s: v for s, v in losses.items() if v is not None}
 
 
 def run_tests(cfg, root: Path, params: str | None, base: list[str] = ()) -> dict:
@@ -51,8 +44,6 @@ def run_tests(cfg, root: Path, params: str | None, base: list[str] = ()) -> dict
         params: the composed config the runs start from (params.yaml under DVC; None: conf/ composed).
         base: the stage's own overrides, given to every run before the run's own.
     """
-    from study.tune import check_tuned
-
     s = cfg.study
     folder = root / s.runs_dir / TEST_GROUP
     folder.mkdir(parents=True, exist_ok=True)

@@ -82,7 +82,7 @@ TRAIN = _train
 
 def reusable(cfg, root: Path, d: Path) -> bool:
     """Whether ``d`` holds a finished run trained under this config's resume key (settings, code, data)."""
-    from study.runner.run_state import resume_record, run_digest
+    from study.runner.run_state import run_digest
 
     try:
         record = json.loads((d / "record.json").read_text())
