@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from study.analysis.tuning import choose, lr_key, score, tune_arm
-from study.runner.arms import arm_of, ensure_run, run_overrides, tune_group
+from study.runner.arms import arm_of, ensure_runs, run_overrides, tune_group
 from study.config import ConfigError, StudyError, run_stage
 
 TABLE_JSON, TABLE_MD, FIGURE, RESULT = "table.json", "table.md", "tuning.png", "tuning.json"
@@ -37,20 +37,34 @@ def _finite(x):
 
 def seed_losses(cfg, root: Path, name: str, lr: float, seeds, group: str, params: str | None, base=(),
                 runs_dir: str | None = None, extra=(), label: str = "") -> dict[int, float | None]:
-    """Train (or reuse, :func:`study.runner.arms.ensure_run`) arm ``name`` at peak ``lr`` on each of ``seeds``
-    in run group ``group``; the tuning and the test stage both use it.
+    """Train (or reuse, :func:`study.runner.arms.ensure_runs`) arm ``name`` at peak ``lr`` on each of ``seeds``
+    in run group ``group``, ``study.jobs`` at once; the tuning and the test stage both use it.
 
     Returns: {seed: final validation loss (nats), None for a diverged run (a lost point)}; prints one line per
     seed, ``label`` first.
     """
+    got = arm_losses(cfg, root, [(name, lr, group, label)], seeds_of={name: list(seeds)}, params=params, base=base,
+                     runs_dir=runs_dir, extra=extra)
+    return got[name]
+
+
+def arm_losses(cfg, root: Path, arms: list[tuple[str, float, str, str]], seeds_of: dict[str, list[int]],
+               params: str | None, base=(), runs_dir: str | None = None, extra=()) -> dict[str, dict[int, float | None]]:
+    """:func:`seed_losses` for several arms at once: ``arms`` = [(name, lr, group, label)], each on
+    ``seeds_of[name]``; every missing run of all of them shares the ``study.jobs`` trainings at once.
+
+    Returns: {name: {seed: final validation loss (nats), None for a diverged run}}.
+    """
     from study.analysis.runs import read_result
 
-    out: dict[int, float | None] = {}
-    for seed in seeds:
-        d, reused = ensure_run([*base, *run_overrides(cfg, name, seed, lr, group, runs_dir), *extra], root, params)
+    todo = [(name, lr, group, label, int(seed)) for name, lr, group, label in arms for seed in seeds_of[name]]
+    done = ensure_runs([[*base, *run_overrides(cfg, n, seed, lr, g, runs_dir), *extra] for n, lr, g, _, seed in todo],
+                       root, params, cfg.study.jobs)
+    out: dict[str, dict[int, float | None]] = {name: {} for name, *_ in arms}
+    for (name, _, _, label, seed), (d, reused) in zip(todo, done):
         r = read_result(d)
-        out[int(seed)] = r["val_loss"] if r["status"] == "ok" else None
-        print(f"{label}seed {seed}: {'diverged' if out[int(seed)] is None else format(out[int(seed)], '.4f')}"
+        out[name][seed] = r["val_loss"] if r["status"] == "ok" else None
+        print(f"{label}seed {seed}: {'diverged' if out[name][seed] is None else format(out[name][seed], '.4f')}"
               f"{' (reused)' if reused else ''}", flush=True)
     return out
 

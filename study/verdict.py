@@ -26,15 +26,16 @@ from study.analysis.decision import seed_list, seeds_to_train
 from study.analysis.summary import finite_or_null
 from study.analysis.verdict import PLAN, TEST_GROUP, all_seeds, compare_all, comparisons_of, comparison_name
 from study.runner.arms import arm_of, testing_group, tuned_lr
-from study.tune import check_tuned, seed_losses
+from study.tune import arm_losses, check_tuned
 from study.config import run_stage
 
 
-def _losses(cfg, root: Path, arm: str, seeds: list[int], lr: float, params: str | None,
-            base: list[str] = ()) -> dict[int, float]:
-    """{seed: final val loss} of the test runs of ``arm`` that finished (diverged ones left out: lost points)."""
-    losses = seed_losses(cfg, root, arm, lr, seeds, testing_group(arm), params, base, label=f"test {arm}: ")
-    return {s: v for s, v in losses.items() if v is not None}
+def _losses(cfg, root: Path, seeds_of: dict[str, list[int]], lrs: dict[str, float], params: str | None,
+            base: list[str] = ()) -> dict[str, dict[int, float]]:
+    """{arm: {seed: final val loss}} of the test runs of each arm of ``seeds_of`` that finished (diverged ones
+    left out: lost points); the missing runs of all arms share the ``study.jobs`` trainings at once."""
+    got = arm_losses(cfg, root, [(a, lrs[a], testing_group(a), f"test {a}: ") for a in seeds_of], seeds_of, params, base)
+    return {a: {s: v for s, v in losses.items() if v is not None} for a, losses in got.items()}
 
 
 def run_tests(cfg, root: Path, params: str | None, base: list[str] = ()) -> dict:
@@ -57,7 +58,7 @@ def run_tests(cfg, root: Path, params: str | None, base: list[str] = ()) -> dict
         arm_of(cfg, a)
     n0 = len(s.seeds)
     first = list(s.seeds)
-    ok = {a: _losses(cfg, root, a, first, lrs[a], params, base) for a in s.arms}
+    ok = _losses(cfg, root, {a: first for a in s.arms}, lrs, params, base)
     stage_one = compare_all(cfg, ok)
     need = {a: n0 for a in s.arms}
     for (a, r) in comparisons_of(cfg):
@@ -65,11 +66,12 @@ def run_tests(cfg, root: Path, params: str | None, base: list[str] = ()) -> dict
         n = seeds_to_train({"c": c}, n0, s.max_seeds)
         need[a], need[r] = max(need[a], n), max(need[r], n)
     seeds = {a: seed_list(first, need[a], list(cfg.tune.seeds)) for a in s.arms}
-    for a in s.arms:
-        extra = [x for x in seeds[a] if x not in first]
-        if extra:
-            print(f"test {a}: Stein's second stage, {len(extra)} more seed(s): {extra}", flush=True)
-            _losses(cfg, root, a, extra, lrs[a], params, base)
+    extra = {a: [x for x in seeds[a] if x not in first] for a in s.arms}
+    extra = {a: x for a, x in extra.items() if x}
+    for a, x in extra.items():
+        print(f"test {a}: Stein's second stage, {len(x)} more seed(s): {x}", flush=True)
+    if extra:
+        _losses(cfg, root, extra, lrs, params, base)
     plan = {"arms": list(s.arms), "n0": n0, "lr": lrs, "seeds": seeds, "all_seeds": all_seeds(cfg),
             "stage_one": {k: {"s0": c["stein"]["s0"], "n_needed": c["stein"]["n_needed"],
                               "capped": c["stein"]["capped"]} for k, c in stage_one.items()}}

@@ -10,7 +10,8 @@ A run of an arm is ``study.train`` with ``variant=VARIANT seed=SEED variant.lr=L
 its own folder (``study.group``): tuning runs under ``tune.runs_dir/ARM/lrLR/VARIANT-sSEED``, test runs under
 ``runs/test/ARM/VARIANT-sSEED``.  :func:`ensure_run` reuses a finished run trained under the same resume key
 (settings, code and data) and trains it otherwise, in this process (replacing a finished run of another key, as
-DVC replaces a stage's outputs when its dependencies change).
+DVC replaces a stage's outputs when its dependencies change).  :func:`ensure_runs` does the same for a list of runs,
+``study.jobs`` of them at once, each in its own ``study.train`` process.
 """
 from __future__ import annotations
 
@@ -101,6 +102,73 @@ def reusable(cfg, root: Path, d: Path) -> bool:
         return False
 
 
+def _pending(overrides: list[str], root: Path, params: str | None) -> tuple[Path, list[str] | None]:
+    """(the run folder, the overrides to train it with; None when a finished run there is reusable)."""
+    cfg = load_config(overrides, root, params=params)
+    d = run_dir(root, cfg, cfg.variant.name, cfg.seed)
+    if reusable(cfg, root, d):
+        return d, None
+    if (d / "metrics.json").is_file():
+        print(f"{d}: the finished run there was trained under other settings, code or data: replacing it", flush=True)
+        return d, [*overrides, "train.overwrite=true"]
+    return d, list(overrides)
+
+
+def ensure_runs(runs: list[list[str]], root: Path, params: str | None, jobs: int = 1) -> list[tuple[Path, bool]]:
+    """:func:`ensure_run` for each override list of ``runs``, ``jobs`` trainings at once.
+
+    With ``jobs`` > 1 each run to train is its own ``python -m study.train`` process (the same command DVC runs,
+    same overrides, so the same numbers as in this process at the same ``trainer.threads``); output lines carry
+    the run's name.  A run that fails does not stop the others; once all have ended, the failures are raised
+    together (finished runs are kept and reused by the next start).
+
+    Returns: [(run folder, whether it was reused)], in the order of ``runs``.
+
+    Raises:
+        StudyError: a training process exited non-zero (names each run and its exit status).
+    """
+    if jobs <= 1:
+        return [ensure_run(o, root, params) for o in runs]
+    pending = [_pending(o, root, params) for o in runs]
+    todo = [(d, o) for d, o in pending if o is not None]
+    failed = _train_processes(todo, root, params, jobs)
+    if failed:
+        raise StudyError(f"{len(failed)} run(s) failed: {', '.join(f'{d} (exit {rc})' for d, rc in failed)}: see their "
+                         f"output above; fix the cause and re-run (finished runs are reused)")
+    return [(d, o is None) for d, o in pending]
+
+
+def _train_processes(todo: list[tuple[Path, list[str]]], root: Path, params: str | None,
+                     jobs: int) -> list[tuple[Path, int]]:
+    """Run ``study.train`` for each (folder, overrides), ``jobs`` at once; [(folder, exit status)] of failures.
+    Ctrl-C or SIGTERM of this process terminates the trainings it started (each marks its run KILLED)."""
+    import subprocess
+    import sys
+    import time
+
+    from study.runner.run_state import terminate_as_exception
+
+    queue, live, failed = list(todo), [], []
+    base = [sys.executable, "-m", "study.train", *(["--params", str(params)] if params else [])]
+    try:
+        with terminate_as_exception():
+            while queue or live:
+                while queue and len(live) < jobs:
+                    d, o = queue.pop(0)
+                    live.append((d, subprocess.Popen([*base, *o], cwd=root)))
+                time.sleep(0.2)
+                for d, proc in [x for x in live if x[1].poll() is not None]:
+                    live.remove((d, proc))
+                    if proc.returncode:
+                        failed.append((d, proc.returncode))
+    finally:
+        for _, proc in live:
+            proc.terminate()
+        for _, proc in live:
+            proc.wait()
+    return failed
+
+
 def ensure_run(overrides: list[str], root: Path, params: str | None) -> tuple[Path, bool]:
     """Train one run unless its folder already holds it finished under the same resume key.
 
@@ -110,12 +178,8 @@ def ensure_run(overrides: list[str], root: Path, params: str | None) -> tuple[Pa
 
     Returns: (the run folder, whether it was reused).
     """
-    cfg = load_config(overrides, root, params=params)
-    d = run_dir(root, cfg, cfg.variant.name, cfg.seed)
-    if reusable(cfg, root, d):
+    d, todo = _pending(overrides, root, params)
+    if todo is None:
         return d, True
-    if (d / "metrics.json").is_file():
-        print(f"{d}: the finished run there was trained under other settings, code or data: replacing it", flush=True)
-        cfg.train.overwrite = True
-    TRAIN(cfg, root)
+    TRAIN(load_config(todo, root, params=params), root)
     return d, False

@@ -1,0 +1,61 @@
+"""study.jobs: the tune and verdict stages train their missing runs in study.train processes, several at once,
+with the numbers of one in-process training at the same trainer.threads; failures are named together, finished
+runs reused."""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import pytest
+import torch
+
+from study.config import ConfigError, StudyError, load_config
+
+
+def overrides(tmp, seed: int, runs: str) -> list[str]:
+    return [f"study.runs_dir={tmp / runs}", f"study.tracking_db={tmp / 'mlruns.db'}",
+            f"study.artifact_dir={tmp / 'mlartifacts'}", "trainer.progress_bar=false", "trainer.threads=1",
+            "variant=baseline", f"seed={seed}", "variant.lr=0.003", "study.group=test/x", "train.tokens=8192"]
+
+
+def val_loss(d) -> float:
+    return json.loads((d / "metrics.json").read_text())["val_loss"]
+
+
+def test_two_processes_give_the_numbers_of_one_and_reuse_what_finished(nano_project, tmp_path, monkeypatch):
+    from study.runner.arms import ensure_runs
+
+    monkeypatch.chdir(nano_project)
+    runs = [overrides(tmp_path, s, "par") for s in (1, 2)]
+    got = ensure_runs(runs, nano_project, None, jobs=2)
+    assert [(d.name, reused) for d, reused in got] == [("baseline-s1", False), ("baseline-s2", False)]
+    assert [d.parent for d, _ in got] == [tmp_path / "par/test/x"] * 2
+    threads = torch.get_num_threads()
+    try:  # the same runs in this process, one after the other
+        serial = ensure_runs([overrides(tmp_path, s, "ser") for s in (1, 2)], nano_project, None, jobs=1)
+    finally:
+        torch.set_num_threads(threads)
+    assert [val_loss(d) for d, _ in got] == [val_loss(d) for d, _ in serial]
+    assert val_loss(got[0][0]) != val_loss(got[1][0])  # two seeds, two runs
+    assert [r for _, r in ensure_runs(runs, nano_project, None, jobs=2)] == [True, True]
+
+
+def test_failed_trainings_are_named_together(nano_project, tmp_path, monkeypatch):
+    from study.runner.arms import ensure_runs
+
+    monkeypatch.chdir(nano_project)
+    monkeypatch.setattr(sys, "executable", shutil.which("false"))  # every training process exits 1
+    with pytest.raises(StudyError, match=r"2 run\(s\) failed: .*baseline-s1 \(exit 1\), .*baseline-s2 \(exit 1\)"):
+        ensure_runs([overrides(tmp_path, s, "bad") for s in (1, 2)], nano_project, None, jobs=2)
+
+
+@pytest.mark.parametrize("over, message", [
+    (["study.jobs=2"], r"study.jobs=2 runs 2 trainings at once: set trainer.threads"),
+    (["study.jobs=0"], r"study.jobs=0 must be >= 1"),
+])
+def test_jobs_settings_are_checked(nano_project, monkeypatch, over, message):
+    monkeypatch.chdir(nano_project)
+    with pytest.raises(ConfigError, match=message):
+        load_config(over, nano_project)
+    assert load_config(["study.jobs=2", "trainer.threads=1"], nano_project).study.jobs == 2
