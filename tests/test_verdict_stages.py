@@ -225,3 +225,47 @@ def test_make_tune_through_dvc(tmp_path):
     assert r.returncode == 0 and "didn't change" in r.stdout, r.stdout[-2000:]
     r = dvc("dag", "--md", "compare")
     assert r.returncode == 0 and "tune@" not in r.stdout and "verdict" in r.stdout
+
+
+def test_the_verdict_alone_is_the_report(nano_project, tmp_path, monkeypatch, fake_train):
+    """study.variants=[] (the default study): no shared-lr runs, the report is the decided verdict: its tables,
+    metrics/ARM.json, the test runs' curves and the verdict figure."""
+    from study.compare import main as compare
+    from study.config import load_config
+    from study.tune import main as tune, write_table
+    from study.verdict import main as verdict
+
+    monkeypatch.chdir(nano_project)
+    monkeypatch.setenv("DVC_EXP_NAME", "test")
+    params = write_params(nano_project, tmp_path)
+    for arm in ("base", "nlq"):
+        assert tune(["--arm", arm, "--params", str(params)]) == 0
+    write_table(load_config([], nano_project, params=str(params)), nano_project, tmp_path / "tuned.yaml")
+    tuned = yaml.safe_load((tmp_path / "tuned.yaml").read_text())["tuned"]["lr"]
+    data = yaml.safe_load(write_params(nano_project, tmp_path, tuned).read_text())
+    data["study"]["variants"] = []
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert verdict(["--params", str(params)]) == 0
+    assert compare(["--params", str(params)]) == 0
+    out = tmp_path / "reports"
+    summary = json.loads((out / "summary.json").read_text())
+    plan = json.loads((tmp_path / "runs/test/plan.json").read_text())
+    c = summary["verdict"]["comparisons"]["nlq vs base"]
+    metrics = {p.stem: json.loads(p.read_text()) for p in (out / "metrics").glob("*.json")}
+    assert set(metrics) == {"today", "base", "nlq"}
+    nlq = [loss("nonlinear_q", tuned["nlq"], s) for s in plan["seeds"]["nlq"]]
+    assert metrics["nlq"]["val_loss"] == pytest.approx(np.mean(nlq), rel=1e-9) and metrics["nlq"]["n"] == len(nlq)
+    vs = metrics["nlq"]["vs_base"]
+    diffs = [loss("nonlinear_q", tuned["nlq"], s) - loss("baseline", tuned["base"], s) for s in range(1, vs["n"] + 1)]
+    ref = np.mean([loss("baseline", tuned["base"], s) for s in range(1, vs["n"] + 1)])
+    assert vs["pct_log_loss"] == pytest.approx(100 * np.mean(diffs) / ref, rel=1e-9)
+    assert vs["ci_high"] - vs["pct_log_loss"] == pytest.approx(
+        100 / ref * stats.t.ppf(0.975, vs["n"] - 1) * np.std(diffs, ddof=1) / math.sqrt(vs["n"]), rel=1e-9)
+    assert vs["p"] == pytest.approx(c["p_value_bh"], rel=1e-12) and vs["n"] == c["n_pairs"]
+    assert set(metrics["base"]) == {"val_loss", "n"}  # the reference
+    rows = (out / "curves.csv").read_text().splitlines()
+    assert rows[0] == "run,variant,seed,step,tokens,val_loss,train_loss"
+    assert {r.split(",")[0] for r in rows[1:]} == {f"{a}-s{s}" for a in plan["seeds"] for s in plan["seeds"][a]}
+    assert (out / "figures/verdict.png").read_bytes()[:4] == b"\x89PNG" and "verdict.png" in summary["figures"]
+    md = (out / "comparison.md").read_text()
+    assert "## The decided verdict" in md and "![verdict](figures/verdict.png)" in md

@@ -21,7 +21,7 @@ PALETTE = {"baseline": "#1f77b4", "identity_q": "#2ca02c", "nonlinear_q": "#d627
            "baseline_mlp3.5": "#c5b0d5", "baseline_mlp4.5": "#c49c94", "baseline_mlp5": "#f7b6d2"}
 #: every figure this module can write (file names under the figures folder)
 ALL = ("val_loss_curves.png", "train_loss_curves.png", "final_val_loss.png", "paired_differences.png",
-       "per_corpus.png", "frontier.png", "lr_sweep.png", "scale_ladder.png")
+       "per_corpus.png", "frontier.png", "lr_sweep.png", "scale_ladder.png", "verdict.png")
 
 
 def color(variant: str) -> str:
@@ -141,6 +141,30 @@ def paired_differences(summary: dict, out: Path) -> Path:
     return _save(fig, out / "paired_differences.png")
 
 
+def verdict(v: dict, out: Path) -> Path:
+    """The decided verdict (summary.json "verdict"): per comparison, each seed's paired difference (% log-loss of
+    the reference), the mean with its 95% t interval, the +-margin band of equivalence and the one word."""
+    fig, ax = panel()
+    comps = v["comparisons"]
+    m = v["margin_pct"]
+    ax.axhspan(-m, m, color="#2ca02c", alpha=0.12, label=f"equivalent within +-{m:g}%")
+    for i, (k, c) in enumerate(comps.items()):
+        pct = [100.0 * x / c["ref_mean"] for x in c["diffs"]]
+        col = color(v["arms"][c["arm"]]["variant"])
+        ax.scatter([i - 0.15 + 0.02 * (j - (len(pct) - 1) / 2) for j in range(len(pct))], pct, color=col, alpha=0.5, s=16)
+        mean, (lo, hi) = c["pct"]["mean"], c["pct"]["ci95"]
+        if math.isfinite(lo):
+            ax.errorbar([i + 0.15], [mean], yerr=[[mean - lo], [hi - mean]], fmt="o", color=col, capsize=6)
+        ax.annotate(f"{c['word']} (n={c['n_pairs']})", (i + 0.15, hi if math.isfinite(hi) else mean),
+                    xytext=(0, 6), textcoords="offset points", ha="center", fontsize=8)
+    ax.axhline(0, color="black", lw=0.8)
+    ax.axhline(PAPER_PCT_LOG_LOSS, color="grey", ls="--", lw=0.8, label=f"paper's {PAPER_PCT_LOG_LOSS:+.2f}%")
+    ax.set_xticks(range(len(comps)), list(comps), rotation=15)
+    finish(ax, "The decided verdict: paired differences by seed; mean with 95% t interval",
+           "log-loss change vs the reference (%)", grid="y")
+    return _save(fig, out / "verdict.png")
+
+
 def per_corpus(summary: dict, out: Path) -> Path:
     """Final validation loss per corpus and variant (mean over seeds), with the yardsticks as dashed lines."""
     corpora = summary["per_corpus"]["corpora"]
@@ -247,8 +271,11 @@ def write_all(summary: dict, runs: dict[str, dict[int, dict]], out: Path) -> lis
     written = [loss_curves(runs, out, "val_loss", "Validation loss, mean over seeds (band: min..max)",
                            "val_loss_curves.png"),
                loss_curves(runs, out, "train_loss", "Training loss (mean between evaluations), "
-                           "mean over seeds", "train_loss_curves.png"),
-               final_losses(summary, runs, out)]
+                           "mean over seeds", "train_loss_curves.png")] if runs else []
+    if summary["variants"]:
+        written.append(final_losses(summary, runs, out))
+    if (summary.get("verdict") or {}).get("comparisons"):
+        written.append(verdict(summary["verdict"], out))
     if summary["vs_baseline"]:
         written.append(paired_differences(summary, out))
     if summary.get("per_corpus"):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from study.analysis import figures, tables
 from study.analysis.runs import load_runs
-from study.analysis.summary import finite_or_null, summarize
+from study.analysis.summary import finite_or_null, recorded_settings, summarize, yardsticks
 
 #: where the figures go, under study.reports_dir (one DVC plots folder: only existing figures are plots)
 FIGURES = "figures"
@@ -36,11 +36,17 @@ def write_report(cfg, root: Path) -> dict:
         RunsError: a run is missing or unreadable.
         PairingError: runs that would be compared differ in a setting other than the variant.
     """
-    runs = load_runs(cfg, root, group=str(cfg.study.group or ""))
+    runs = load_runs(cfg, root, group=str(cfg.study.group or "")) if cfg.study.variants else {}
     out = report_dir(cfg, root)
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(cfg, runs, root)
-    summary["figures"] = figures.write_all(summary, runs, out / FIGURES)
+    if not runs and summary.get("verdict"):  # the decided verdict alone: its test runs are the curves
+        from study.analysis.verdict import test_runs
+
+        runs = test_runs(cfg, root)
+        summary["settings"] = recorded_settings(runs)
+        summary["yardsticks"] = yardsticks(root / cfg.data.dir / "meta.json", summary["settings"])
+    summary["figures"] = figures.write_all(summary, runs if summary["variants"] else {}, out / FIGURES)
     (out / "comparison.md").write_text(tables.markdown(summary, summary["figures"]))
     (out / "summary.json").write_text(json.dumps(finite_or_null(summary), indent=1, allow_nan=False))
     write_metrics(summary, out / METRICS)
@@ -61,9 +67,24 @@ def variant_metrics(summary: dict) -> dict[str, dict]:
         if c:
             lo, hi = c.get("pct_log_loss_ci95") or (None, None)
             m.update(pct_log_loss=c.get("pct_log_loss"), ci_low=lo, ci_high=hi, p=c.get("p_value"), n=c["n_pairs"])
-        out[v] = {k: x for k, x in m.items()
-                  if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)}
+        out[v] = _numbers(m)
+    v = summary.get("verdict") or {}
+    if not summary["variants"] and v:  # the decided verdict alone: one file per arm, vs_REF per comparison
+        for a, r in v["arms"].items():
+            m = {"val_loss": r["val_loss_mean"], "n": r["n_seeds"]}
+            for c in v["comparisons"].values():
+                if c["arm"] == a:
+                    m[f"vs_{c['reference']}"] = _numbers({"pct_log_loss": c["pct"]["mean"], "ci_low": c["pct"]["ci95"][0],
+                                                         "ci_high": c["pct"]["ci95"][1], "p": c["p_value_bh"],
+                                                         "n": c["n_pairs"]})
+            out[a] = _numbers(m)
     return out
+
+
+def _numbers(m: dict) -> dict:
+    """``m`` without its undefined values: only finite numbers and mappings of them."""
+    return {k: x for k, x in m.items() if isinstance(x, dict)
+            or (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x))}
 
 
 def write_metrics(summary: dict, folder: Path) -> None:

@@ -251,12 +251,25 @@ def diverged_section(summary: dict) -> list[str]:
                     for name, x in lost]
 
 
+def yardstick_lines(summary: dict) -> list[str]:
+    """The yardsticks in one paragraph (the decided verdict's arms are compared with them in its table)."""
+    y = summary.get("yardsticks") or {}
+    if not y.get("available"):
+        return [f"Yardsticks: not shown ({y.get('note')})."] if y else []
+    shown = [f"{k} {fmt(y[k].get('all'))} nats" for k in ("unigram", "bigram") if k in y]
+    return [f"Yardsticks on the same validation windows: {', '.join(shown)} (count models of the training tokens: "
+            f"{y.get('method', 'see meta.json')}); a model below the bigram uses its context."]
+
+
 def markdown(summary: dict, figures: list[str] = ()) -> str:
     """comparison.md from summary.json's content; ``figures``: the names of the figures written."""
-    lines = header(summary) + variants_table(summary) + verdict_tables(summary) + corpus_table(summary)
-    lines += attention_logit_table(summary)
-    lines += frontier_section(summary)
-    lines += diverged_section(summary)
+    if summary["variants"]:
+        lines = header(summary) + variants_table(summary) + verdict_tables(summary) + corpus_table(summary)
+        lines += attention_logit_table(summary)
+        lines += frontier_section(summary)
+        lines += diverged_section(summary)
+    else:  # the decided verdict alone (study.variants empty): its runs' settings and the yardsticks
+        lines = header(summary) + yardstick_lines(summary)
     if summary.get("lr_sweep"):
         lines += lr_sweep_section(summary["lr_sweep"], summary["baseline"])
     if summary.get("scale_ladder"):

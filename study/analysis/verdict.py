@@ -64,6 +64,28 @@ def read_plan(cfg, root: Path) -> dict:
                         f"`python -m study.verdict --params params.yaml`)") from None
 
 
+def test_runs(cfg, root: Path) -> dict[str, dict[int, dict]]:
+    """{arm: {seed: run}}: the test runs of every arm of study.arms on the seeds of runs/test/plan.json.
+
+    Raises:
+        RunsError: the plan or a run it names is missing.
+        PairingError: test runs differ in a setting other than the variant, its lr and the arms' own overrides.
+    """
+    s = cfg.study
+    plan = read_plan(cfg, root)
+    runs, ignore = {}, set()
+    for a in s.arms:
+        arm = cfg.arms[a]
+        ignore.update(str(o).split("=", 1)[0].lstrip("+~") for o in arm.overrides)
+        seeds = plan.get("seeds", {}).get(a)
+        if seeds is None:
+            raise RunsError(f"{root / s.runs_dir / TEST_GROUP / PLAN} plans no seeds for arm {a!r}: re-run the test "
+                            f"stage (`dvc repro`)")
+        runs[a] = load_runs(cfg, root, [arm.variant], seeds, group=f"{TEST_GROUP}/{a}", pair=False)[arm.variant]
+    check(runs, "the test runs", ignore=tuple(sorted(ignore)))
+    return runs
+
+
 def verdict_report(cfg, root: Path) -> dict | None:
     """summary.json's "verdict" (None while study.arms is empty).
 
@@ -79,17 +101,7 @@ def verdict_report(cfg, root: Path) -> dict | None:
     s = cfg.study
     if not s.arms:
         return None
-    plan = read_plan(cfg, root)
-    runs, ignore = {}, set()
-    for a in s.arms:
-        arm = cfg.arms[a]
-        ignore.update(str(o).split("=", 1)[0].lstrip("+~") for o in arm.overrides)
-        seeds = plan.get("seeds", {}).get(a)
-        if seeds is None:
-            raise RunsError(f"{root / s.runs_dir / TEST_GROUP / PLAN} plans no seeds for arm {a!r}: re-run the test "
-                            f"stage (`dvc repro`)")
-        runs[a] = load_runs(cfg, root, [arm.variant], seeds, group=f"{TEST_GROUP}/{a}", pair=False)[arm.variant]
-    check(runs, "the test runs", ignore=tuple(sorted(ignore)))
+    runs = test_runs(cfg, root)
     ok = final_losses(runs)
     tuning = tuning_status(cfg, root)
     arms = {}
@@ -121,7 +133,7 @@ def _f(x, spec=".4f") -> str:
 
 def verdict_section(v: dict) -> list[str]:
     """comparison.md's section of the decided verdict (every number a field of summary.json "verdict")."""
-    lines = ["", "## The decided verdict", "",
+    lines = ["", "## The decided verdict", "", "![verdict](figures/verdict.png)", "",
              f"Every arm at its lr* (conf/tuned.yaml, or its fixed lr) on the test seeds; Stein's first stage is the "
              f"first {v['n0']} seeds, from whose paired sd each comparison's N follows (target half-width "
              f"{v['halfwidth_pct']:g}% log-loss, at most {v['max_seeds']} seeds). Equivalence margin "

@@ -102,9 +102,10 @@ def validate(cfg: RunConfig) -> None:
                           f"without surrounding spaces, '/' or '\\' (and not . or ..), e.g. study.name=nonlinear-queries")
     if not list(s.seeds):
         raise ConfigError("study.seeds is empty: list at least one seed, e.g. study.seeds=[1,2,3]")
-    if not list(s.variants):
-        raise ConfigError("study.variants is empty: list at least one variant")
-    if s.baseline not in s.variants:
+    if not list(s.variants) and not list(s.arms):
+        raise ConfigError("study.variants and study.arms are both empty: list at least one variant (the shared-lr "
+                          "comparison) or the arms of the decided verdict")
+    if list(s.variants) and s.baseline not in s.variants:
         raise ConfigError(f"study.baseline={s.baseline!r} is not in study.variants={list(s.variants)}: add it")
     if not 0.0 <= m.dropout < 1.0:
         raise ConfigError(f"model.dropout={m.dropout} must be in [0, 1)")
