@@ -51,14 +51,17 @@ exps: $(STAMP)
 
 # The two fairness profiles (docs/profiles.md): the same pipeline, more runs.
 # dvc exp run needs a git commit; DVC's Hydra mode composes conf/ with the -S overrides into params.yaml
-# in the workspace (`git checkout params.yaml` or `make params` turns the profile off again).
+# in the workspace (`git checkout params.yaml` or `make params` turns the profile off again).  The target
+# compare: only its upstream runs (never the tune@ARM stages, which `make tune` runs); the profiles compare
+# variants at a shared lr, so they set study.variants (empty in the default, whose report is the decided verdict).
 PROFILE_VARIANTS ?= [baseline,nonlinear_q]
 LADDER ?= [ladder-64,ladder-96,ladder-128]
 lr-sweep: $(STAMP)
-	.venv/bin/dvc exp run -S 'lr_sweep.variants=$(PROFILE_VARIANTS)'
+	.venv/bin/dvc exp run compare -S 'study.variants=$(PROFILE_VARIANTS)' -S 'lr_sweep.variants=$(PROFILE_VARIANTS)'
 
 scale-ladder: $(STAMP)
-	.venv/bin/dvc exp run -S 'scale_ladder.variants=$(PROFILE_VARIANTS)' -S 'scale_ladder.models=$(LADDER)'
+	.venv/bin/dvc exp run compare -S 'study.variants=$(PROFILE_VARIANTS)' -S 'scale_ladder.variants=$(PROFILE_VARIANTS)' \
+	  -S 'scale_ladder.models=$(LADDER)'
 
 test: $(STAMP)
 	$(PY) -m pytest -q -rs
