@@ -22,7 +22,10 @@ def table(overrides: list[str]) -> dict[str, dict[str, int]]:
     root = project_root()
     out = {}
     for name in available(root, "variant"):
-        cfg = load_config([*overrides, f"variant={name}"], root)
+        try:
+            cfg = load_config([*overrides, f"variant={name}"], root)
+        except ConfigError as e:  # an override every variant takes may break one of them: name it
+            raise ConfigError(f"conf/variant/{name}.yaml with {' '.join(overrides)}: {e}") from None
         out[name] = describe(cfg.model, cfg.variant)
     return out
 

@@ -444,7 +444,7 @@ def test_missing_run_hint_keeps_the_overrides_when_the_picks_alone_fail_validati
     given = ["model=nano", "data.bpe_vocab_size=512", "train.tokens=20480", "train.warmup_tokens=4096"]
     monkeypatch.chdir(root)
     assert main([f"study.runs_dir={runs}", f"study.reports_dir={tmp_path / 'reports'}", "study.seeds=[1]",
-                 "study.variants=[baseline,nonlinear_q]", *given]) == 2
+                 "study.variants=[baseline,nonlinear_q]", "study.arms=[]", *given]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and len(err.splitlines()) == 1, err
     cmds = re.findall(r"`python -m study\.train ([^`]*)`", err)

@@ -68,3 +68,15 @@ def test_compiled_model_trains_and_its_checkpoint_loads_uncompiled(run_in, tmp_p
     assert not any("_orig_mod" in k for k in ckpt["state_dict"])
     module = GPTModule(load_config(["variant=nonlinear_q", "trainer.compile=false"], nano_project))
     module.load_state_dict(ckpt["state_dict"])  # strict: same keys, compiled or not
+
+
+def test_params_names_the_variant_an_override_breaks(capsys, monkeypatch):
+    """An override every variant takes (python -m study.params variant.qk_norm=rms_gain) breaks only the one with
+    k_norm: the one-line error names its file."""
+    from study.params import main
+
+    monkeypatch.chdir(Path(__file__).resolve().parent.parent)
+    assert main(["variant.qk_norm=rms_gain"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: conf/variant/nonlinear_q_ph.yaml with "
+                                                         "variant.qk_norm=rms_gain: variant.k_norm=true"), err
