@@ -42,10 +42,10 @@ tune: params
 	$(PY) -m study.tune --write --params params.yaml
 	$(PY) -m study.config
 
-# The experiments in a terminal (152 columns with the default study): every run's metrics.json and every
-# param is a column of `dvc exp show` (111 columns, ~900 characters), so keep the verdict (% log-loss of
-# each variant against the baseline) and the budget; `dvc metrics show` has the runs and p, CI, n.
-EXPS_KEEP ?= Experiment|Created|pct_log_loss|reports/metrics/.*:pct_log_loss|train\.lr$$|train\.tokens$$
+# The experiments in a terminal: every run's metrics.json and every param is a column of `dvc exp show`,
+# so keep the verdict (% log-loss of each arm against each reference, or of each variant against the
+# baseline), the tuned lr* and the budget; `dvc metrics show` has the runs and p, CI, n.
+EXPS_KEEP ?= Experiment|Created|.*pct_log_loss$$|tuned\.lr\..*|train\.lr$$|train\.tokens$$
 exps: $(STAMP)
 	.venv/bin/dvc exp show --no-pager --drop '.*' --keep '$(EXPS_KEEP)'
 
@@ -53,14 +53,17 @@ exps: $(STAMP)
 # dvc exp run needs a git commit; DVC's Hydra mode composes conf/ with the -S overrides into params.yaml
 # in the workspace (`git checkout params.yaml` or `make params` turns the profile off again).  The target
 # compare: only its upstream runs (never the tune@ARM stages, which `make tune` runs); the profiles compare
-# variants at a shared lr, so they set study.variants (empty in the default, whose report is the decided verdict).
+# variants at a shared lr, so they set study.variants (empty in the default, whose report is the decided verdict)
+# and switch the decided verdict off (study.arms=[]: compare's upstream holds the verdict stage).
 PROFILE_VARIANTS ?= [baseline,nonlinear_q]
 LADDER ?= [ladder-64,ladder-96,ladder-128]
 lr-sweep: $(STAMP)
-	.venv/bin/dvc exp run compare -S 'study.variants=$(PROFILE_VARIANTS)' -S 'lr_sweep.variants=$(PROFILE_VARIANTS)'
+	.venv/bin/dvc exp run compare -S 'study.arms=[]' -S 'study.variants=$(PROFILE_VARIANTS)' \
+	  -S 'lr_sweep.variants=$(PROFILE_VARIANTS)'
 
 scale-ladder: $(STAMP)
-	.venv/bin/dvc exp run compare -S 'study.variants=$(PROFILE_VARIANTS)' -S 'scale_ladder.variants=$(PROFILE_VARIANTS)' \
+	.venv/bin/dvc exp run compare -S 'study.arms=[]' -S 'study.variants=$(PROFILE_VARIANTS)' \
+	  -S 'scale_ladder.variants=$(PROFILE_VARIANTS)' \
 	  -S 'scale_ladder.models=$(LADDER)'
 
 test: $(STAMP)

@@ -21,11 +21,13 @@ def table(overrides: list[str]) -> dict[str, dict[str, int]]:
     """{variant: describe(...)} for every variant file, at the model chosen by ``overrides``."""
     root = project_root()
     out = {}
+    load_config(list(overrides), root)  # the overrides themselves (a model that does not exist, ...)
     for name in available(root, "variant"):
         try:
             cfg = load_config([*overrides, f"variant={name}"], root)
         except ConfigError as e:  # an override every variant takes may break one of them: name it
-            raise ConfigError(f"conf/variant/{name}.yaml with {' '.join(overrides)}: {e}") from None
+            raise ConfigError(f"conf/variant/{name}.yaml{' with ' + ' '.join(overrides) if overrides else ''}: "
+                              f"{e}") from None
         out[name] = describe(cfg.model, cfg.variant)
     return out
 

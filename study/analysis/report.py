@@ -41,9 +41,9 @@ def write_report(cfg, root: Path) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     summary = summarize(cfg, runs, root)
     if not runs and summary.get("verdict"):  # the decided verdict alone: its test runs are the curves
-        from study.analysis.verdict import test_runs
+        from study.analysis.verdict import tested_runs
 
-        runs = test_runs(cfg, root)
+        runs = tested_runs(cfg, root)
         summary["settings"] = recorded_settings(runs)
         summary["yardsticks"] = yardsticks(root / cfg.data.dir / "meta.json", summary["settings"])
     summary["figures"] = figures.write_all(summary, runs if summary["variants"] else {}, out / FIGURES)

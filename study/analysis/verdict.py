@@ -64,7 +64,7 @@ def read_plan(cfg, root: Path) -> dict:
                         f"`python -m study.verdict --params params.yaml`)") from None
 
 
-def test_runs(cfg, root: Path) -> dict[str, dict[int, dict]]:
+def tested_runs(cfg, root: Path) -> dict[str, dict[int, dict]]:
     """{arm: {seed: run}}: the test runs of every arm of study.arms on the seeds of runs/test/plan.json.
 
     Raises:
@@ -101,7 +101,7 @@ def verdict_report(cfg, root: Path) -> dict | None:
     s = cfg.study
     if not s.arms:
         return None
-    runs = test_runs(cfg, root)
+    runs = tested_runs(cfg, root)
     ok = final_losses(runs)
     tuning = tuning_status(cfg, root)
     arms = {}
@@ -133,7 +133,7 @@ def _f(x, spec=".4f") -> str:
 
 def verdict_section(v: dict) -> list[str]:
     """comparison.md's section of the decided verdict (every number a field of summary.json "verdict")."""
-    lines = ["", "## The decided verdict", "", "![verdict](figures/verdict.png)", "",
+    lines = ["", "## The decided verdict", ""] + (["![verdict](figures/verdict.png)", ""] if v["comparisons"] else []) + [
              f"Every arm at its lr* (conf/tuned.yaml, or its fixed lr) on the test seeds; Stein's first stage is the "
              f"first {v['n0']} seeds, from whose paired sd each comparison's N follows (target half-width "
              f"{v['halfwidth_pct']:g}% log-loss, at most {v['max_seeds']} seeds). Equivalence margin "

@@ -118,8 +118,8 @@ def ensure_runs(runs: list[list[str]], root: Path, params: str | None, jobs: int
     """:func:`ensure_run` for each override list of ``runs``, ``jobs`` trainings at once.
 
     With ``jobs`` > 1 each run to train is its own ``python -m study.train`` process (the same command DVC runs,
-    same overrides, so the same numbers as in this process at the same ``trainer.threads``); output lines carry
-    the run's name.  A run that fails does not stop the others; once all have ended, the failures are raised
+    same overrides, so the same numbers as in this process at the same ``trainer.threads``), its progress in
+    lines that carry the run's name (``trainer.progress_bar=false``: two bars would share one terminal line).  A run that fails does not stop the others; once all have ended, the failures are raised
     together (finished runs are kept and reused by the next start).
 
     Returns: [(run folder, whether it was reused)], in the order of ``runs``.
@@ -155,7 +155,7 @@ def _train_processes(todo: list[tuple[Path, list[str]]], root: Path, params: str
             while queue or live:
                 while queue and len(live) < jobs:
                     d, o = queue.pop(0)
-                    live.append((d, subprocess.Popen([*base, *o], cwd=root)))
+                    live.append((d, subprocess.Popen([*base, *o, "trainer.progress_bar=false"], cwd=root)))
                 time.sleep(0.2)
                 for d, proc in [x for x in live if x[1].poll() is not None]:
                     live.remove((d, proc))
@@ -165,7 +165,11 @@ def _train_processes(todo: list[tuple[Path, list[str]]], root: Path, params: str
         for _, proc in live:
             proc.terminate()
         for _, proc in live:
-            proc.wait()
+            try:  # each marks its run KILLED and releases its lock; one that hangs is killed
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
     return failed
 
 

@@ -34,7 +34,7 @@ def command(port: int, root: Path | None = None, study=None) -> list[str]:
 
 VIEW_KEY = "runs"  # the shared view's key: experiment tag mlflow.sharedViewState.runs
 VIEW_METRICS = ("val_loss", "val_perplexity")
-VIEW_PARAMS = ("variant.name", "seed", "model.name", "train.lr", "train.tokens")
+VIEW_PARAMS = ("variant.name", "seed", "model.name", "train.lr", "variant.lr", "train.tokens")  # variant.lr: a tuned arm's
 
 
 def view_state() -> dict:
