@@ -59,3 +59,29 @@ def test_jobs_settings_are_checked(nano_project, monkeypatch, over, message):
     with pytest.raises(ConfigError, match=message):
         load_config(over, nano_project)
     assert load_config(["study.jobs=2", "trainer.threads=1"], nano_project).study.jobs == 2
+
+
+def test_an_arm_named_twice_is_refused(monkeypatch):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.chdir(root)
+    with pytest.raises(ConfigError, match=r"study.arms lists \['baseline'\] more than once: name each arm once"):
+        load_config(["study.arms=[baseline,baseline,nonlinear_q]"], root)
+
+
+@pytest.mark.parametrize("exc, rc, line", [
+    (KeyboardInterrupt(), 130, "interrupted: run the same command again to go on"),
+    (FileExistsError(17, "File exists", "runs/test/x/baseline-s3"), 2,
+     "error: File exists: runs/test/x/baseline-s3: fix or remove that path, then run the same command again"),
+])
+def test_a_stopped_or_unwritable_stage_ends_in_one_line(nano_project, monkeypatch, capsys, exc, rc, line):
+    from study.config import run_stage
+
+    monkeypatch.chdir(nano_project)
+
+    def body(cfg, root):
+        raise exc
+    assert run_stage(body, []) == rc
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith(line), err

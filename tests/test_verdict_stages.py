@@ -267,5 +267,25 @@ def test_the_verdict_alone_is_the_report(nano_project, tmp_path, monkeypatch, fa
     assert rows[0] == "run,variant,seed,step,tokens,val_loss,train_loss"
     assert {r.split(",")[0] for r in rows[1:]} == {f"{a}-s{s}" for a in plan["seeds"] for s in plan["seeds"][a]}
     assert (out / "figures/verdict.png").read_bytes()[:4] == b"\x89PNG" and "verdict.png" in summary["figures"]
+    assert set(summary["figures"]) == {"verdict.png", "val_loss_curves.png", "train_loss_curves.png"}  # the test runs' curves
     md = (out / "comparison.md").read_text()
     assert "## The decided verdict" in md and "![verdict](figures/verdict.png)" in md
+
+
+def test_an_arm_that_diverges_on_every_seed_is_named_in_its_verdict(nano_project, tmp_path, monkeypatch, fake_train):
+    from study.compare import main as compare
+    from study.verdict import main as verdict
+
+    monkeypatch.chdir(nano_project)
+    monkeypatch.setenv("DVC_EXP_NAME", "test")
+    data = yaml.safe_load(write_params(nano_project, tmp_path).read_text())
+    data["arms"]["wild"] = {"variant": "nonlinear_q", "overrides": [], "lr": 0.05, "description": ""}  # > DIVERGE
+    data["study"].update(variants=[], arms=["today", "wild"], references=["today"])
+    data["tune"]["arms"], data["decomposition"]["rows"] = [], []
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert verdict(["--params", str(params)]) == 0 and compare(["--params", str(params)]) == 0
+    c = json.loads((tmp_path / "reports/summary.json").read_text())["verdict"]["comparisons"]["wild vs today"]
+    assert c["word"] == "undecided" and c["verdict"].endswith("; wild diverged on 5 of 5 seeds"), c["verdict"]
+    md = (tmp_path / "reports/comparison.md").read_text()
+    assert "| wild | nonlinear_q | - | 0.05 | fixed | - | 0 (+5 diverged) |" in md

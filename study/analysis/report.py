@@ -46,7 +46,7 @@ def write_report(cfg, root: Path) -> dict:
         runs = tested_runs(cfg, root)
         summary["settings"] = recorded_settings(runs)
         summary["yardsticks"] = yardsticks(root / cfg.data.dir / "meta.json", summary["settings"])
-    summary["figures"] = figures.write_all(summary, runs if summary["variants"] else {}, out / FIGURES)
+    summary["figures"] = figures.write_all(summary, runs, out / FIGURES)
     (out / "comparison.md").write_text(tables.markdown(summary, summary["figures"]))
     (out / "summary.json").write_text(json.dumps(finite_or_null(summary), indent=1, allow_nan=False))
     write_metrics(summary, out / METRICS)

@@ -121,6 +121,10 @@ def verdict_report(cfg, root: Path) -> dict | None:
         c["not_bracketed"] = unbracketed
         if unbracketed:
             c["verdict"] += f"; optimum not bracketed for {', '.join(unbracketed)}"
+        for x in (c["arm"], c["reference"]):
+            k = len(arms[x]["diverged"])
+            if k:
+                c["verdict"] += f"; {x} diverged on {k} of {k + arms[x]['n_seeds']} seeds"
     d = cfg.decomposition
     dec = decomposition(ok, list(d.rows), d.start, d.end, d.linear) if d.rows else None
     return {"arms": arms, "comparisons": comps, "margin_pct": s.equivalence_margin, "halfwidth_pct": s.target_halfwidth,
@@ -129,6 +133,11 @@ def verdict_report(cfg, root: Path) -> dict | None:
 
 def _f(x, spec=".4f") -> str:
     return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def lost(r: dict) -> str:
+    """" (+k diverged)" after an arm's finished seeds, or nothing."""
+    return f" (+{len(r['diverged'])} diverged)" if r["diverged"] else ""
 
 
 def verdict_section(v: dict) -> list[str]:
@@ -145,11 +154,13 @@ def verdict_section(v: dict) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|---|"]
     for a, r in v["arms"].items():
         lines.append(f"| {a} | {r['variant']} | {' '.join(r['overrides']) or '-'} | {_f(r['lr'], '.4g')} | "
-                     f"{r['lr_from']} | {r['tuning'] or ('-' if r['lr_from'] == 'fixed' else 'n/a')} | {r['n_seeds']} | {_f(r['val_loss_mean'])} | "
+                     f"{r['lr_from']} | {r['tuning'] or ('-' if r['lr_from'] == 'fixed' else 'n/a')} | {r['n_seeds']}{lost(r)} | {_f(r['val_loss_mean'])} | "
                      f"{_f(r['val_loss_sd'])} | [{_f(r['val_loss_ci95'][0])}, {_f(r['val_loss_ci95'][1])}] |")
     lines += ["", "| comparison | verdict | pairs | mean diff (nats) | paired sd | % log-loss | 95% t CI (%) | "
               "Stein mean +- d (%) | Stein exact 95% (%) | Stein N | 90% CI (%) | p (t, BH) | p (TOST, BH) |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    if not v["comparisons"]:
+        lines += ["| (none: every arm of study.arms is a reference; list another arm to compare it) | | | | | | | | | | | | |"]
     for k, c in v["comparisons"].items():
         p, st = c["pct"], c["stein"]
         lines.append(f"| {k} | **{c['word']}**{c['verdict'][len(c['word']):]} | {c['n_pairs']} | {_f(c['mean_diff'], '+.4f')} | "

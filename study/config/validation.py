@@ -382,6 +382,10 @@ def _validate_verdict(cfg: RunConfig) -> None:
     if s.jobs > 1 and not cfg.trainer.threads:
         raise ConfigError(f"study.jobs={s.jobs} runs {s.jobs} trainings at once: set trainer.threads (e.g. "
                           f"trainer.threads=1) so that each has its own cores and the numbers do not depend on jobs")
+    for key, names in (("study.arms", s.arms), ("study.references", s.references), ("tune.arms", tu.arms)):
+        twice = sorted({n for n in names if list(names).count(n) > 1})
+        if twice:
+            raise ConfigError(f"{key} lists {twice} more than once: name each arm once")
     if s.arms:
         if len(s.seeds) < 5:
             raise ConfigError(f"study.seeds={list(s.seeds)} has {len(s.seeds)} seed(s): Stein's first stage needs at "
