@@ -29,6 +29,9 @@ from study.config import ConfigError, StudyError, run_stage
 
 TABLE_JSON, TABLE_MD, FIGURE, RESULT = "table.json", "table.md", "tuning.png", "tuning.json"
 TUNED_FILE = Path("conf") / "tuned.yaml"
+#: the one line of a tuning or test stage stopped by Ctrl-C
+INTERRUPTED = ("error: {stage} interrupted (Ctrl-C): run the same command again to go on (finished runs are reused, "
+               "a started run resumes from its last checkpoint)")
 
 
 def _finite(x):
@@ -279,7 +282,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print("\n".join(targets(cfg)))
         return 0
-    return run_stage(body, rest)
+    try:
+        return run_stage(body, rest)
+    except KeyboardInterrupt:  # every training it started was stopped and marked KILLED, its lock released
+        print(INTERRUPTED.format(stage="study.tune"), file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

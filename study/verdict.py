@@ -26,7 +26,7 @@ from study.analysis.decision import seed_list, seeds_to_train
 from study.analysis.summary import finite_or_null
 from study.analysis.verdict import PLAN, TEST_GROUP, all_seeds, compare_all, comparisons_of, comparison_name
 from study.runner.arms import arm_of, testing_group, tuned_lr
-from study.tune import arm_losses, check_tuned
+from study.tune import INTERRUPTED, arm_losses, check_tuned
 from study.config import run_stage
 
 
@@ -91,7 +91,11 @@ def main(argv: list[str] | None = None) -> int:
     def body(cfg, root: Path) -> int:
         run_tests(cfg, root, params, base)
         return 0
-    return run_stage(body, argv)
+    try:
+        return run_stage(body, argv)
+    except KeyboardInterrupt:  # every training it started was stopped and marked KILLED, its lock released
+        print(INTERRUPTED.format(stage="study.verdict"), file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

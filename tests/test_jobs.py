@@ -70,18 +70,30 @@ def test_an_arm_named_twice_is_refused(monkeypatch):
         load_config(["study.arms=[baseline,baseline,nonlinear_q]"], root)
 
 
-@pytest.mark.parametrize("exc, rc, line", [
-    (KeyboardInterrupt(), 130, "interrupted: run the same command again to go on"),
-    (FileExistsError(17, "File exists", "runs/test/x/baseline-s3"), 2,
-     "error: File exists: runs/test/x/baseline-s3: fix or remove that path, then run the same command again"),
-])
-def test_a_stopped_or_unwritable_stage_ends_in_one_line(nano_project, monkeypatch, capsys, exc, rc, line):
+def test_an_unwritable_path_ends_a_stage_in_one_line(nano_project, monkeypatch, capsys):
     from study.config import run_stage
 
     monkeypatch.chdir(nano_project)
 
     def body(cfg, root):
-        raise exc
-    assert run_stage(body, []) == rc
+        raise FileExistsError(17, "File exists", "runs/test/x/baseline-s3")
+    assert run_stage(body, []) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and err.startswith(line), err
+    assert err == ("error: File exists: runs/test/x/baseline-s3: fix or remove that path, then run the same command "
+                   "again"), err
+
+
+@pytest.mark.parametrize("stage", ["verdict", "tune"])
+def test_ctrl_c_ends_the_tuning_and_test_stages_in_one_line(nano_project, monkeypatch, capsys, stage):
+    import study.tune
+    import study.verdict
+
+    monkeypatch.chdir(nano_project)
+
+    def stop(*args, **kwargs):
+        raise KeyboardInterrupt
+    module = study.verdict if stage == "verdict" else study.tune
+    monkeypatch.setattr(module, "run_stage", stop)  # Ctrl-C while the stage trains (its runs end KILLED first)
+    assert module.main([] if stage == "verdict" else ["--write"]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err == study.tune.INTERRUPTED.format(stage=f"study.{stage}"), err

@@ -85,10 +85,6 @@ def run_stage(body, argv: list[str] | None = None) -> int:
     except StudyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # Ctrl-C: every run started has been marked KILLED and its lock released
-        print("interrupted: run the same command again to go on (finished runs are reused, a started run resumes "
-              "from its last checkpoint)", file=sys.stderr)
-        return 130
     except OSError as e:  # a path that cannot be written (a file where a run folder goes, a full disk ...)
         where = f": {e.filename}" if e.filename else ""
         print(f"error: {e.strerror or e}{where}: fix or remove that path, then run the same command again",
