@@ -110,8 +110,10 @@ def test_a_tuned_file_that_disagrees_is_refused(tmp_path):
     from study.config import ConfigError, load_config
     from study.tune import check_tuned
 
-    (tmp_path / "table.json").write_text(json.dumps({"arms": {"baseline": {"lr_star": 0.004}}}))
     cfg = load_config([f"tune.table_dir={tmp_path}"], ROOT)
+    table = {a: {"lr_star": lr} for a, lr in cfg.tuned.lr.items()}  # the committed values, but one
+    table["baseline"] = {"lr_star": 1.1 * cfg.tuned.lr.get("baseline", 0.004)}
+    (tmp_path / "table.json").write_text(json.dumps({"arms": table}))
     with pytest.raises(ConfigError, match=r"conf/tuned.yaml .*disagrees.*\['baseline'\].*make tune"):
         check_tuned(cfg, ROOT)
 
