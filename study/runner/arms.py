@@ -102,16 +102,18 @@ def reusable(cfg, root: Path, d: Path) -> bool:
         return False
 
 
-def _pending(overrides: list[str], root: Path, params: str | None) -> tuple[Path, list[str] | None]:
-    """(the run folder, the overrides to train it with; None when a finished run there is reusable)."""
+def _pending(overrides: list[str], root: Path, params: str | None):
+    """(the run folder, the overrides to train it with (None when a finished run there is reusable), its config,
+    with ``train.overwrite`` set when it replaces a finished run of other settings)."""
     cfg = load_config(overrides, root, params=params)
     d = run_dir(root, cfg, cfg.variant.name, cfg.seed)
     if reusable(cfg, root, d):
-        return d, None
+        return d, None, cfg
     if (d / "metrics.json").is_file():
         print(f"{d}: the finished run there was trained under other settings, code or data: replacing it", flush=True)
-        return d, [*overrides, "train.overwrite=true"]
-    return d, list(overrides)
+        cfg.train.overwrite = True
+        return d, [*overrides, "train.overwrite=true"], cfg
+    return d, list(overrides), cfg
 
 
 def ensure_runs(runs: list[list[str]], root: Path, params: str | None, jobs: int = 1) -> list[tuple[Path, bool]]:
@@ -119,8 +121,9 @@ def ensure_runs(runs: list[list[str]], root: Path, params: str | None, jobs: int
 
     With ``jobs`` > 1 each run to train is its own ``python -m study.train`` process (the same command DVC runs,
     same overrides, so the same numbers as in this process at the same ``trainer.threads``), its progress in
-    lines that carry the run's name (``trainer.progress_bar=false``: two bars would share one terminal line).  A run that fails does not stop the others; once all have ended, the failures are raised
-    together (finished runs are kept and reused by the next start).
+    lines that carry the run's name (``trainer.progress_bar=false``: two bars would share one terminal line).  A
+    run that fails does not stop the others; once all have ended, the failures are raised together (finished runs
+    are kept and reused by the next start).
 
     Returns: [(run folder, whether it was reused)], in the order of ``runs``.
 
@@ -130,12 +133,12 @@ def ensure_runs(runs: list[list[str]], root: Path, params: str | None, jobs: int
     if jobs <= 1:
         return [ensure_run(o, root, params) for o in runs]
     pending = [_pending(o, root, params) for o in runs]
-    todo = [(d, o) for d, o in pending if o is not None]
+    todo = [(d, o) for d, o, _ in pending if o is not None]
     failed = _train_processes(todo, root, params, jobs)
     if failed:
         raise StudyError(f"{len(failed)} run(s) failed: {', '.join(f'{d} (exit {rc})' for d, rc in failed)}: see their "
                          f"output above; fix the cause and re-run (finished runs are reused)")
-    return [(d, o is None) for d, o in pending]
+    return [(d, o is None) for d, o, _ in pending]
 
 
 def _train_processes(todo: list[tuple[Path, list[str]]], root: Path, params: str | None,
@@ -182,8 +185,8 @@ def ensure_run(overrides: list[str], root: Path, params: str | None) -> tuple[Pa
 
     Returns: (the run folder, whether it was reused).
     """
-    d, todo = _pending(overrides, root, params)
+    d, todo, cfg = _pending(overrides, root, params)
     if todo is None:
         return d, True
-    TRAIN(load_config(todo, root, params=params), root)
+    TRAIN(cfg, root)
     return d, False
