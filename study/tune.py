@@ -6,7 +6,8 @@
 
 ``--arm NAME`` trains (or reuses: a finished run of the same settings, code and data is never retrained)
 each (lr, tuning seed) of the arm's grid in ``tune.runs_dir/NAME/lrLR/VARIANT-sSEED`` (study.train: in this
-process, or ``study.jobs`` processes at once), extends the grid by x2 at the edge holding the best mean until the optimum is bracketed or
+process, or ``study.jobs`` processes at once), extends the grid by x2 at the edge holding the best mean until
+the optimum is bracketed or
 ``tune.max_points`` is reached (study/analysis/tuning.py has the rule), and writes
 ``tune.runs_dir/NAME/tuning.json``: every point's per-seed losses (nats; null = diverged), its mean (null =
 lost), the grid's status, the quadratic (A, B, C, vertex, cost of a x2 miss) and lr* with its source.
