@@ -8,7 +8,7 @@ export DO_NOT_TRACK := true
 export TIKTOKEN_CACHE_DIR := $(CURDIR)/.tiktoken
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install params study tune exps lr-sweep scale-ladder test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
+.PHONY: install params study full tune exps lr-sweep scale-ladder test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
 
 install: $(STAMP)
 
@@ -33,6 +33,13 @@ params: $(STAMP)
 # every stage but tune@ARM (compare's upstream and check_params): the study tests at conf/tuned.yaml's lr*, never tunes
 study: params
 	.venv/bin/dvc repro check_params compare
+
+# The full study (docs/profiles.md): the recipe decomposition's seven arms, each at its lr* (conf/tuned.yaml, never
+# tuned here), on the test seeds with Stein's second stage; the report adds the decomposition table and the share of
+# the gap baseline_today -> nonlinear_q that the linear recipe alone closes.  The default's runs are reused.
+FULL_ARMS ?= [baseline_today,baseline,baseline_d2z,baseline_qknorm,nonlinear_q,nonlinear_q_ph,nonlinear_q_linear]
+full: params
+	.venv/bin/dvc exp run compare -S 'study.arms=$(FULL_ARMS)' -S 'decomposition.rows=$(FULL_ARMS)'
 
 # Tuning by one rule (docs/verdict.md): the DVC stages tune@ARM of tune.arms (each arm's grid, every
 # finished run reused), then the table, figure and conf/tuned.yaml from their results, then params.yaml again.
