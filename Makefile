@@ -8,7 +8,7 @@ export DO_NOT_TRACK := true
 export TIKTOKEN_CACHE_DIR := $(CURDIR)/.tiktoken
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install params study full tune exps lr-sweep scale-ladder test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
+.PHONY: install params study full tune exps lr-sweep scale-ladder ladder-check test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
 
 install: $(STAMP)
 
@@ -59,22 +59,29 @@ EXPS_KEEP ?= Experiment|Created|.*pct_log_loss$$|tuned\.lr\..*|train\.lr$$|train
 exps: $(STAMP)
 	.venv/bin/dvc exp show --no-pager --drop '.*' --keep '$(EXPS_KEEP)'
 
-# The two fairness profiles (docs/profiles.md): the same pipeline, more runs.
-# dvc exp run needs a git commit; DVC's Hydra mode composes conf/ with the -S overrides into params.yaml
-# in the workspace (`git checkout params.yaml` or `make params` turns the profile off again).  The target
-# compare: only its upstream runs (never the tune@ARM stages, which `make tune` runs); the profiles compare
-# variants at a shared lr, so they set study.variants (empty in the default, whose report is the decided verdict)
-# and switch the decided verdict off (study.arms=[]: compare's upstream holds the verdict stage).
+# The fairness profiles (docs/profiles.md).  The lr sweep is the tuning by one rule: every arm of tune.arms on
+# a x2 grid, two seeds a point, extended until bracketed (`make tune`; the table is conf/tuning/table.md).
+lr-sweep: tune
+
+# The scale ladder: the same pipeline, more runs.  dvc exp run needs a git commit; DVC's Hydra mode composes
+# conf/ with the -S overrides into params.yaml in the workspace (`git checkout params.yaml` or `make params`
+# turns the profile off again).  The target compare: only its upstream runs (never the tune@ARM stages); the
+# ladder compares variants, each at its lr* of conf/tuned.yaml transferred unchanged to every size
+# (scale_ladder.lr_from_tuned), so it sets study.variants and switches the decided verdict off (study.arms=[]).
+# One training at a time (DVC runs the stages in turn), so each gets LADDER_THREADS cores.
 PROFILE_VARIANTS ?= [baseline,nonlinear_q]
 LADDER ?= [ladder-64,ladder-96,ladder-128]
-lr-sweep: $(STAMP)
-	.venv/bin/dvc exp run compare -S 'study.arms=[]' -S 'study.variants=$(PROFILE_VARIANTS)' \
-	  -S 'lr_sweep.variants=$(PROFILE_VARIANTS)'
-
+LADDER_THREADS ?= 2
 scale-ladder: $(STAMP)
 	.venv/bin/dvc exp run compare -S 'study.arms=[]' -S 'study.variants=$(PROFILE_VARIANTS)' \
 	  -S 'scale_ladder.variants=$(PROFILE_VARIANTS)' \
-	  -S 'scale_ladder.models=$(LADDER)'
+	  -S 'scale_ladder.models=$(LADDER)' -S 'trainer.threads=$(LADDER_THREADS)'
+
+# The ladder's lr transfer checked at one size: scale_ladder.variants tuned there by the same rule, on the ladder's
+# budget; the table and transfer.md (transferred lr against that size's lr*) go to conf/tuning/MODEL/ (commit them).
+LADDER_CHECK ?= ladder-96
+ladder-check: params
+	$(PY) -m study.tune --ladder $(LADDER_CHECK) --params params.yaml
 
 test: $(STAMP)
 	$(PY) -m pytest -q -rs

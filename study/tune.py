@@ -3,6 +3,7 @@
     python -m study.tune --arm NAME [--params params.yaml] [overrides]   tune one arm (DVC stage tune@NAME)
     python -m study.tune --write [--params params.yaml] [overrides]      the table, figure and conf/tuned.yaml
     python -m study.tune --targets [--params params.yaml]                the DVC stages of tune.arms, one a line
+    python -m study.tune --ladder MODEL [--params params.yaml]            the scale ladder's lr transfer, checked
 
 ``--arm NAME`` trains (or reuses: a finished run of the same settings, code and data is never retrained)
 each (lr, tuning seed) of the arm's grid in ``tune.runs_dir/NAME/lrLR/VARIANT-sSEED`` (study.train: in this
@@ -15,10 +16,17 @@ lost), the grid's status, the quadratic (A, B, C, vertex, cost of a x2 miss) and
 ``--write`` gathers the arms' tuning.json into ``tune.table_dir`` (table.json, table.md, tuning.png: loss
 against lr per arm, the fitted parabola, lr* marked) and writes each arm's lr* to conf/tuned.yaml, which the
 study's composition reads (``tuned.lr``); both are tracked, so a fresh ``make study`` does not tune again.
+``--ladder MODEL`` checks the scale ladder's transfer rule (each variant at the lr* of its arm in conf/tuned.yaml,
+tuned at the default size, unchanged at every size): it tunes every arm of ``scale_ladder.variants`` by the same
+rule at size MODEL on the ladder's budget (tokens_per_param, warmup_tokens), runs in
+``tune.runs_dir/ladder/MODEL``, and writes the table, figure and ``transfer.md``/``transfer.json`` (the transferred
+lr against that size's lr*, their ratio, the quadratic's predicted cost of the miss in nats and the measured loss at
+the grid point nearest the transferred lr) under ``tune.table_dir/MODEL``; conf/tuned.yaml is left as it is.
 Every output is byte-stable (no times, no ids).
 """
 from __future__ import annotations
 
+import copy
 import json
 import math
 import sys
@@ -96,8 +104,12 @@ def tune_one(cfg, root: Path, name: str, params: str | None, base: list[str] = (
 
     lrs, scores, status = tune_arm(evaluate, tu.centre, tu.points, tu.max_points)
     res = choose(lrs, scores, tu.max_points, tu.rule)
+    tokens = tu.tokens or cfg.train.tokens
+    if tu.tokens is None and cfg.train.tokens_per_param is not None:  # the ladder's budget, as the runs resolve it
+        from study.runner.profiles import resolve
+        tokens = resolve(copy.deepcopy(cfg), root).train.tokens
     out = {"arm": name, "variant": arm.variant, "overrides": [str(o) for o in arm.overrides],
-           "seeds": [int(s) for s in tu.seeds], "tokens": int(tu.tokens or cfg.train.tokens), "rule": tu.rule,
+           "model": cfg.model.name, "seeds": [int(s) for s in tu.seeds], "tokens": int(tokens), "rule": tu.rule,
            "centre": tu.centre, "max_points": tu.max_points, "points": [points[x] for x in lrs],
            **{k: res[k] for k in ("status", "best_lr", "lr_star", "source", "why")},
            "best_loss": _finite(res["best_loss"]), "fit": res["fit"]}
@@ -206,9 +218,9 @@ def figure(table: dict, path: Path) -> Path:
     return _save(fig, path)
 
 
-def write_table(cfg, root: Path, tuned_file: Path | None = None) -> dict:
-    """table.json, table.md, tuning.png under tune.table_dir and conf/tuned.yaml (``tuned_file``), from the arms'
-    tuning.json."""
+def write_table(cfg, root: Path, tuned_file: Path | None | bool = None) -> dict:
+    """table.json, table.md, tuning.png under tune.table_dir and conf/tuned.yaml (``tuned_file``; False: not
+    written), from the arms' tuning.json."""
     results = read_results(cfg, root)
     table = {"rule": cfg.tune.rule, "seeds": [int(s) for s in cfg.tune.seeds], "max_points": cfg.tune.max_points,
              "arms": results}
@@ -218,11 +230,101 @@ def write_table(cfg, root: Path, tuned_file: Path | None = None) -> dict:
     (out / TABLE_MD).write_text(table_markdown(table))
     if results:
         figure(table, out / FIGURE)
+    if tuned_file is False:
+        print(f"wrote {out / TABLE_MD}, {out / TABLE_JSON}{', ' + str(out / FIGURE) if results else ''}")
+        return table
     tuned_file = root / TUNED_FILE if tuned_file is None else tuned_file
     tuned_file.write_text(tuned_yaml(table))
     print(f"wrote {out / TABLE_MD}, {out / TABLE_JSON}{', ' + str(out / FIGURE) if results else ''} and {tuned_file} "
           f"(run `make params`, then commit them)")
     return table
+
+
+TRANSFER_JSON, TRANSFER_MD = "transfer.json", "transfer.md"
+
+
+def transfer_check(results: dict[str, dict], transferred: dict[str, float], model: str, rule: str) -> dict:
+    """The scale ladder's lr transfer against the lr* tuned at ``model``.
+
+    Args:
+        results: {arm: tuning.json} at ``model``; transferred: {arm: the lr the ladder trains it at (nats-free)}.
+
+    Returns: {"model", "rule", "arms": {arm: {"transferred", "lr_star", "ratio" (transferred / lr*), "log2_ratio",
+    "predicted_cost" (A ln(ratio)^2, nats; None without a fit), "nearest_lr", "nearest_mean" (the measured mean loss at
+    the grid point nearest the transferred lr, nats), "best_mean", "status"}}.
+    """
+    arms = {}
+    for name, r in results.items():
+        lr, star, fit = transferred[name], r.get("lr_star"), r.get("fit") or {}
+        pts = [p for p in r["points"] if p["mean"] is not None]
+        near = min(pts, key=lambda p: abs(math.log(p["lr"] / lr))) if pts else None
+        ratio = lr / star if star else None
+        arms[name] = {"transferred": lr, "lr_star": star, "ratio": ratio,
+                      "log2_ratio": math.log2(ratio) if ratio else None,
+                      "predicted_cost": fit["A"] * math.log(ratio) ** 2 if ratio and fit.get("A") else None,
+                      "nearest_lr": near["lr"] if near else None, "nearest_mean": near["mean"] if near else None,
+                      "best_mean": _finite(r.get("best_loss")), "status": r.get("status")}
+    return {"model": model, "rule": rule, "arms": arms}
+
+
+def transfer_markdown(t: dict) -> str:
+    """transfer.md: one row per arm of :func:`transfer_check`."""
+    fmt = (lambda x, s=".4g": "n/a" if x is None else format(x, s))  # noqa: E731
+    lines = ["# The scale ladder's lr transfer, checked at " + t["model"], "",
+             f"Rule: {t['rule']}.  lr* here is tuned by the same rule as the default size (table.md beside this file); "
+             f"the predicted cost is the fitted quadratic's A ln(transferred / lr*)^2 (nats); the measured column is "
+             f"the mean loss of the grid point nearest the transferred lr, beside the best point's.", "",
+             "| arm | transferred lr | lr* here | ratio | log2 ratio | grid status | predicted cost (nats) | "
+             "nearest grid lr | its mean loss | best mean loss |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, a in t["arms"].items():
+        lines.append(f"| {name} | {fmt(a['transferred'])} | {fmt(a['lr_star'])} | {fmt(a['ratio'], '.3f')} | "
+                     f"{fmt(a['log2_ratio'], '+.2f')} | {a['status']} | {fmt(a['predicted_cost'], '.4f')} | "
+                     f"{fmt(a['nearest_lr'])} | {fmt(a['nearest_mean'], '.4f')} | {fmt(a['best_mean'], '.4f')} |")
+    return "\n".join(lines) + "\n"
+
+
+TRANSFER_RULE = "each variant trains at the lr* of its arm in conf/tuned.yaml (tuned at the default size), unchanged"
+
+
+def ladder_overrides(cfg, model: str) -> list[str]:
+    """The overrides that tune scale_ladder.variants at size ``model`` on the ladder's budget, apart from the
+    default size's tuning (its own runs and table folders)."""
+    la, tu = cfg.scale_ladder, cfg.tune
+    return [f"model={model}", f"train.tokens_per_param={la.tokens_per_param}", f"train.warmup_tokens={la.warmup_tokens}",
+            f"tune.arms=[{','.join(la.variants)}]", "tune.tokens=null", f"tune.runs_dir={tu.runs_dir}/ladder/{model}",
+            f"tune.table_dir={tu.table_dir}/{model}"]
+
+
+def tune_ladder(cfg, root: Path, model: str, params: str | None, base: list[str] = ()) -> dict:
+    """``--ladder MODEL`` (module docstring): tune scale_ladder.variants at ``model``, write the table and the
+    transfer check; returns the check (:func:`transfer_check`).
+
+    Raises:
+        ConfigError: a variant has no arm of its name, or no lr* in conf/tuned.yaml to transfer.
+    """
+    from study.config import load_config
+
+    missing = [v for v in cfg.scale_ladder.variants if v not in cfg.tuned.lr]
+    if missing:
+        raise ConfigError(f"scale_ladder.variants {missing} have no lr* in conf/tuned.yaml to transfer: add the arms "
+                          f"of those names to tune.arms and run `make tune` first")
+    over = [*base, *ladder_overrides(cfg, model)]
+    sub = load_config(over, root, params=params)
+    for v in sub.tune.arms:
+        if arm_of(sub, v).variant != v or sub.arms[v].overrides:
+            raise ConfigError(f"arms.{v} is not the plain variant {v!r} the ladder trains: the transfer check tunes the "
+                              f"arm of each ladder variant's name, so arms.{v} must be {{variant: {v}}} without overrides")
+    results = {v: tune_one(sub, root, v, params, over) for v in sub.tune.arms}
+    write_table(sub, root, tuned_file=False)
+    t = transfer_check(results, {v: float(cfg.tuned.lr[v]) for v in sub.tune.arms}, model, TRANSFER_RULE)
+    out = root / sub.tune.table_dir
+    (out / TRANSFER_JSON).write_text(json.dumps(t, indent=1, sort_keys=True) + "\n")
+    (out / TRANSFER_MD).write_text(transfer_markdown(t))
+    for name, a in t["arms"].items():
+        print(f"ladder {model} {name}: transferred lr {a['transferred']:.4g}, lr* here "
+              f"{'n/a' if a['lr_star'] is None else format(a['lr_star'], '.4g')} ({a['status']})")
+    print(f"wrote {out / TRANSFER_MD} and {out / TRANSFER_JSON}")
+    return t
 
 
 def check_tuned(cfg, root: Path) -> None:
@@ -255,6 +357,9 @@ def main(argv: list[str] | None = None) -> int:
         if a == "--arm" or a.startswith("--arm="):
             arm = a.split("=", 1)[1] if "=" in a else next(it, None)
             mode = "arm"
+        elif a == "--ladder" or a.startswith("--ladder="):
+            arm = a.split("=", 1)[1] if "=" in a else next(it, None)
+            mode = "ladder"
         elif a in ("--write", "--targets"):
             mode = a[2:]
         else:
@@ -269,12 +374,17 @@ def main(argv: list[str] | None = None) -> int:
     if mode == "arm" and not arm:
         print("error: --arm needs an arm name, e.g. --arm baseline", file=sys.stderr)
         return 2
+    if mode == "ladder" and not arm:
+        print("error: --ladder needs a model size of conf/model, e.g. --ladder ladder-128", file=sys.stderr)
+        return 2
 
     base = [r for i, r in enumerate(rest) if not r.startswith("-") and not (i and rest[i - 1] == "--params")]
 
     def body(cfg, root: Path) -> int:
         if mode == "arm":
             tune_one(cfg, root, arm, params, base)
+        elif mode == "ladder":
+            tune_ladder(cfg, root, arm, params, base)
         elif mode == "write":
             if not cfg.tune.arms:  # an empty table would erase the tracked lr* of every arm tuned before
                 print(f"tune.arms is empty: {TUNED_FILE} and {cfg.tune.table_dir} left as they are")

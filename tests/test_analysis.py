@@ -329,7 +329,7 @@ def test_two_ladder_sizes_are_not_fitted_and_a_size_at_another_lr_is_refused(nan
                 write_run(runs / f"scale_ladder/{model}/{v}-s{s}", v, s, BASE[s] - n / 1000 - 0.002 * s * (v != "baseline"),
                           tokens=100 * n, params=1000 * n, fpt=6000 * n,
                           model={"name": model, "n_layer": 4, "n_head": 4, "n_embd": n})
-    args = _study(tmp_path) + ["scale_ladder.models=[ladder-64,ladder-96]"]
+    args = _study(tmp_path) + ["scale_ladder.models=[ladder-64,ladder-96]", "scale_ladder.lr_from_tuned=false"]
     assert _compare(nano_project, monkeypatch, args) == 0
     la = _summary(tmp_path)["scale_ladder"]
     assert la["fits"] == {} and "not fitted: 2 size(s)" in la["fit_note"]

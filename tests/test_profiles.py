@@ -82,7 +82,7 @@ def test_scale_ladder_report(nano_project, tmp_path, monkeypatch):
                 _write_run(runs / f"{v}-s{s}", v, s, 4.0 + 0.01 * s)
     monkeypatch.chdir(nano_project)
     assert main([f"study.runs_dir={runs}", f"study.reports_dir={tmp_path / 'reports'}", "study.seeds=[1,2,3]",
-                 "study.variants=[baseline,nonlinear_q]", f"scale_ladder.models={list(sizes)}"]) == 0
+                 "study.variants=[baseline,nonlinear_q]", f"scale_ladder.models={list(sizes)}", "scale_ladder.lr_from_tuned=false"]) == 0
     la = json.loads((tmp_path / "reports/summary.json").read_text())["scale_ladder"]
     assert la["fits"]["baseline"]["slope"] == pytest.approx(-0.05, abs=2e-3)
     for size in la["sizes"]:
@@ -102,7 +102,7 @@ def test_scale_ladder_report(nano_project, tmp_path, monkeypatch):
     assert (tmp_path / "reports/figures/scale_ladder.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_resolve_tokens_per_param_and_tuned_lr(nano_project, tmp_path):
+def test_resolve_tokens_per_param_and_tuned_lr(nano_project, tmp_path, monkeypatch):
     """tokens_per_param counts the baseline's non-embedding parameters; lr_from_sweep takes the sweep's best."""
     from study.config import load_config, peak_lr
     from study.data import DataError
@@ -128,14 +128,32 @@ def test_resolve_tokens_per_param_and_tuned_lr(nano_project, tmp_path):
     lr, min_lr = peak_lr(cfg)
     assert lr == 2e-3 and min_lr == pytest.approx(2e-3 * 3e-4 / 3e-3)
 
+    # lr_from_tuned: the variant's arm's lr* of conf/tuned.yaml, at any size (the scale ladder's transfer rule)
+    import yaml
+
+    from study.config import composed_params
+
+    data = yaml.safe_load(composed_params(nano_project))
+    data["tuned"] = {"lr": {"nonlinear_q": 0.0071}}
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(data))
+    monkeypatch.setenv("DVC_EXP_NAME", "test")  # params.yaml with a tuned section, as `dvc exp run` composes it
+    cfg = resolve(load_config(["variant=nonlinear_q", "model=ladder-96", "train.lr_from_tuned=true"], nano_project,
+                              params=str(params)), nano_project)
+    lr, min_lr = peak_lr(cfg)
+    assert cfg.variant.lr == 0.0071 and lr == 0.0071 and min_lr == pytest.approx(0.0071 * 3e-4 / 3e-3)
+
 
 @pytest.mark.parametrize("override, words", [
     (["lr_sweep.variants=[nonlinear_q]"], ["must include study.baseline"]),
     (["lr_sweep.variants=[baseline]", "lr_sweep.lrs=[1e-3,2e-3]"], ["at least 3 distinct"]),
     (["lr_sweep.variants=[baseline,identity_q]"], ["not in study.variants"]),
     (["scale_ladder.models=[ladder-64]"], ["at least 2 distinct"]),
-    (["scale_ladder.models=[ladder-64,ladder-999]"], ["unknown", "ladder-999"]),
+    (["scale_ladder.models=[ladder-64,ladder-999]", "scale_ladder.lr_from_tuned=false"], ["unknown", "ladder-999"]),
     (["scale_ladder.models=[ladder-64,ladder-96]", "scale_ladder.variants=[nonlinear_q]"], ["must include"]),
+    (["scale_ladder.models=[ladder-64,ladder-96]"],
+     ["scale_ladder.variants ['baseline', 'nonlinear_q'] have no lr*", "make tune", "scale_ladder.lr_from_tuned=false"]),
+    (["variant=identity_q", "train.lr_from_tuned=true"], ["variant 'identity_q' has no lr*", "make tune"]),
 ])
 def test_profile_config_errors(nano_project, override, words):
     from study.config import ConfigError, load_config
@@ -146,7 +164,7 @@ def test_profile_config_errors(nano_project, override, words):
 
 
 PROFILES_STUDY = NANO_STUDY.replace("lr_sweep:\n  variants: []", "lr_sweep:\n  variants: [baseline, nonlinear_q]").replace(
-    "scale_ladder:\n  models: []", "scale_ladder:\n  models: [nano, nano-64]")
+    "scale_ladder:\n  models: []", "scale_ladder:\n  models: [nano, nano-64]") + "tuned:\n  lr: {{baseline: 0.004, nonlinear_q: 0.006}}\n"
 
 
 @pytest.mark.slow
@@ -181,6 +199,8 @@ def test_both_profiles_through_dvc(tmp_path):
     for s in la["sizes"]:
         assert s["variants"]["nonlinear_q"]["tokens"] == s["variants"]["baseline"]["tokens"] == s["tokens"]
         assert s["tokens"] == (int(0.5 * s["non_embedding_params"]) // 2048) * 2048
+        for v, lr in (("baseline", 0.004), ("nonlinear_q", 0.006)):  # each variant's lr*, transferred unchanged
+            assert {read_result(project / f"runs/scale_ladder/{s['model']}/{v}-s{k}")["lr"] for k in (1, 2)} == {lr}
     md = (project / "reports/comparison.md").read_text()
     assert "shared lr against tuned lr" in md and "Scale ladder" in md
     # nothing to do on a second repro

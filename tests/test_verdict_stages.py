@@ -289,3 +289,54 @@ def test_an_arm_that_diverges_on_every_seed_is_named_in_its_verdict(nano_project
     assert c["word"] == "undecided" and c["verdict"].endswith("; wild diverged on 5 of 5 seeds"), c["verdict"]
     md = (tmp_path / "reports/comparison.md").read_text()
     assert "| wild | nonlinear_q | - | 0.05 | fixed | - | 0 (+5 diverged) |" in md
+
+
+def test_the_ladder_transfer_check_tunes_one_size_by_the_same_rule(nano_project, tmp_path, monkeypatch, fake_train):
+    """``study.tune --ladder MODEL``: scale_ladder.variants tuned at MODEL on the ladder's budget, in their own
+    folders; the transferred lr (conf/tuned.yaml) against that size's lr*, with the quadratic's predicted cost."""
+    from study.tune import main as tune
+
+    monkeypatch.chdir(nano_project)
+    monkeypatch.setenv("DVC_EXP_NAME", "test")
+    transferred = {"baseline": 8e-3, "nonlinear_q": 1.6e-2}  # baseline's bowl bottoms at 4e-3: a x2 miss
+    data = yaml.safe_load(write_params(nano_project, tmp_path, transferred).read_text())
+    data["arms"].update(baseline={"variant": "baseline", "overrides": [], "lr": None, "description": ""},
+                        nonlinear_q={"variant": "nonlinear_q", "overrides": [], "lr": None, "description": ""})
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    before = (nano_project / "conf" / "tuned.yaml").read_bytes()
+
+    assert tune(["--ladder", "nano", "--params", str(params)]) == 0
+    out = tmp_path / "tuning" / "nano"
+    assert {p.name for p in out.iterdir()} == {"table.json", "table.md", "tuning.png", "transfer.json", "transfer.md"}
+    assert (nano_project / "conf" / "tuned.yaml").read_bytes() == before  # the default's lr* untouched
+    assert not (tmp_path / "tuning" / "table.json").exists()
+    base = json.loads((tmp_path / "runs_tune/ladder/nano/baseline/tuning.json").read_text())
+    assert base["model"] == "nano" and base["lr_star"] == pytest.approx(4e-3, rel=1e-9)
+    # the ladder's budget: tokens_per_param (0.5) x the nano baseline's non-embedding parameters, whole steps
+    from study.config import load_config
+    from study.modeling.model import describe
+    cfg = load_config(["model=nano"], nano_project, params=str(params))
+    n = describe(cfg.model, cfg.variant)["non_embedding_params"]
+    assert base["tokens"] == max(1, int(0.5 * n) // 2048) * 2048
+    t = json.loads((out / "transfer.json").read_text())["arms"]
+    b = t["baseline"]
+    assert b["transferred"] == 8e-3 and b["ratio"] == pytest.approx(2.0) and b["log2_ratio"] == pytest.approx(1.0)
+    assert b["predicted_cost"] == pytest.approx(0.05 * math.log(2) ** 2, rel=1e-6)  # the bowl's A, a x2 miss
+    # the grid 1.5e-3, 3e-3, 6e-3: 6e-3 is the point nearest 8e-3; its mean over the tuning seeds 101, 102
+    assert b["nearest_lr"] == 6e-3
+    assert b["nearest_mean"] == pytest.approx(np.mean([loss("baseline", 6e-3, s) for s in (101, 102)]), abs=1e-12)
+    assert "| baseline | 0.008 | 0.004 | 2.000 | +1.00 | bracketed | 0.0240 |" in (out / "transfer.md").read_text()
+    assert {c[1] for c in fake_train} == {"baseline", "nonlinear_q"}
+    assert all(c[0].startswith(("baseline/lr", "nonlinear_q/lr")) for c in fake_train)
+
+
+def test_the_ladder_needs_a_transferred_lr_for_each_variant(nano_project, tmp_path, monkeypatch, capsys):
+    from study.tune import main as tune
+
+    monkeypatch.chdir(nano_project)
+    monkeypatch.setenv("DVC_EXP_NAME", "test")
+    params = write_params(nano_project, tmp_path, {"baseline": 4e-3})
+    assert tune(["--ladder", "nano", "--params", str(params)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "['nonlinear_q'] have no lr* in conf/tuned.yaml" in err[0] and "make tune" in err[0]

@@ -138,6 +138,7 @@ class TrainConfig:
     z_loss: float = 0.0  # coefficient of mean(logsumexp(logits)^2), added to the training loss only (0: off)
     tokens_per_param: Optional[float] = None  # set: tokens = this x the baseline's non-embedding params (scale ladder)
     lr_from_sweep: bool = False  # true: the peak lr is the best of this variant's lr sweep (runs/lr_sweep)
+    lr_from_tuned: bool = False  # true: the peak lr is tuned.lr[VARIANT] (conf/tuned.yaml), at any size (scale ladder)
     overwrite: bool = False  # true: a hand-started run may replace a finished run of other settings in its folder
     data_seed: Optional[int] = None  # the training-data order (None: seed)
     init_seed: Optional[int] = None  # the initial weights, keyed by parameter name (None: seed)
@@ -204,13 +205,16 @@ class ScaleLadderConfig:
     Every variant of ``variants`` x study.seeds is trained at each model size of
     ``models`` (conf/model files) on tokens = ``tokens_per_param`` x the baseline's
     non-embedding parameters at that size (so compute grows with size and is the same
-    for every variant of one size), warmup ``warmup_tokens``.
+    for every variant of one size), warmup ``warmup_tokens``.  With ``lr_from_tuned`` each variant
+    trains at the lr* of the arm of its name in conf/tuned.yaml (tuned at the default size), unchanged
+    at every size: the transfer rule that ``python -m study.tune --ladder MODEL`` checks at one size.
     """
 
     models: list = field(default_factory=list)
     variants: list = field(default_factory=lambda: ["baseline", "nonlinear_q"])
     tokens_per_param: float = 1.0
     warmup_tokens: int = 32_768
+    lr_from_tuned: bool = True  # each variant at its arm's lr* (conf/tuned.yaml); false: the shared train.lr
 
 
 @dataclass

@@ -276,6 +276,17 @@ def _validate_profiles(cfg: RunConfig) -> None:
         if not la.tokens_per_param > 0 or la.warmup_tokens < 0:
             raise ConfigError(f"scale_ladder.tokens_per_param={la.tokens_per_param} must be > 0 and "
                               f"scale_ladder.warmup_tokens={la.warmup_tokens} >= 0")
+        untuned = [v for v in la.variants if v not in cfg.tuned.lr]
+        if la.lr_from_tuned and untuned:
+            raise ConfigError(f"scale_ladder.variants {untuned} have no lr* in conf/tuned.yaml (tuned.lr): add the "
+                              f"arms of those names to tune.arms and run `make tune`, or set "
+                              f"scale_ladder.lr_from_tuned=false (every variant at train.lr)")
+    if cfg.train.lr_from_tuned and cfg.variant.name not in cfg.tuned.lr:
+        raise ConfigError(f"train.lr_from_tuned=true but variant {cfg.variant.name!r} has no lr* in conf/tuned.yaml "
+                          f"(tuned.lr has {sorted(cfg.tuned.lr)}): tune the arm of that name (`make tune`) or set "
+                          f"train.lr_from_tuned=false")
+    if cfg.train.lr_from_tuned and cfg.train.lr_from_sweep:
+        raise ConfigError("train.lr_from_tuned and train.lr_from_sweep are both true: choose one source of the peak lr")
     if cfg.train.tokens_per_param is not None and not cfg.train.tokens_per_param > 0:
         raise ConfigError(f"train.tokens_per_param={cfg.train.tokens_per_param} must be > 0 (or null)")
     if s.group and (s.group.startswith("/") or ".." in s.group.split("/")):

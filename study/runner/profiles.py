@@ -13,7 +13,9 @@ lr sweep (``lr_sweep.variants`` non-empty)
 scale ladder (``scale_ladder.models`` non-empty)
     ``runs/scale_ladder/MODEL/VARIANT-sSEED``: every ladder variant x study.seeds at
     each model size, on tokens = ``tokens_per_param`` x the baseline's non-embedding
-    parameters (compute grows with size; variants of one size get the same tokens).
+    parameters (compute grows with size; variants of one size get the same tokens), each
+    variant at its lr* of conf/tuned.yaml (``scale_ladder.lr_from_tuned``: the transfer rule
+    that ``python -m study.tune --ladder MODEL`` checks by tuning at one size).
     The report gives the effect against the baseline at each size with its 95%
     interval, a power-law fit of val loss against training FLOPs per variant, and
     each variant's compute multiplier at each size: the baseline compute that would
@@ -40,7 +42,8 @@ def resolve(cfg: RunConfig, root: Path) -> RunConfig:
     parameters of the *baseline* at this model size, rounded down to whole steps of
     train.batch_tokens (at least one): every variant of one size trains on the same tokens.
     ``train.lr_from_sweep`` sets ``variant.lr`` to the variant's best swept lr (min_lr keeps
-    the schedule's ratio, see :func:`study.config.peak_lr`).
+    the schedule's ratio, see :func:`study.config.peak_lr`); ``train.lr_from_tuned`` sets it to
+    ``tuned.lr[VARIANT]`` (conf/tuned.yaml: lr* of the arm of the variant's name, tuned at the default size).
 
     Raises:
         DataError (RunsError): the lr sweep this run needs is missing or fully diverged.
@@ -57,4 +60,6 @@ def resolve(cfg: RunConfig, root: Path) -> RunConfig:
         check_wsd_fits(cfg)  # validate() could not: the tokens were not known then
     if cfg.train.lr_from_sweep:
         cfg.variant.lr = best_lr(sweep_results(cfg, root, cfg.variant.name))["lr"]
+    if cfg.train.lr_from_tuned:  # validate() checked the variant has one
+        cfg.variant.lr = float(cfg.tuned.lr[cfg.variant.name])
     return cfg
