@@ -81,7 +81,7 @@ scale-ladder: $(STAMP)
 # budget; the table and transfer.md (transferred lr against that size's lr*) go to conf/tuning/MODEL/ (commit them).
 LADDER_CHECK ?= ladder-96
 ladder-check: params
-	$(PY) -m study.tune --ladder $(LADDER_CHECK) --params params.yaml
+	$(PY) -m study.tune --ladder $(LADDER_CHECK) --params params.yaml 'scale_ladder.variants=$(PROFILE_VARIANTS)'
 
 test: $(STAMP)
 	$(PY) -m pytest -q -rs

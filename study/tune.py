@@ -91,6 +91,9 @@ def tune_one(cfg, root: Path, name: str, params: str | None, base: list[str] = (
     arm, tu = arm_of(cfg, name), cfg.tune
     if name not in tu.arms:
         raise ConfigError(f"arm {name!r} is not in tune.arms={list(tu.arms)}: add it there to tune it")
+    if cfg.train.lr_from_tuned or cfg.train.lr_from_sweep:
+        raise ConfigError("tuning sets each grid point's lr, but train.lr_from_tuned or train.lr_from_sweep would replace "
+                          "it with one lr: drop that override")
     extra = [f"train.tokens={tu.tokens}"] if tu.tokens is not None else []
     points = {}
 
@@ -251,18 +254,19 @@ def transfer_check(results: dict[str, dict], transferred: dict[str, float], mode
 
     Returns: {"model", "rule", "arms": {arm: {"transferred", "lr_star", "ratio" (transferred / lr*), "log2_ratio",
     "predicted_cost" (A ln(ratio)^2, nats; None without a fit), "nearest_lr", "nearest_mean" (the measured mean loss at
-    the grid point nearest the transferred lr, nats), "best_mean", "status"}}.
+    the grid point nearest the transferred lr, nats; None when that point is lost), "nearest_status" ("ok"/"lost"),
+    "best_mean", "status"}}.
     """
     arms = {}
     for name, r in results.items():
         lr, star, fit = transferred[name], r.get("lr_star"), r.get("fit") or {}
-        pts = [p for p in r["points"] if p["mean"] is not None]
-        near = min(pts, key=lambda p: abs(math.log(p["lr"] / lr))) if pts else None
+        near = min(r["points"], key=lambda p: abs(math.log(p["lr"] / lr))) if r["points"] else None
         ratio = lr / star if star else None
         arms[name] = {"transferred": lr, "lr_star": star, "ratio": ratio,
                       "log2_ratio": math.log2(ratio) if ratio else None,
                       "predicted_cost": fit["A"] * math.log(ratio) ** 2 if ratio and fit.get("A") else None,
                       "nearest_lr": near["lr"] if near else None, "nearest_mean": near["mean"] if near else None,
+                      "nearest_status": near["status"] if near else None,
                       "best_mean": _finite(r.get("best_loss")), "status": r.get("status")}
     return {"model": model, "rule": rule, "arms": arms}
 
@@ -279,7 +283,8 @@ def transfer_markdown(t: dict) -> str:
     for name, a in t["arms"].items():
         lines.append(f"| {name} | {fmt(a['transferred'])} | {fmt(a['lr_star'])} | {fmt(a['ratio'], '.3f')} | "
                      f"{fmt(a['log2_ratio'], '+.2f')} | {a['status']} | {fmt(a['predicted_cost'], '.4f')} | "
-                     f"{fmt(a['nearest_lr'])} | {fmt(a['nearest_mean'], '.4f')} | {fmt(a['best_mean'], '.4f')} |")
+                     f"{fmt(a['nearest_lr'])} | {fmt(a['nearest_mean'], '.4f').replace('n/a', 'lost (diverged)')} | "
+                     f"{fmt(a['best_mean'], '.4f')} |")
     return "\n".join(lines) + "\n"
 
 
@@ -303,20 +308,19 @@ def tune_ladder(cfg, root: Path, model: str, params: str | None, base: list[str]
         ConfigError: a variant has no arm of its name, or no lr* in conf/tuned.yaml to transfer.
     """
     from study.config import load_config
+    from study.config.validation import check_transferable
 
-    missing = [v for v in cfg.scale_ladder.variants if v not in cfg.tuned.lr]
-    if missing:
-        raise ConfigError(f"scale_ladder.variants {missing} have no lr* in conf/tuned.yaml to transfer: add the arms "
-                          f"of those names to tune.arms and run `make tune` first")
+    if not cfg.scale_ladder.variants:
+        raise ConfigError("scale_ladder.variants is empty: name the variants whose lr transfer to check, e.g. "
+                          "'scale_ladder.variants=[baseline,nonlinear_q]' (the tables already written are kept)")
+    for v in cfg.scale_ladder.variants:
+        check_transferable(cfg, v, "scale_ladder.variants:", "leave it out of scale_ladder.variants")
     over = [*base, *ladder_overrides(cfg, model)]
     sub = load_config(over, root, params=params)
-    for v in sub.tune.arms:
-        if arm_of(sub, v).variant != v or sub.arms[v].overrides:
-            raise ConfigError(f"arms.{v} is not the plain variant {v!r} the ladder trains: the transfer check tunes the "
-                              f"arm of each ladder variant's name, so arms.{v} must be {{variant: {v}}} without overrides")
+    transferred = {v: float(sub.arms[v].lr if sub.arms[v].lr is not None else cfg.tuned.lr[v]) for v in sub.tune.arms}
     results = {v: tune_one(sub, root, v, params, over) for v in sub.tune.arms}
     write_table(sub, root, tuned_file=False)
-    t = transfer_check(results, {v: float(cfg.tuned.lr[v]) for v in sub.tune.arms}, model, TRANSFER_RULE)
+    t = transfer_check(results, transferred, model, TRANSFER_RULE)
     out = root / sub.tune.table_dir
     (out / TRANSFER_JSON).write_text(json.dumps(t, indent=1, sort_keys=True) + "\n")
     (out / TRANSFER_MD).write_text(transfer_markdown(t))
@@ -359,6 +363,9 @@ def main(argv: list[str] | None = None) -> int:
             mode = "arm"
         elif a == "--ladder" or a.startswith("--ladder="):
             arm = a.split("=", 1)[1] if "=" in a else next(it, None)
+            if arm is not None and arm.startswith("-"):  # `--ladder --params ...`: the model is missing
+                rest.append(arm)
+                arm = None
             mode = "ladder"
         elif a in ("--write", "--targets"):
             mode = a[2:]

@@ -134,7 +134,10 @@ def test_resolve_tokens_per_param_and_tuned_lr(nano_project, tmp_path, monkeypat
     from study.config import composed_params
 
     data = yaml.safe_load(composed_params(nano_project))
-    data["tuned"] = {"lr": {"nonlinear_q": 0.0071}}
+    data["tuned"] = {"lr": {"nonlinear_q": 0.0071, "nonlinear_q_ph": 0.005}}
+    data["arms"] = {"nonlinear_q": {"variant": "nonlinear_q", "overrides": [], "lr": None, "description": ""},
+                    "nonlinear_q_ph": {"variant": "nonlinear_q_ph", "overrides": ["train.schedule=d2z"], "lr": None,
+                                       "description": ""}}
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(data))
     monkeypatch.setenv("DVC_EXP_NAME", "test")  # params.yaml with a tuned section, as `dvc exp run` composes it
@@ -142,6 +145,11 @@ def test_resolve_tokens_per_param_and_tuned_lr(nano_project, tmp_path, monkeypat
                               params=str(params)), nano_project)
     lr, min_lr = peak_lr(cfg)
     assert cfg.variant.lr == 0.0071 and lr == 0.0071 and min_lr == pytest.approx(0.0071 * 3e-4 / 3e-3)
+    # an lr* tuned with a recipe override (d2z) the plain variant's run would not apply is refused, in one line
+    from study.config import ConfigError
+    with pytest.raises(ConfigError, match=r"tuned as arms.nonlinear_q_ph = variant 'nonlinear_q_ph' with overrides "
+                                          r"\['train.schedule=d2z'\]"):
+        load_config(["variant=nonlinear_q_ph", "train.lr_from_tuned=true"], nano_project, params=str(params))
 
 
 @pytest.mark.parametrize("override, words", [
@@ -152,8 +160,8 @@ def test_resolve_tokens_per_param_and_tuned_lr(nano_project, tmp_path, monkeypat
     (["scale_ladder.models=[ladder-64,ladder-999]", "scale_ladder.lr_from_tuned=false"], ["unknown", "ladder-999"]),
     (["scale_ladder.models=[ladder-64,ladder-96]", "scale_ladder.variants=[nonlinear_q]"], ["must include"]),
     (["scale_ladder.models=[ladder-64,ladder-96]"],
-     ["scale_ladder.variants ['baseline', 'nonlinear_q'] have no lr*", "make tune", "scale_ladder.lr_from_tuned=false"]),
-    (["variant=identity_q", "train.lr_from_tuned=true"], ["variant 'identity_q' has no lr*", "make tune"]),
+     ["scale_ladder.variants: 'baseline' has no arm of its name", "arms.baseline", "scale_ladder.lr_from_tuned=false"]),
+    (["variant=identity_q", "train.lr_from_tuned=true"], ["variant 'identity_q' has no arm of its name", "make tune"]),
 ])
 def test_profile_config_errors(nano_project, override, words):
     from study.config import ConfigError, load_config
@@ -164,7 +172,9 @@ def test_profile_config_errors(nano_project, override, words):
 
 
 PROFILES_STUDY = NANO_STUDY.replace("lr_sweep:\n  variants: []", "lr_sweep:\n  variants: [baseline, nonlinear_q]").replace(
-    "scale_ladder:\n  models: []", "scale_ladder:\n  models: [nano, nano-64]") + "tuned:\n  lr: {{baseline: 0.004, nonlinear_q: 0.006}}\n"
+    "scale_ladder:\n  models: []", "scale_ladder:\n  models: [nano, nano-64]") + (
+    "tuned:\n  lr: {{baseline: 0.004, nonlinear_q: 0.006}}\n"
+    "arms:\n  baseline: {{variant: baseline}}\n  nonlinear_q: {{variant: nonlinear_q}}\n")
 
 
 @pytest.mark.slow
@@ -203,6 +213,7 @@ def test_both_profiles_through_dvc(tmp_path):
             assert {read_result(project / f"runs/scale_ladder/{s['model']}/{v}-s{k}")["lr"] for k in (1, 2)} == {lr}
     md = (project / "reports/comparison.md").read_text()
     assert "shared lr against tuned lr" in md and "Scale ladder" in md
+    assert "| nonlinear_q (lr 0.006) |" in md and "unchanged at every size" in md  # the lr each variant trained at
     # nothing to do on a second repro
     again = subprocess.run(["dvc", "status"], cwd=project, env=env, capture_output=True, text=True, timeout=600)
     assert "up to date" in again.stdout, again.stdout

@@ -336,7 +336,34 @@ def test_the_ladder_needs_a_transferred_lr_for_each_variant(nano_project, tmp_pa
 
     monkeypatch.chdir(nano_project)
     monkeypatch.setenv("DVC_EXP_NAME", "test")
-    params = write_params(nano_project, tmp_path, {"baseline": 4e-3})
+    data = yaml.safe_load(write_params(nano_project, tmp_path, {"baseline": 4e-3}).read_text())
+    data["arms"].update(baseline={"variant": "baseline", "overrides": [], "lr": None, "description": ""},
+                        nonlinear_q={"variant": "nonlinear_q", "overrides": [], "lr": None, "description": ""})
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
     assert tune(["--ladder", "nano", "--params", str(params)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "['nonlinear_q'] have no lr* in conf/tuned.yaml" in err[0] and "make tune" in err[0]
+    assert len(err) == 1 and "'nonlinear_q' has no lr* in conf/tuned.yaml" in err[0] and "make tune" in err[0]
+    # an empty list is refused, and what a former check wrote is kept
+    out = tmp_path / "tuning" / "nano"
+    out.mkdir(parents=True)
+    (out / "table.json").write_text("kept")
+    assert tune(["--ladder", "nano", "--params", str(params), "scale_ladder.variants=[]"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "scale_ladder.variants is empty" in err[0] and (out / "table.json").read_text() == "kept"
+    # the model missing before another option
+    assert tune(["--ladder", "--params", str(params)]) == 2
+    assert "--ladder needs a model size" in capsys.readouterr().err
+
+
+def test_a_lost_grid_point_nearest_the_transferred_lr_is_reported_lost():
+    from study.tune import transfer_check, transfer_markdown
+
+    pts = [{"lr": 3e-3, "mean": None, "status": "lost"}, {"lr": 6e-3, "mean": 5.2, "status": "ok"},
+           {"lr": 1.2e-2, "mean": 5.0, "status": "ok"}, {"lr": 2.4e-2, "mean": 5.1, "status": "ok"}]
+    r = {"points": pts, "lr_star": 1.2e-2, "fit": {"A": 0.1}, "best_loss": 5.0, "status": "bracketed"}
+    t = transfer_check({"a": r}, {"a": 3.1e-3}, "m", "rule")
+    a = t["arms"]["a"]
+    assert a["nearest_lr"] == 3e-3 and a["nearest_mean"] is None and a["nearest_status"] == "lost"
+    assert a["predicted_cost"] == pytest.approx(0.1 * math.log(3.1e-3 / 1.2e-2) ** 2)
+    assert "| 0.003 | lost (diverged) | 5.0000 |" in transfer_markdown(t)

@@ -110,7 +110,15 @@ def ladder_report(cfg, root: Path) -> dict | None:
         for v, r in runs.items():
             one = next((m for m in r.values() if m["status"] == "ok"), next(iter(r.values())))
             mean, lo, hi = mean_ci(list(ok[v].values())) if ok[v] else (float("nan"),) * 3
-            size["variants"][v] = {"n_seeds": len(ok[v]), "val_loss_mean": mean, "val_loss_ci95": [lo, hi],
+            lrs = sorted({m.get("lr") for m in r.values() if m.get("lr") is not None})
+            if la.lr_from_tuned:  # the lr study.runner.profiles.resolve gives a ladder run of v now
+                arm = cfg.arms.get(v)
+                want = None if arm is None else (arm.lr if arm.lr is not None else cfg.tuned.lr.get(v))
+                stale = [x for x in lrs if want is not None and not math.isclose(x, want, rel_tol=1e-9)]
+                if stale:
+                    raise RunsError(f"the scale ladder's {v} runs at {model} trained at lr {stale}, but its arm's lr is "
+                                    f"now {want:.6g} (conf/tuned.yaml): re-run the ladder (`make scale-ladder`)")
+            size["variants"][v] = {"n_seeds": len(ok[v]), "val_loss_mean": mean, "val_loss_ci95": [lo, hi], "lr": lrs,
                                    "non_embedding_params": one["non_embedding_params"],
                                    "flops_per_token": one["flops_per_token"], "tokens": one["tokens"],
                                    "train_flops": float(one["flops_per_token"]) * one["tokens"],
@@ -141,5 +149,5 @@ def ladder_report(cfg, root: Path) -> dict | None:
     trend = {v: _trend(sizes, v, base) for v in la.variants if v != base}
     for s in sizes:
         s.pop("_ok")
-    return {"tokens_per_param": la.tokens_per_param, "sizes": sizes, "fits": fits, "fit_note": fit_note,
-            "trend": trend}
+    return {"tokens_per_param": la.tokens_per_param, "lr_from_tuned": la.lr_from_tuned, "sizes": sizes, "fits": fits,
+            "fit_note": fit_note, "trend": trend}

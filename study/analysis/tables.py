@@ -203,6 +203,11 @@ def lr_sweep_section(sw: dict, base: str) -> list[str]:
     return lines
 
 
+def _lrs(r: dict) -> str:
+    """" (lr 0.00434)" after a ladder variant's name: the peak lr its runs trained at."""
+    return f" (lr {', '.join(format(x, '.3g') for x in r.get('lr') or [])})" if r.get("lr") else ""
+
+
 def ladder_section(la: dict, base: str) -> list[str]:
     lines = ["", "## Scale ladder: the effect against model size", "",
              f"Every size trained on tokens = {la['tokens_per_param']:g} x the baseline's non-embedding "
@@ -210,7 +215,10 @@ def ladder_section(la: dict, base: str) -> list[str]:
              f"`{base}` at that size, paired by seed, with its 95% interval. Compute multiplier = the baseline "
              f"training compute that would reach the variant's loss (on the baseline's power-law fit of loss "
              f"against training FLOPs over all sizes) divided by the variant's own; 95% t interval over the seeds' "
-             f"own log multipliers.", "",
+             f"own log multipliers. " + ("Each variant trains at the lr* of its arm in conf/tuned.yaml, unchanged at "
+                                          "every size (the transfer rule; `make ladder-check` checks it at one size)."
+                                          if la.get("lr_from_tuned") else "Every variant trains at train.lr.") +
+             " The lr of each is beside its name.", "",
              "| size | n_layer x n_embd | non-embedding params | tokens | variant | val loss | change [95% CI] | p | "
              "detectable at 80% power | compute multiplier [95% CI] |", "|---|---|---|---|---|---|---|---|---|---|"]
     for s in la["sizes"]:
@@ -222,7 +230,7 @@ def ladder_section(la: dict, base: str) -> list[str]:
                 mult = (f"{fmt(m['multiplier'], '.3f')} " + (f"[{fmt(m['ci95'][0], '.3f')}, {fmt(m['ci95'][1], '.3f')}]"
                                                             if not m.get("ci_note") else f"({m['ci_note']})"))
             lines.append(f"| {s['model']} | {s['n_layer']} x {s['n_embd']} | {s['non_embedding_params']:,} | "
-                         f"{s['tokens']:,} | {v} | {fmt(s['variants'][v]['val_loss_mean'])} vs "
+                         f"{s['tokens']:,} | {v}{_lrs(s['variants'][v])} | {fmt(s['variants'][v]['val_loss_mean'])} vs "
                          f"{fmt(s['variants'][base]['val_loss_mean'])} | {pct_ci(c)} | {p_text(c)} | {detectable(c)} | {mult} |")
     lines += ["", "Fits of log L = a + b log C (C: training FLOPs = FLOPs per token x tokens):", ""]
     lines += ([f"- {v}: b = {f['slope']:+.4f}, a = {f['intercept']:.4f}" for v, f in la["fits"].items()]

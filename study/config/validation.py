@@ -250,6 +250,22 @@ def _validate_hf(d: DataConfig) -> None:
         raise ConfigError(f"data.num_proc={d.num_proc} must be >= 1 (or null for min(8, CPU count))")
 
 
+def check_transferable(cfg: RunConfig, v: str, what: str, off: str) -> None:
+    """Variant ``v`` may train at its arm's lr outside the test stage: the arm of its name is the plain variant (no
+    recipe overrides, which a run of the variant would not apply) and has an lr* in conf/tuned.yaml (or a fixed lr)."""
+    arm = cfg.arms.get(v)
+    if arm is None:
+        raise ConfigError(f"{what} {v!r} has no arm of its name to take an lr* from: define arms.{v} ({{variant: {v}}}) "
+                          f"in conf/study.yaml, add it to tune.arms and run `make tune`, or {off}")
+    if arm.variant != v or list(arm.overrides):
+        raise ConfigError(f"{what} {v!r}: its lr* was tuned as arms.{v} = variant {arm.variant!r} with overrides "
+                          f"{[str(o) for o in arm.overrides]}, which a run of the plain variant does not apply: choose "
+                          f"variants whose arm is the plain variant, or {off}")
+    if arm.lr is None and v not in cfg.tuned.lr:
+        raise ConfigError(f"{what} {v!r} has no lr* in conf/tuned.yaml (tuned.lr has {sorted(cfg.tuned.lr)}): add "
+                          f"arms.{v} to tune.arms and run `make tune`, or {off}")
+
+
 def _validate_profiles(cfg: RunConfig) -> None:
     s, sw, la = cfg.study, cfg.lr_sweep, cfg.scale_ladder
     if sw.variants:
@@ -276,15 +292,12 @@ def _validate_profiles(cfg: RunConfig) -> None:
         if not la.tokens_per_param > 0 or la.warmup_tokens < 0:
             raise ConfigError(f"scale_ladder.tokens_per_param={la.tokens_per_param} must be > 0 and "
                               f"scale_ladder.warmup_tokens={la.warmup_tokens} >= 0")
-        untuned = [v for v in la.variants if v not in cfg.tuned.lr]
-        if la.lr_from_tuned and untuned:
-            raise ConfigError(f"scale_ladder.variants {untuned} have no lr* in conf/tuned.yaml (tuned.lr): add the "
-                              f"arms of those names to tune.arms and run `make tune`, or set "
-                              f"scale_ladder.lr_from_tuned=false (every variant at train.lr)")
-    if cfg.train.lr_from_tuned and cfg.variant.name not in cfg.tuned.lr:
-        raise ConfigError(f"train.lr_from_tuned=true but variant {cfg.variant.name!r} has no lr* in conf/tuned.yaml "
-                          f"(tuned.lr has {sorted(cfg.tuned.lr)}): tune the arm of that name (`make tune`) or set "
-                          f"train.lr_from_tuned=false")
+        if la.lr_from_tuned:
+            for v in la.variants:
+                check_transferable(cfg, v, "scale_ladder.variants:", "set scale_ladder.lr_from_tuned=false "
+                                    "(every variant at train.lr)")
+    if cfg.train.lr_from_tuned:
+        check_transferable(cfg, cfg.variant.name, "train.lr_from_tuned=true: variant", "set train.lr_from_tuned=false")
     if cfg.train.lr_from_tuned and cfg.train.lr_from_sweep:
         raise ConfigError("train.lr_from_tuned and train.lr_from_sweep are both true: choose one source of the peak lr")
     if cfg.train.tokens_per_param is not None and not cfg.train.tokens_per_param > 0:

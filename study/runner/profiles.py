@@ -60,6 +60,7 @@ def resolve(cfg: RunConfig, root: Path) -> RunConfig:
         check_wsd_fits(cfg)  # validate() could not: the tokens were not known then
     if cfg.train.lr_from_sweep:
         cfg.variant.lr = best_lr(sweep_results(cfg, root, cfg.variant.name))["lr"]
-    if cfg.train.lr_from_tuned:  # validate() checked the variant has one
-        cfg.variant.lr = float(cfg.tuned.lr[cfg.variant.name])
+    if cfg.train.lr_from_tuned:  # validate() checked the variant's arm is plain and has one
+        arm = cfg.arms[cfg.variant.name]
+        cfg.variant.lr = float(arm.lr if arm.lr is not None else cfg.tuned.lr[cfg.variant.name])
     return cfg
