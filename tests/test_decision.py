@@ -126,3 +126,12 @@ def test_decomposition_share_by_hand():
     assert r["gap"] == pytest.approx(0.45) and r["share"] == pytest.approx(0.40 / 0.45)
     assert [x["arm"] for x in r["rows"]] == ["today", "base", "lin", "nlq"] and r["rows"][0]["mean"] == pytest.approx(5.1)
     assert decomposition(means, ["today"], "today", "nlq", "missing")["share"] is None
+    # the gap's paired interval: differences 0.45 and 0.45 (sd 0) lie above zero; an end arm no better than the
+    # start (differences +0.1 and -0.2: mean -0.05, t(0.975, 1) = 12.706, sd 0.2121 -> +-1.906) has no share
+    assert r["gap_ci95"] == [pytest.approx(0.45), pytest.approx(0.45)] and r["note"] is None
+    worse = {**means, "nlq": {1: 4.9, 2: 5.4}}
+    w = decomposition(worse, ["today", "nlq", "lin"], "today", "nlq", "lin")
+    sd = math.sqrt(((0.1 + 0.05) ** 2 + (-0.2 + 0.05) ** 2) / 1)
+    half = 12.706204736 * sd / math.sqrt(2)
+    assert w["gap"] == pytest.approx(-0.05) and w["share"] is None and "no share" in w["note"]
+    assert w["gap_ci95"] == [pytest.approx(-0.05 - half, rel=1e-6), pytest.approx(-0.05 + half, rel=1e-6)]

@@ -194,7 +194,8 @@ def decomposition(means: dict[str, dict], rows: list[str], start: str, end: str,
         means: {arm: {seed: val loss}}.
 
     Returns: {"rows": [{"arm", "n_seeds", "mean", "sd", "ci95"}], "start", "end", "linear", "gap" (nats),
-    "share" (None where an arm has no runs or the gap is 0)}.
+    "gap_ci95" (the 95% t interval of the start - end differences paired by seed, nats), "share" (None where an arm
+    has no runs, or where that interval does not lie above zero: no gap to share), "note" (why no share)}.
     """
     out_rows = []
     mean_of = {}
@@ -208,8 +209,24 @@ def decomposition(means: dict[str, dict], rows: list[str], start: str, end: str,
         else:
             out_rows.append({"arm": a, "n_seeds": 0, "mean": float("nan"), "sd": float("nan"),
                              "ci95": [float("nan")] * 2})
-    gap = share = None
+    gap = share = note = None
+    gap_ci = [None, None]
     if all(a in mean_of for a in (start, end, linear)):
         gap = mean_of[start] - mean_of[end]
-        share = (mean_of[start] - mean_of[linear]) / gap if gap != 0 else None
-    return {"rows": out_rows, "start": start, "end": end, "linear": linear, "gap": gap, "share": share}
+        common = sorted(set(means[start]) & set(means[end]))
+        diffs = [means[start][s] - means[end][s] for s in common]
+        if len(diffs) > 1:
+            _, lo, hi = mean_ci(diffs)
+            if not (math.isfinite(lo) and math.isfinite(hi)) and np.std(diffs) == 0:  # identical differences
+                lo = hi = float(np.mean(diffs))
+            gap_ci = [lo, hi]
+        if gap_ci[0] is not None and gap_ci[0] > 0:
+            share = (mean_of[start] - mean_of[linear]) / gap
+        else:
+            note = (f"no share: {end} is not shown below {start} (the gap's paired 95% interval "
+                    f"{'n/a' if gap_ci[0] is None else f'[{gap_ci[0]:+.4f}, {gap_ci[1]:+.4f}]'} nats does not lie "
+                    f"above zero), so there is no gap for the linear recipe to close")
+    else:
+        note = f"no share: {start}, {end} or {linear} has no finished runs"
+    return {"rows": out_rows, "start": start, "end": end, "linear": linear, "gap": gap, "gap_ci95": gap_ci,
+            "share": share, "note": note}

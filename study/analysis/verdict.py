@@ -178,7 +178,10 @@ def verdict_section(v: dict) -> list[str]:
         for r in dec["rows"]:
             lines.append(f"| {r['arm']} | {r['n_seeds']} | {_f(r['mean'])} | {_f(r['sd'])} | "
                          f"[{_f(r['ci95'][0])}, {_f(r['ci95'][1])}] |")
-        share = "n/a" if dec["share"] is None else f"{100 * dec['share']:.0f}%"
-        lines += ["", f"Gap {dec['start']} -> {dec['end']}: {_f(dec['gap'], '+.4f')} nats; the linear recipe alone "
-                  f"({dec['linear']}) closes {share} of it (the follow-up measured 88% at GPT-3 Large)."]
+        ci = dec.get("gap_ci95") or [None, None]
+        head = (f"Gap {dec['start']} -> {dec['end']}: {_f(dec['gap'], '+.4f')} nats (paired 95% interval "
+                f"[{_f(ci[0], '+.4f')}, {_f(ci[1], '+.4f')}])")
+        lines += ["", head + (f"; the linear recipe alone ({dec['linear']}) closes {100 * dec['share']:.0f}% of it"
+                              if dec["share"] is not None else f"; {dec.get('note') or 'no share'}")
+                  + " (the follow-up measured 88% at GPT-3 Large)."]
     return lines
