@@ -308,7 +308,7 @@ def tune_ladder(cfg, root: Path, model: str, params: str | None, base: list[str]
         ConfigError: a variant has no arm of its name, or no lr* in conf/tuned.yaml to transfer.
     """
     from study.config import load_config
-    from study.config.validation import check_transferable
+    from study.config.validation import check_transferable, transferred_lr
 
     if not cfg.scale_ladder.variants:
         raise ConfigError("scale_ladder.variants is empty: name the variants whose lr transfer to check, e.g. "
@@ -317,7 +317,7 @@ def tune_ladder(cfg, root: Path, model: str, params: str | None, base: list[str]
         check_transferable(cfg, v, "scale_ladder.variants:", "leave it out of scale_ladder.variants")
     over = [*base, *ladder_overrides(cfg, model)]
     sub = load_config(over, root, params=params)
-    transferred = {v: float(sub.arms[v].lr if sub.arms[v].lr is not None else cfg.tuned.lr[v]) for v in sub.tune.arms}
+    transferred = {v: transferred_lr(cfg, v) for v in sub.tune.arms}
     results = {v: tune_one(sub, root, v, params, over) for v in sub.tune.arms}
     write_table(sub, root, tuned_file=False)
     t = transfer_check(results, transferred, model, TRANSFER_RULE)

@@ -112,8 +112,9 @@ def ladder_report(cfg, root: Path) -> dict | None:
             mean, lo, hi = mean_ci(list(ok[v].values())) if ok[v] else (float("nan"),) * 3
             lrs = sorted({m.get("lr") for m in r.values() if m.get("lr") is not None})
             if la.lr_from_tuned:  # the lr study.runner.profiles.resolve gives a ladder run of v now
-                arm = cfg.arms.get(v)
-                want = None if arm is None else (arm.lr if arm.lr is not None else cfg.tuned.lr.get(v))
+                from study.config.validation import transferred_lr
+
+                want = transferred_lr(cfg, v)
                 stale = [x for x in lrs if want is not None and not math.isclose(x, want, rel_tol=1e-9)]
                 if stale:
                     raise RunsError(f"the scale ladder's {v} runs at {model} trained at lr {stale}, but its arm's lr is "

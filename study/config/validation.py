@@ -250,6 +250,16 @@ def _validate_hf(d: DataConfig) -> None:
         raise ConfigError(f"data.num_proc={d.num_proc} must be >= 1 (or null for min(8, CPU count))")
 
 
+def transferred_lr(cfg: RunConfig, v: str) -> float | None:
+    """The peak lr a run of plain variant ``v`` takes from the arm of its name (train.lr_from_tuned, the scale
+    ladder): its fixed lr, else tuned.lr[v]; None without either."""
+    arm = cfg.arms.get(v)
+    if arm is None:
+        return None
+    lr = arm.lr if arm.lr is not None else cfg.tuned.lr.get(v)
+    return None if lr is None else float(lr)
+
+
 def check_transferable(cfg: RunConfig, v: str, what: str, off: str) -> None:
     """Variant ``v`` may train at its arm's lr outside the test stage: the arm of its name is the plain variant (no
     recipe overrides, which a run of the variant would not apply) and has an lr* in conf/tuned.yaml (or a fixed lr)."""

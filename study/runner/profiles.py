@@ -61,6 +61,7 @@ def resolve(cfg: RunConfig, root: Path) -> RunConfig:
     if cfg.train.lr_from_sweep:
         cfg.variant.lr = best_lr(sweep_results(cfg, root, cfg.variant.name))["lr"]
     if cfg.train.lr_from_tuned:  # validate() checked the variant's arm is plain and has one
-        arm = cfg.arms[cfg.variant.name]
-        cfg.variant.lr = float(arm.lr if arm.lr is not None else cfg.tuned.lr[cfg.variant.name])
+        from study.config.validation import transferred_lr
+
+        cfg.variant.lr = transferred_lr(cfg, cfg.variant.name)
     return cfg
