@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 from study.analysis.tuning import choose, lr_key, score, tune_arm
-from study.runner.arms import arm_of, ensure_runs, run_overrides, tune_group
+from study.runner.arms import arm_of, ensure_runs, recipe, recipe_difference, run_overrides, tune_group
 from study.config import ConfigError, StudyError, run_stage
 
 TABLE_JSON, TABLE_MD, FIGURE, RESULT = "table.json", "table.md", "tuning.png", "tuning.json"
@@ -113,6 +113,7 @@ def tune_one(cfg, root: Path, name: str, params: str | None, base: list[str] = (
         tokens = resolve(copy.deepcopy(cfg), root).train.tokens
     out = {"arm": name, "variant": arm.variant, "overrides": [str(o) for o in arm.overrides],
            "model": cfg.model.name, "seeds": [int(s) for s in tu.seeds], "tokens": int(tokens), "rule": tu.rule,
+           "recipe": recipe(cfg, tokens),
            "centre": tu.centre, "max_points": tu.max_points, "points": [points[x] for x in lrs],
            **{k: res[k] for k in ("status", "best_lr", "lr_star", "source", "why")},
            "best_loss": _finite(res["best_loss"]), "fit": res["fit"]}
@@ -162,8 +163,11 @@ def table_markdown(table: dict) -> str:
                      f"{fmt(f.get('miss_cost_x2'), '.4f')} | {fmt(f.get('vertex'))} | {fmt(a['lr_star'])} | "
                      f"{a['source'] or 'n/a'}{' (' + a['why'] + ')' if a.get('why') else ''} |")
     for name, a in table["arms"].items():
-        lines += ["", f"## {name}", "", "| lr | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |",
-                  "|---|" + "---|" * (len(seeds) + 1)]
+        lines += ["", f"## {name}", ""]
+        if a.get("recipe"):
+            lines += ["Tuned at " + ", ".join(f"{sec}.{k}={v}" for sec, kv in a["recipe"].items() for k, v in kv.items())
+                      + ".", ""]
+        lines += ["| lr | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |", "|---|" + "---|" * (len(seeds) + 1)]
         for p in a["points"]:
             cells = [fmt(p["losses"].get(str(s)), ".4f").replace("n/a", "diverged") for s in seeds]
             lines.append(f"| {lr_key(p['lr'])} | " + " | ".join(cells) + f" | {fmt(p['mean'], '.4f').replace('n/a', 'lost')} |")
@@ -179,7 +183,11 @@ def tuned_yaml(table: dict) -> str:
     lrs = {k: a["lr_star"] for k, a in table["arms"].items() if a["lr_star"] is not None}
     if not lrs:
         return "\n".join(lines + ["  lr: {}"]) + "\n"
-    return "\n".join(lines + ["  lr:"] + [f"    {k}: {float(v)!r}" for k, v in lrs.items()]) + "\n"
+    at = {k: table["arms"][k]["recipe"] for k in lrs if table["arms"][k].get("recipe")}
+    lines += ["  lr:"] + [f"    {k}: {float(v)!r}" for k, v in lrs.items()]
+    if at:  # the model and budget each lr* was tuned at: the study refuses an lr* tuned at other settings
+        lines += ["  recipe:"] + [f"    {k}: {json.dumps(v, sort_keys=True)}" for k, v in at.items()]
+    return "\n".join(lines) + "\n"
 
 
 def figure(table: dict, path: Path) -> Path:
@@ -223,11 +231,16 @@ def figure(table: dict, path: Path) -> Path:
 
 def write_table(cfg, root: Path, tuned_file: Path | None | bool = None) -> dict:
     """table.json, table.md, tuning.png under tune.table_dir and conf/tuned.yaml (``tuned_file``; False: not
-    written), from the arms' tuning.json."""
+    written), from the tuning.json of the arms of tune.arms; an arm already in table.json and not in tune.arms
+    keeps its row and its lr* (the study refuses it when its recorded recipe is not the study's)."""
     results = read_results(cfg, root)
-    table = {"rule": cfg.tune.rule, "seeds": [int(s) for s in cfg.tune.seeds], "max_points": cfg.tune.max_points,
-             "arms": results}
     out = root / cfg.tune.table_dir
+    try:  # arms tuned before and not in tune.arms now keep their row (each lr* beside the recipe it was tuned at)
+        kept = {k: a for k, a in json.loads((out / TABLE_JSON).read_text())["arms"].items() if k not in results}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        kept = {}
+    table = {"rule": cfg.tune.rule, "seeds": [int(s) for s in cfg.tune.seeds], "max_points": cfg.tune.max_points,
+             "arms": {**results, **dict(sorted(kept.items()))}}
     out.mkdir(parents=True, exist_ok=True)
     (out / TABLE_JSON).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
     (out / TABLE_MD).write_text(table_markdown(table))
@@ -341,6 +354,13 @@ def check_tuned(cfg, root: Path) -> None:
     table = json.loads(p.read_text()) if p.is_file() else {"arms": {}}
     want = {k: a["lr_star"] for k, a in table.get("arms", {}).items() if a.get("lr_star") is not None}
     have = {str(k): float(v) for k, v in cfg.tuned.lr.items()}
+    from omegaconf import OmegaConf
+    have_at = OmegaConf.to_container(cfg.tuned.recipe) if OmegaConf.is_config(cfg.tuned.recipe) else dict(cfg.tuned.recipe)
+    want_at = {k: a["recipe"] for k, a in table.get("arms", {}).items() if k in want and a.get("recipe")}
+    bad_at = sorted(k for k in set(want_at) | set(have_at) if recipe_difference(want_at.get(k, {}), have_at.get(k, {})))
+    if bad_at and want == have:
+        raise ConfigError(f"conf/tuned.yaml (tuned.recipe) disagrees with {p.name} on the settings {bad_at} were tuned at: "
+                          f"re-run `make tune` (which writes both), or restore both from git")
     if want != have:
         bad = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
         raise ConfigError(f"conf/tuned.yaml (tuned.lr) disagrees with {p.relative_to(root) if p.is_relative_to(root) else p} "

@@ -118,6 +118,32 @@ def test_a_tuned_file_that_disagrees_is_refused(tmp_path):
         check_tuned(cfg, ROOT)
 
 
+def test_an_lr_tuned_at_another_recipe_is_refused():
+    """Every committed lr* was tuned at the study's model, budget and schedule (conf/study.yaml, read here on its
+    own); the test stage refuses one tuned at another warmup, in one line, and a fixed-lr arm is never checked."""
+    from study.config import ConfigError, load_config
+    from study.runner.arms import recipe, tuned_lr
+
+    train = yaml.safe_load((ROOT / "conf/study.yaml").read_text())["train"]
+    cfg = load_config([], ROOT)
+    at = recipe(cfg)
+    assert at["train"]["warmup_tokens"] == train["warmup_tokens"] and at["train"]["tokens"] == train["tokens"]
+    assert at["train"]["batch_tokens"] == train["batch_tokens"] and at["model"]["name"] == "cpu"
+    committed = yaml.safe_load((ROOT / "conf/tuned.yaml").read_text())["tuned"]
+    assert committed["lr"] and set(committed["recipe"]) == set(committed["lr"])
+    for arm, lr in committed["lr"].items():
+        assert committed["recipe"][arm] == at, arm
+        assert tuned_lr(cfg, arm) == lr
+    other = load_config([f"train.warmup_tokens={2 * train['warmup_tokens']}"], ROOT)
+    arm = sorted(committed["lr"])[0]
+    with pytest.raises(ConfigError) as e:
+        tuned_lr(other, arm)
+    assert str(e.value) == (f"arm {arm!r}'s lr* (conf/tuned.yaml) was tuned at train.warmup_tokens={train['warmup_tokens']}, "
+                            f"but this study runs train.warmup_tokens={2 * train['warmup_tokens']}: re-tune it (`make tune` "
+                            f"with {arm} in tune.arms) or set those back")
+    assert tuned_lr(other, "baseline_today") == 3e-3
+
+
 def test_tune_seeds_overlapping_test_seeds_is_a_one_line_error():
     from study.config import ConfigError, load_config
 

@@ -85,13 +85,13 @@ def write_params(project: Path, tmp: Path, tuned: dict | None = None) -> Path:
     data["tune"]["arms"] = ["base", "nlq"]
     data["study"].update(arms=["today", "base", "nlq"], references=["base"], max_seeds=12, target_halfwidth=0.2)
     data["decomposition"] = {"rows": ["today", "base", "nlq"], "start": "today", "end": "nlq", "linear": "base"}
-    data["tuned"] = {"lr": tuned or {}}
+    data["tuned"] = tuned if tuned and "lr" in tuned else {"lr": tuned or {}}  # the tuned section, or its lrs alone
     path = tmp / "params.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
 
 
-def test_tune_then_test_then_compare(nano_project, tmp_path, monkeypatch, fake_train):
+def test_tune_then_test_then_compare(nano_project, tmp_path, monkeypatch, fake_train, capsys):
     from study.compare import main as compare
     from study.config import load_config
     from study.tune import main as tune, write_table
@@ -124,13 +124,34 @@ def test_tune_then_test_then_compare(nano_project, tmp_path, monkeypatch, fake_t
     write_table(cfg, nano_project, tuned_file)
     assert {p.name: p.read_bytes() for p in (tmp_path / "tuning").iterdir()} == first
     assert set(first) == {"table.json", "table.md", "tuning.png"} and first["tuning.png"][:4] == b"\x89PNG"
-    tuned = yaml.safe_load(tuned_file.read_text())["tuned"]["lr"]
+    # tuning one arm again keeps the other arm's row and lr* (nothing tuned before is lost)
+    write_table(load_config(["tune.arms=[base]"], nano_project, params=str(params)), nano_project, tmp_path / "t1.yaml")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "tuning").iterdir()} == first
+    assert (tmp_path / "t1.yaml").read_bytes() == tuned_file.read_bytes()
+    tuned_all = yaml.safe_load(tuned_file.read_text())["tuned"]
+    tuned = tuned_all["lr"]
     assert tuned == {"base": base["lr_star"], "nlq": 1.2e-2}
     assert "| nlq | nonlinear_q | - | bracketed | 0.012 |" in first["table.md"].decode()
+    # each lr* beside the model and budget it was tuned at (the params above: 20480 tokens of 2048)
+    at = tuned_all["recipe"]["nlq"]
+    assert at["train"]["tokens"] == 20480 and at["train"]["batch_tokens"] == 2048 and at["model"]["name"] == cfg.model.name
+    assert at["train"]["warmup_tokens"] == cfg.train.warmup_tokens and tuned_all["recipe"]["base"] == at
 
-    # the test stage refuses a tuned file that disagrees with its table, then runs Stein's two stages
+    # the test stage refuses a tuned file that disagrees with its table (its lrs, or the recipe beside them), and an
+    # lr* tuned at another warmup than the study's; then runs Stein's two stages
     assert verdict(["--params", str(write_params(nano_project, tmp_path, {"base": 5e-3, "nlq": 1.2e-2}))]) == 2
-    params = write_params(nano_project, tmp_path, tuned)
+    assert verdict(["--params", str(write_params(nano_project, tmp_path, tuned))]) == 2  # lrs without their recipe
+    params = write_params(nano_project, tmp_path, tuned_all)
+    data = yaml.safe_load(params.read_text())
+    data["train"]["warmup_tokens"] = at["train"]["warmup_tokens"] + 2048
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    capsys.readouterr()
+    assert verdict(["--params", str(params)]) == 2 and not (tmp_path / "runs/test/plan.json").exists()
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: arm 'base'") and "\n" not in err
+    assert f"tuned at train.warmup_tokens={at['train']['warmup_tokens']}, but this study runs " \
+           f"train.warmup_tokens={at['train']['warmup_tokens'] + 2048}: re-tune it" in err
+    params = write_params(nano_project, tmp_path, tuned_all)
     assert verdict(["--params", str(params)]) == 0
     plan = json.loads((tmp_path / "runs/test/plan.json").read_text())
     # Stein's N by hand from the first five seeds: d = 0.2% of the reference's first-stage mean loss
@@ -241,8 +262,9 @@ def test_the_verdict_alone_is_the_report(nano_project, tmp_path, monkeypatch, fa
     for arm in ("base", "nlq"):
         assert tune(["--arm", arm, "--params", str(params)]) == 0
     write_table(load_config([], nano_project, params=str(params)), nano_project, tmp_path / "tuned.yaml")
-    tuned = yaml.safe_load((tmp_path / "tuned.yaml").read_text())["tuned"]["lr"]
-    data = yaml.safe_load(write_params(nano_project, tmp_path, tuned).read_text())
+    tuned_all = yaml.safe_load((tmp_path / "tuned.yaml").read_text())["tuned"]
+    tuned = tuned_all["lr"]
+    data = yaml.safe_load(write_params(nano_project, tmp_path, tuned_all).read_text())
     data["study"]["variants"] = []
     params.write_text(yaml.safe_dump(data, sort_keys=False))
     assert verdict(["--params", str(params)]) == 0

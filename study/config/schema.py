@@ -247,6 +247,7 @@ class TunedConfig:
     """The tuned learning rates (conf/tuned.yaml, written by ``make tune``, tracked)."""
 
     lr: Dict[str, float] = field(default_factory=dict)  # arm -> lr*
+    recipe: Dict[str, Any] = field(default_factory=dict)  # arm -> {model: {...}, train: {...}} it was tuned at
 
 
 @dataclass

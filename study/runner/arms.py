@@ -38,11 +38,33 @@ def override_keys(arm) -> list[str]:
     return [str(o).split("=", 1)[0].lstrip("+~") for o in arm.overrides]
 
 
+#: the settings an lr* depends on beyond the arm itself, recorded beside it (tuned.recipe) by `make tune`
+RECIPE = {"model": ("name", "n_layer", "n_head", "n_embd", "block_size"),
+          "train": ("tokens", "batch_tokens", "warmup_tokens", "min_lr", "weight_decay", "schedule")}
+
+
+def recipe(cfg, tokens: int | None = None) -> dict[str, dict]:
+    """The model size and training budget and schedule an lr* is tuned at: ``{"model": {...}, "train": {...}}``
+    with the keys of :data:`RECIPE` (``tokens``: the tuning's own budget, when it is not train.tokens)."""
+    out = {sec: {k: cfg[sec][k] for k in keys} for sec, keys in RECIPE.items()}
+    if tokens is not None:
+        out["train"]["tokens"] = int(tokens)
+    return json.loads(json.dumps(out))
+
+
+def recipe_difference(tuned_at: dict, now: dict) -> list[str]:
+    """``SECTION.KEY`` of every setting in which two :func:`recipe` records differ (sorted)."""
+    return sorted(f"{sec}.{k}" for sec in set(tuned_at) | set(now)
+                  for k in set(tuned_at.get(sec, {})) | set(now.get(sec, {}))
+                  if tuned_at.get(sec, {}).get(k) != now.get(sec, {}).get(k))
+
+
 def tuned_lr(cfg, name: str) -> float:
-    """The peak lr of an arm in the test stage: its fixed ``lr``, else ``tuned.lr[NAME]`` (conf/tuned.yaml).
+    """The peak lr of an arm in the test stage: its fixed ``lr``, else ``tuned.lr[NAME]`` (conf/tuned.yaml), which
+    must have been tuned at this study's model and training budget and schedule (``tuned.recipe[NAME]``).
 
     Raises:
-        ConfigError: the arm has neither (run `make tune`).
+        ConfigError: the arm has neither, or its lr* was tuned at another recipe (run `make tune`).
     """
     arm = arm_of(cfg, name)
     if arm.lr is not None:
@@ -50,7 +72,22 @@ def tuned_lr(cfg, name: str) -> float:
     if name not in cfg.tuned.lr:
         raise ConfigError(f"arm {name!r} has no tuned lr in conf/tuned.yaml (tuned.lr) and no fixed arms.{name}.lr: "
                           f"add it to tune.arms and run `make tune` (then commit conf/tuned.yaml and conf/tuning/)")
+    at = cfg.tuned.recipe.get(name)
+    if at is not None:
+        at, now = json.loads(json.dumps(_plain(at))), recipe(cfg)
+        diff = recipe_difference(at, now)
+        if diff:
+            def show(r):
+                return ", ".join(f"{k}={r.get(k.split('.')[0], {}).get(k.split('.')[1])}" for k in diff)
+            raise ConfigError(f"arm {name!r}'s lr* (conf/tuned.yaml) was tuned at {show(at)}, but this study runs "
+                              f"{show(now)}: re-tune it (`make tune` with {name} in tune.arms) or set those back")
     return float(cfg.tuned.lr[name])
+
+
+def _plain(x):
+    """An OmegaConf node as plain dicts and lists (a plain value unchanged)."""
+    from omegaconf import OmegaConf
+    return OmegaConf.to_container(x) if OmegaConf.is_config(x) else x
 
 
 def run_overrides(cfg, name: str, seed: int, lr: float, group: str, runs_dir: str | None = None) -> list[str]:
