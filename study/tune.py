@@ -232,11 +232,13 @@ def figure(table: dict, path: Path) -> Path:
 def write_table(cfg, root: Path, tuned_file: Path | None | bool = None) -> dict:
     """table.json, table.md, tuning.png under tune.table_dir and conf/tuned.yaml (``tuned_file``; False: not
     written), from the tuning.json of the arms of tune.arms; an arm already in table.json and not in tune.arms
-    keeps its row and its lr* (the study refuses it when its recorded recipe is not the study's)."""
+    keeps its row and its lr* when the row records its recipe (the study refuses the lr* when that recipe is not
+    the study's); a row without one is dropped."""
     results = read_results(cfg, root)
     out = root / cfg.tune.table_dir
-    try:  # arms tuned before and not in tune.arms now keep their row (each lr* beside the recipe it was tuned at)
-        kept = {k: a for k, a in json.loads((out / TABLE_JSON).read_text())["arms"].items() if k not in results}
+    try:  # arms tuned before and not in tune.arms now keep their row, when it records the recipe it was tuned at
+        kept = {k: a for k, a in json.loads((out / TABLE_JSON).read_text())["arms"].items()
+                if k not in results and a.get("recipe")}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         kept = {}
     table = {"rule": cfg.tune.rule, "seeds": [int(s) for s in cfg.tune.seeds], "max_points": cfg.tune.max_points,
