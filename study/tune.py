@@ -165,7 +165,7 @@ def table_markdown(table: dict) -> str:
     for name, a in table["arms"].items():
         lines += ["", f"## {name}", ""]
         if a.get("recipe"):
-            lines += ["Tuned at " + ", ".join(f"{sec}.{k}={v}" for sec, kv in a["recipe"].items() for k, v in kv.items())
+            lines += ["Tuned at (before the arm's overrides) " + ", ".join(f"{sec}.{k}={v}" for sec, kv in a["recipe"].items() for k, v in kv.items())
                       + ".", ""]
         lines += ["| lr | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |", "|---|" + "---|" * (len(seeds) + 1)]
         for p in a["points"]:
