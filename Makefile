@@ -8,7 +8,7 @@ export DO_NOT_TRACK := true
 export TIKTOKEN_CACHE_DIR := $(CURDIR)/.tiktoken
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install params study full tune exps lr-sweep scale-ladder ladder-check test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
+.PHONY: install params study full tune exps lr-sweep scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
 
 install: $(STAMP)
 
@@ -71,8 +71,9 @@ lr-sweep: tune
 # The scale ladder: the same pipeline, more runs.  dvc exp run needs a git commit; DVC's Hydra mode composes
 # conf/ with the -S overrides into params.yaml in the workspace (`git checkout params.yaml` or `make params`
 # turns the profile off again).  The target compare: only its upstream runs (never the tune@ARM stages); the
-# ladder compares variants, each at its lr* of conf/tuned.yaml transferred unchanged to every size
-# (scale_ladder.lr_from_tuned), so it sets study.variants and switches the decided verdict off (study.arms=[]).
+# ladder compares variants, each at the lr* tuned at its size (conf/tuned.yaml tuned.size: `make ladder-tune` first;
+# scale_ladder.lr_per_size=false: the default size's lr* transferred unchanged), so it sets study.variants and
+# switches the decided verdict off (study.arms=[]).
 # One training at a time (DVC runs the stages in turn), so each gets LADDER_THREADS cores.
 PROFILE_VARIANTS ?= [baseline,nonlinear_q]
 LADDER ?= [ladder-64,ladder-96,ladder-128]
@@ -83,10 +84,20 @@ scale-ladder: $(STAMP)
 	  -S 'scale_ladder.models=$(LADDER)' -S 'trainer.threads=$(LADDER_THREADS)'
 
 # The ladder's lr transfer checked at one size: scale_ladder.variants tuned there by the same rule, on the ladder's
-# budget; the table and transfer.md (transferred lr against that size's lr*) go to conf/tuning/MODEL/ (commit them).
+# budget; the table and transfer.md (transferred lr against that size's lr*) go to conf/tuning/MODEL/ and that
+# size's lr* to conf/tuned.yaml (tuned.size.MODEL; commit them).
 LADDER_CHECK ?= ladder-96
 ladder-check: params
 	$(PY) -m study.tune --ladder $(LADDER_CHECK) --params params.yaml 'scale_ladder.variants=$(PROFILE_VARIANTS)'
+	$(PY) -m study.config
+
+# The ladder tuned per size: every size of LADDER tuned by the same rule (as ladder-check does at one), each lr*
+# written to conf/tuned.yaml (tuned.size.MODEL), which `make scale-ladder` trains at (scale_ladder.lr_per_size).
+ladder-tune: params
+	for m in $$(echo '$(LADDER)' | tr -d '[] ' | tr ',' ' '); do \
+	  $(PY) -m study.tune --ladder $$m --params params.yaml 'scale_ladder.variants=$(PROFILE_VARIANTS)' || exit 1; \
+	done
+	$(PY) -m study.config
 
 test: $(STAMP)
 	$(PY) -m pytest -q -rs

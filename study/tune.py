@@ -21,7 +21,9 @@ tuned at the default size, unchanged at every size): it tunes every arm of ``sca
 rule at size MODEL on the ladder's budget (tokens_per_param, warmup_tokens), runs in
 ``tune.runs_dir/ladder/MODEL``, and writes the table, figure and ``transfer.md``/``transfer.json`` (the transferred
 lr against that size's lr*, their ratio, the quadratic's predicted cost of the miss in nats and the measured loss at
-the grid point nearest the transferred lr) under ``tune.table_dir/MODEL``; conf/tuned.yaml is left as it is.
+the grid point nearest the transferred lr) under ``tune.table_dir/MODEL``, and each variant's lr* at that size to
+conf/tuned.yaml (``tuned.size.MODEL``: what the ladder trains at with ``scale_ladder.lr_per_size``; the default
+size's ``tuned.lr`` and ``tuned.recipe`` are left as they are).
 Every output is byte-stable (no times, no ids).
 """
 from __future__ import annotations
@@ -32,6 +34,7 @@ import math
 import sys
 from pathlib import Path
 
+from study.analysis.tuned_file import _read_tuned, tuned_sizes, tuned_yaml  # noqa: F401 (tuned_yaml: public here too)
 from study.analysis.tuning import choose, lr_key, score, tune_arm
 from study.runner.arms import arm_of, ensure_runs, recipe, recipe_difference, run_overrides, tune_group
 from study.config import ConfigError, StudyError, run_stage
@@ -174,22 +177,6 @@ def table_markdown(table: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def tuned_yaml(table: dict) -> str:
-    """conf/tuned.yaml's text: every arm's lr* (repr: the exact float of table.json)."""
-    lines = ["# Each arm's tuned peak lr (lr*), written by `make tune` from the tuning table beside it "
-             "(conf/tuning/table.json,", "# table.md, tuning.png): tracked, so a fresh `make study` tests at these "
-             "values without tuning again.", "# Edit only through `make tune`: tests/test_tuning.py fails when this "
-             "file and the table disagree.", "tuned:"]
-    lrs = {k: a["lr_star"] for k, a in table["arms"].items() if a["lr_star"] is not None}
-    if not lrs:
-        return "\n".join(lines + ["  lr: {}"]) + "\n"
-    at = {k: table["arms"][k]["recipe"] for k in lrs if table["arms"][k].get("recipe")}
-    lines += ["  lr:"] + [f"    {k}: {float(v)!r}" for k, v in lrs.items()]
-    if at:  # the model and budget each lr* was tuned at: the study refuses an lr* tuned at other settings
-        lines += ["  recipe:"] + [f"    {k}: {json.dumps(v, sort_keys=True)}" for k, v in at.items()]
-    return "\n".join(lines) + "\n"
-
-
 def figure(table: dict, path: Path) -> Path:
     """tuning.png: mean loss against lr (log) per arm, each seed's loss as a dot, lost points as x at the top,
     the parabola through the best point and its neighbours, lr* as a star."""
@@ -252,7 +239,7 @@ def write_table(cfg, root: Path, tuned_file: Path | None | bool = None) -> dict:
         print(f"wrote {out / TABLE_MD}, {out / TABLE_JSON}{', ' + str(out / FIGURE) if results else ''}")
         return table
     tuned_file = root / TUNED_FILE if tuned_file is None else tuned_file
-    tuned_file.write_text(tuned_yaml(table))
+    tuned_file.write_text(tuned_yaml(table, tuned_sizes(tuned_file)))
     print(f"wrote {out / TABLE_MD}, {out / TABLE_JSON}{', ' + str(out / FIGURE) if results else ''} and {tuned_file} "
           f"(run `make params`, then commit them)")
     return table
@@ -315,9 +302,11 @@ def ladder_overrides(cfg, model: str) -> list[str]:
             f"tune.table_dir={tu.table_dir}/{model}"]
 
 
-def tune_ladder(cfg, root: Path, model: str, params: str | None, base: list[str] = ()) -> dict:
-    """``--ladder MODEL`` (module docstring): tune scale_ladder.variants at ``model``, write the table and the
-    transfer check; returns the check (:func:`transfer_check`).
+def tune_ladder(cfg, root: Path, model: str, params: str | None, base: list[str] = (),
+                tuned_file: Path | None = None) -> dict:
+    """``--ladder MODEL`` (module docstring): tune scale_ladder.variants at ``model``, write the table, the
+    transfer check and each variant's lr* at that size to conf/tuned.yaml (``tuned.size.MODEL``, ``tuned_file``;
+    its other entries kept); returns the check (:func:`transfer_check`).
 
     Raises:
         ConfigError: a variant has no arm of its name, or no lr* in conf/tuned.yaml to transfer.
@@ -339,6 +328,11 @@ def tune_ladder(cfg, root: Path, model: str, params: str | None, base: list[str]
     out = root / sub.tune.table_dir
     (out / TRANSFER_JSON).write_text(json.dumps(t, indent=1, sort_keys=True) + "\n")
     (out / TRANSFER_MD).write_text(transfer_markdown(t))
+    tuned_file = root / TUNED_FILE if tuned_file is None else tuned_file
+    here = {v: a["lr_star"] for v, a in results.items() if a["lr_star"] is not None}
+    current = _read_tuned(tuned_file)
+    sizes = {**tuned_sizes(tuned_file), model: here}
+    tuned_file.write_text(tuned_yaml({"arms": current}, {m: x for m, x in sizes.items() if x}))
     for name, a in t["arms"].items():
         print(f"ladder {model} {name}: transferred lr {a['transferred']:.4g}, lr* here "
               f"{'n/a' if a['lr_star'] is None else format(a['lr_star'], '.4g')} ({a['status']})")

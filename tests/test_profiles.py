@@ -151,6 +151,26 @@ def test_resolve_tokens_per_param_and_tuned_lr(nano_project, tmp_path, monkeypat
                                           r"\['train.schedule=d2z'\]"):
         load_config(["variant=nonlinear_q_ph", "train.lr_from_tuned=true"], nano_project, params=str(params))
 
+    # lr_per_size: the lr* tuned at this size (tuned.size, `make ladder-tune`), not the default size's
+    data["tuned"]["size"] = {"ladder-96": {"nonlinear_q": 0.0123, "baseline": 0.011}, "ladder-64": {"baseline": 0.02}}
+    data["arms"]["baseline"] = {"variant": "baseline", "overrides": [], "lr": None, "description": ""}
+    data["tuned"]["lr"]["baseline"] = 0.004
+    params.write_text(yaml.safe_dump(data))
+    cfg = resolve(load_config(["variant=nonlinear_q", "model=ladder-96", "train.lr_from_tuned=true",
+                               "train.lr_per_size=true"], nano_project, params=str(params)), nano_project)
+    assert cfg.variant.lr == 0.0123 and peak_lr(cfg)[0] == 0.0123
+    with pytest.raises(ConfigError) as e:
+        load_config(["variant=nonlinear_q", "model=ladder-64", "train.lr_from_tuned=true", "train.lr_per_size=true"],
+                    nano_project, params=str(params))
+    assert "\n" not in str(e.value) and "'nonlinear_q' has no lr* tuned at size ladder-64" in str(e.value)
+    assert "(tuned.size.ladder-64 in conf/tuned.yaml has ['baseline'])" in str(e.value) and "make ladder-tune" in str(e.value)
+    # the ladder checks every size x variant before a run trains; lr_per_size=false transfers the default size's
+    ladder = ["scale_ladder.models=[ladder-64,ladder-96]", "scale_ladder.variants=[baseline,nonlinear_q]"]
+    with pytest.raises(ConfigError, match=r"scale_ladder.variants: 'nonlinear_q' has no lr\* tuned at size ladder-64.*"
+                                          r"scale_ladder.lr_per_size=false"):
+        load_config(ladder, nano_project, params=str(params))
+    assert load_config([*ladder, "scale_ladder.lr_per_size=false"], nano_project, params=str(params)).scale_ladder.models
+
 
 @pytest.mark.parametrize("override, words", [
     (["lr_sweep.variants=[nonlinear_q]"], ["must include study.baseline"]),
@@ -174,6 +194,7 @@ def test_profile_config_errors(nano_project, override, words):
 PROFILES_STUDY = NANO_STUDY.replace("lr_sweep:\n  variants: []", "lr_sweep:\n  variants: [baseline, nonlinear_q]").replace(
     "scale_ladder:\n  models: []", "scale_ladder:\n  models: [nano, nano-64]") + (
     "tuned:\n  lr: {{baseline: 0.004, nonlinear_q: 0.006}}\n"
+    "  size: {{nano: {{baseline: 0.004, nonlinear_q: 0.006}}, nano-64: {{baseline: 0.002, nonlinear_q: 0.003}}}}\n"
     "arms:\n  baseline: {{variant: baseline}}\n  nonlinear_q: {{variant: nonlinear_q}}\n")
 
 
@@ -209,11 +230,13 @@ def test_both_profiles_through_dvc(tmp_path):
     for s in la["sizes"]:
         assert s["variants"]["nonlinear_q"]["tokens"] == s["variants"]["baseline"]["tokens"] == s["tokens"]
         assert s["tokens"] == (int(0.5 * s["non_embedding_params"]) // 2048) * 2048
-        for v, lr in (("baseline", 0.004), ("nonlinear_q", 0.006)):  # each variant's lr*, transferred unchanged
+        size_lr = {"nano": (0.004, 0.006), "nano-64": (0.002, 0.003)}[s["model"]]
+        for v, lr in zip(("baseline", "nonlinear_q"), size_lr):  # each variant at the lr* tuned at its size
             assert {read_result(project / f"runs/scale_ladder/{s['model']}/{v}-s{k}")["lr"] for k in (1, 2)} == {lr}
     md = (project / "reports/comparison.md").read_text()
     assert "shared lr against tuned lr" in md and "Scale ladder" in md
-    assert "| nonlinear_q (lr 0.006) |" in md and "unchanged at every size" in md  # the lr each variant trained at
+    assert "| nonlinear_q (lr 0.006) |" in md and "| nonlinear_q (lr 0.003) |" in md  # the lr each variant trained at
+    assert "the lr* tuned at its size" in md
     # nothing to do on a second repro
     again = subprocess.run(["dvc", "status"], cwd=project, env=env, capture_output=True, text=True, timeout=600)
     assert "up to date" in again.stdout, again.stdout

@@ -331,7 +331,11 @@ def test_the_ladder_transfer_check_tunes_one_size_by_the_same_rule(nano_project,
     assert tune(["--ladder", "nano", "--params", str(params)]) == 0
     out = tmp_path / "tuning" / "nano"
     assert {p.name for p in out.iterdir()} == {"table.json", "table.md", "tuning.png", "transfer.json", "transfer.md"}
-    assert (nano_project / "conf" / "tuned.yaml").read_bytes() == before  # the default's lr* untouched
+    after = (nano_project / "conf" / "tuned.yaml").read_text()
+    assert after.startswith(before.decode())  # the default size's lr* and recipes untouched; this size's lr* added
+    assert yaml.safe_load(after)["tuned"]["size"] == {"nano": {"baseline": pytest.approx(4e-3, rel=1e-9),
+                                                               "nonlinear_q": 1.2e-2}}  # its best point (2.4e-2 lost)
+    assert after[len(before):].startswith("  size:\n    nano: {")
     assert not (tmp_path / "tuning" / "table.json").exists()
     base = json.loads((tmp_path / "runs_tune/ladder/nano/baseline/tuning.json").read_text())
     assert base["model"] == "nano" and base["lr_star"] == pytest.approx(4e-3, rel=1e-9)
@@ -351,6 +355,16 @@ def test_the_ladder_transfer_check_tunes_one_size_by_the_same_rule(nano_project,
     assert "| baseline | 0.008 | 0.004 | 2.000 | +1.00 | bracketed | 0.0240 |" in (out / "transfer.md").read_text()
     assert {c[1] for c in fake_train} == {"baseline", "nonlinear_q"}
     assert all(c[0].startswith(("baseline/lr", "nonlinear_q/lr")) for c in fake_train)
+    # a second size keeps the first's lr*; re-tuning the default size (write_table) keeps both sizes
+    assert tune(["--ladder", "nano", "--params", str(params)]) == 0
+    assert (nano_project / "conf" / "tuned.yaml").read_text() == after
+    sizes = {"nano": {"baseline": 4e-3}, "other": {"baseline": 2e-3}}
+    from study.tune import tuned_sizes, tuned_yaml, write_table
+    (nano_project / "conf" / "tuned.yaml").write_text(tuned_yaml({"arms": {}}, sizes))
+    assert tuned_sizes(nano_project / "conf" / "tuned.yaml") == sizes
+    assert tune(["--ladder", "nano", "--params", str(params)]) == 0
+    assert set(tuned_sizes(nano_project / "conf" / "tuned.yaml")) == {"nano", "other"}
+    assert tuned_sizes(nano_project / "conf" / "tuned.yaml")["other"] == {"baseline": 2e-3}
 
 
 def test_the_ladder_needs_a_transferred_lr_for_each_variant(nano_project, tmp_path, monkeypatch, capsys):

@@ -114,10 +114,10 @@ def ladder_report(cfg, root: Path) -> dict | None:
             if la.lr_from_tuned:  # the lr study.runner.profiles.resolve gives a ladder run of v now
                 from study.config.validation import transferred_lr
 
-                want = transferred_lr(cfg, v)
+                want = transferred_lr(cfg, v, model if la.lr_per_size else None)
                 stale = [x for x in lrs if want is not None and not math.isclose(x, want, rel_tol=1e-9)]
                 if stale:
-                    raise RunsError(f"the scale ladder's {v} runs at {model} trained at lr {stale}, but its arm's lr is "
+                    raise RunsError(f"the scale ladder's {v} runs at {model} trained at lr {stale}, but its lr* is "
                                     f"now {want:.6g} (conf/tuned.yaml): re-run the ladder (`make scale-ladder`)")
             size["variants"][v] = {"n_seeds": len(ok[v]), "val_loss_mean": mean, "val_loss_ci95": [lo, hi], "lr": lrs,
                                    "non_embedding_params": one["non_embedding_params"],
@@ -150,5 +150,6 @@ def ladder_report(cfg, root: Path) -> dict | None:
     trend = {v: _trend(sizes, v, base) for v in la.variants if v != base}
     for s in sizes:
         s.pop("_ok")
-    return {"tokens_per_param": la.tokens_per_param, "lr_from_tuned": la.lr_from_tuned, "sizes": sizes, "fits": fits,
+    return {"tokens_per_param": la.tokens_per_param, "lr_from_tuned": la.lr_from_tuned, "lr_per_size": la.lr_per_size,
+            "sizes": sizes, "fits": fits,
             "fit_note": fit_note, "trend": trend}

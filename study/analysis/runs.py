@@ -102,7 +102,8 @@ def run_overrides(cfg, root: Path, group: str = "") -> list[str]:
         out = [o for o in out if not o.startswith("model=")]
         out += [f"model={group.split('/', 1)[1]}", f"train.tokens_per_param={cfg.scale_ladder.tokens_per_param}",
                 f"train.warmup_tokens={cfg.scale_ladder.warmup_tokens}",
-                f"train.lr_from_tuned={str(cfg.scale_ladder.lr_from_tuned).lower()}"]
+                f"train.lr_from_tuned={str(cfg.scale_ladder.lr_from_tuned).lower()}",
+                f"train.lr_per_size={str(cfg.scale_ladder.lr_per_size).lower()}"]
     return out
 
 

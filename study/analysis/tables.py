@@ -215,8 +215,11 @@ def ladder_section(la: dict, base: str) -> list[str]:
              f"`{base}` at that size, paired by seed, with its 95% interval. Compute multiplier = the baseline "
              f"training compute that would reach the variant's loss (on the baseline's power-law fit of loss "
              f"against training FLOPs over all sizes) divided by the variant's own; 95% t interval over the seeds' "
-             f"own log multipliers. " + ("Each variant trains at the lr* of its arm in conf/tuned.yaml, unchanged at "
-                                          "every size (the transfer rule; `make ladder-check` checks it at one size)."
+             f"own log multipliers. " + (("Each variant trains at the lr* tuned at its size by the same rule as the default "
+                                           "size (conf/tuned.yaml tuned.size, `make ladder-tune`; conf/tuning/MODEL/)."
+                                           if la.get("lr_per_size") else
+                                           "Each variant trains at the lr* of its arm in conf/tuned.yaml, unchanged at "
+                                          "every size (the transfer rule; `make ladder-check` checks it at one size).")
                                           if la.get("lr_from_tuned") else "Every variant trains at train.lr.") +
              " The lr of each is beside its name.", "",
              "| size | n_layer x n_embd | non-embedding params | tokens | variant | val loss | change [95% CI] | p | "

@@ -139,6 +139,7 @@ class TrainConfig:
     tokens_per_param: Optional[float] = None  # set: tokens = this x the baseline's non-embedding params (scale ladder)
     lr_from_sweep: bool = False  # true: the peak lr is the best of this variant's lr sweep (runs/lr_sweep)
     lr_from_tuned: bool = False  # true: the peak lr is tuned.lr[VARIANT] (conf/tuned.yaml), at any size (scale ladder)
+    lr_per_size: bool = False  # with lr_from_tuned: tuned.size[MODEL][VARIANT] instead, the lr* tuned at this size
     overwrite: bool = False  # true: a hand-started run may replace a finished run of other settings in its folder
     data_seed: Optional[int] = None  # the training-data order (None: seed)
     init_seed: Optional[int] = None  # the initial weights, keyed by parameter name (None: seed)
@@ -206,15 +207,17 @@ class ScaleLadderConfig:
     ``models`` (conf/model files) on tokens = ``tokens_per_param`` x the baseline's
     non-embedding parameters at that size (so compute grows with size and is the same
     for every variant of one size), warmup ``warmup_tokens``.  With ``lr_from_tuned`` each variant
-    trains at the lr* of the arm of its name in conf/tuned.yaml (tuned at the default size), unchanged
-    at every size: the transfer rule that ``python -m study.tune --ladder MODEL`` checks at one size.
+    trains at an lr* of conf/tuned.yaml: with ``lr_per_size`` the one tuned at that size by the same rule
+    (``tuned.size.MODEL``, ``make ladder-tune``), else the one of the arm of its name tuned at the default size,
+    unchanged at every size (the transfer rule that ``python -m study.tune --ladder MODEL`` checks at one size).
     """
 
     models: list = field(default_factory=list)
     variants: list = field(default_factory=lambda: ["baseline", "nonlinear_q"])
     tokens_per_param: float = 1.0
     warmup_tokens: int = 32_768
-    lr_from_tuned: bool = True  # each variant at its arm's lr* (conf/tuned.yaml); false: the shared train.lr
+    lr_from_tuned: bool = True  # each variant at an lr* of conf/tuned.yaml; false: the shared train.lr
+    lr_per_size: bool = True  # that lr* tuned at each size (tuned.size, make ladder-tune); false: the default size's
 
 
 @dataclass
@@ -248,6 +251,7 @@ class TunedConfig:
 
     lr: Dict[str, float] = field(default_factory=dict)  # arm -> lr*
     recipe: Dict[str, Any] = field(default_factory=dict)  # arm -> {model: {...}, train: {...}} it was tuned at
+    size: Dict[str, Any] = field(default_factory=dict)  # model -> {variant: lr*} tuned at that size (the scale ladder)
 
 
 @dataclass

@@ -8,6 +8,7 @@ import re
 from .schedule import batch_tokens_message, max_steps, peak_lr, wsd_decay_steps
 from .schema import (ACTIVATIONS, PRECISIONS, PROJECTION_MODES, QK_NORMS, SCHEDULES, TOKENIZERS, ConfigError,
                      DataConfig, RunConfig)
+from .transfer import check_transferable, transferred_lr  # noqa: F401 (the ladder's lr, re-exported)
 
 
 def validate(cfg: RunConfig) -> None:
@@ -250,32 +251,6 @@ def _validate_hf(d: DataConfig) -> None:
         raise ConfigError(f"data.num_proc={d.num_proc} must be >= 1 (or null for min(8, CPU count))")
 
 
-def transferred_lr(cfg: RunConfig, v: str) -> float | None:
-    """The peak lr a run of plain variant ``v`` takes from the arm of its name (train.lr_from_tuned, the scale
-    ladder): its fixed lr, else tuned.lr[v]; None without either."""
-    arm = cfg.arms.get(v)
-    if arm is None:
-        return None
-    lr = arm.lr if arm.lr is not None else cfg.tuned.lr.get(v)
-    return None if lr is None else float(lr)
-
-
-def check_transferable(cfg: RunConfig, v: str, what: str, off: str) -> None:
-    """Variant ``v`` may train at its arm's lr outside the test stage: the arm of its name is the plain variant (no
-    recipe overrides, which a run of the variant would not apply) and has an lr* in conf/tuned.yaml (or a fixed lr)."""
-    arm = cfg.arms.get(v)
-    if arm is None:
-        raise ConfigError(f"{what} {v!r} has no arm of its name to take an lr* from: define arms.{v} ({{variant: {v}}}) "
-                          f"in conf/study.yaml, add it to tune.arms and run `make tune`, or {off}")
-    if arm.variant != v or list(arm.overrides):
-        raise ConfigError(f"{what} {v!r}: its lr* was tuned as arms.{v} = variant {arm.variant!r} with overrides "
-                          f"{[str(o) for o in arm.overrides]}, which a run of the plain variant does not apply: choose "
-                          f"variants whose arm is the plain variant, or {off}")
-    if arm.lr is None and v not in cfg.tuned.lr:
-        raise ConfigError(f"{what} {v!r} has no lr* in conf/tuned.yaml (tuned.lr has {sorted(cfg.tuned.lr)}): add "
-                          f"arms.{v} to tune.arms and run `make tune`, or {off}")
-
-
 def _validate_profiles(cfg: RunConfig) -> None:
     s, sw, la = cfg.study, cfg.lr_sweep, cfg.scale_ladder
     if sw.variants:
@@ -304,8 +279,9 @@ def _validate_profiles(cfg: RunConfig) -> None:
                               f"scale_ladder.warmup_tokens={la.warmup_tokens} >= 0")
         if la.lr_from_tuned:
             for v in la.variants:
-                check_transferable(cfg, v, "scale_ladder.variants:", "set scale_ladder.lr_from_tuned=false "
-                                    "(every variant at train.lr)")
+                for m in (la.models if la.lr_per_size else [None]):
+                    check_transferable(cfg, v, "scale_ladder.variants:", "set scale_ladder.lr_per_size=false (the "
+                                       "default size's lr*) or scale_ladder.lr_from_tuned=false (train.lr)", model=m)
     if cfg.train.lr_from_tuned:
         check_transferable(cfg, cfg.variant.name, "train.lr_from_tuned=true: variant", "set train.lr_from_tuned=false")
     if cfg.train.lr_from_tuned and cfg.train.lr_from_sweep:

@@ -43,7 +43,8 @@ def resolve(cfg: RunConfig, root: Path) -> RunConfig:
     train.batch_tokens (at least one): every variant of one size trains on the same tokens.
     ``train.lr_from_sweep`` sets ``variant.lr`` to the variant's best swept lr (min_lr keeps
     the schedule's ratio, see :func:`study.config.peak_lr`); ``train.lr_from_tuned`` sets it to
-    ``tuned.lr[VARIANT]`` (conf/tuned.yaml: lr* of the arm of the variant's name, tuned at the default size).
+    ``tuned.lr[VARIANT]`` (conf/tuned.yaml: lr* of the arm of the variant's name, tuned at the default size), or
+    with ``train.lr_per_size`` to ``tuned.size[MODEL][VARIANT]`` (the lr* tuned at this size).
 
     Raises:
         DataError (RunsError): the lr sweep this run needs is missing or fully diverged.

@@ -1,0 +1,46 @@
+"""conf/tuned.yaml as text: each arm's lr* with the recipe it was tuned at, and the scale ladder's per-size lr*
+(written by ``make tune`` and ``make ladder-tune``, study/tune.py; read back here)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def tuned_yaml(table: dict, size: dict | None = None) -> str:
+    """conf/tuned.yaml's text: every arm's lr* (repr: the exact float of table.json) and the recipe it was tuned at,
+    then ``size`` ({model: {variant: lr*}}, the scale ladder's sizes tuned by ``--ladder``)."""
+    lines = ["# Each arm's tuned peak lr (lr*), written by `make tune` from the tuning table beside it "
+             "(conf/tuning/table.json,", "# table.md, tuning.png): tracked, so a fresh `make study` tests at these "
+             "values without tuning again.", "# Edit only through `make tune`: tests/test_tuning.py fails when this "
+             "file and the table disagree.", "tuned:"]
+    lrs = {k: a["lr_star"] for k, a in table["arms"].items() if a["lr_star"] is not None}
+    at = {k: table["arms"][k]["recipe"] for k in lrs if table["arms"][k].get("recipe")}
+    lines += ["  lr:" + ("" if lrs else " {}")] + [f"    {k}: {float(v)!r}" for k, v in lrs.items()]
+    if at:  # the model and budget each lr* was tuned at: the study refuses an lr* tuned at other settings
+        lines += ["  recipe:"] + [f"    {k}: {json.dumps(v, sort_keys=True)}" for k, v in at.items()]
+    if size:  # the ladder's sizes, each tuned by the same rule (scale_ladder.lr_per_size)
+        lines += ["  size:"] + [f"    {m}: {json.dumps({v: float(x) for v, x in size[m].items()}, sort_keys=True)}"
+                                for m in sorted(size)]
+    return "\n".join(lines) + "\n"
+
+
+def _read_tuned(path: Path) -> dict:
+    """The arms of the tuned file at ``path`` as tuned_yaml's table rows ({arm: {lr_star, recipe}})."""
+    import yaml
+
+    try:
+        t = (yaml.safe_load(path.read_text()) or {}).get("tuned", {}) or {}
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return {}
+    rec = t.get("recipe") or {}
+    return {k: {"lr_star": float(v), "recipe": rec.get(k)} for k, v in (t.get("lr") or {}).items()}
+
+
+def tuned_sizes(path: Path) -> dict:
+    """``tuned.size`` of the tuned file at ``path`` ({} when the file or the section is missing)."""
+    import yaml
+
+    try:
+        return dict((yaml.safe_load(path.read_text()) or {}).get("tuned", {}).get("size") or {})
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return {}
