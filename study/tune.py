@@ -36,7 +36,7 @@ from pathlib import Path
 
 from study.analysis.tuned_file import _read_tuned, tuned_sizes, tuned_yaml  # noqa: F401 (tuned_yaml: public here too)
 from study.analysis.tuning import choose, lr_key, score, tune_arm
-from study.runner.arms import arm_of, ensure_runs, recipe, recipe_difference, run_overrides, tune_group
+from study.runner.arms import _plain, arm_of, ensure_runs, recipe, recipe_difference, run_overrides, tune_group
 from study.config import ConfigError, StudyError, run_stage
 
 TABLE_JSON, TABLE_MD, FIGURE, RESULT = "table.json", "table.md", "tuning.png", "tuning.json"
@@ -350,8 +350,7 @@ def check_tuned(cfg, root: Path) -> None:
     table = json.loads(p.read_text()) if p.is_file() else {"arms": {}}
     want = {k: a["lr_star"] for k, a in table.get("arms", {}).items() if a.get("lr_star") is not None}
     have = {str(k): float(v) for k, v in cfg.tuned.lr.items()}
-    from omegaconf import OmegaConf
-    have_at = OmegaConf.to_container(cfg.tuned.recipe) if OmegaConf.is_config(cfg.tuned.recipe) else dict(cfg.tuned.recipe)
+    have_at = dict(_plain(cfg.tuned.recipe))
     want_at = {k: a["recipe"] for k, a in table.get("arms", {}).items() if k in want and a.get("recipe")}
     bad_at = sorted(k for k in set(want_at) | set(have_at) if recipe_difference(want_at.get(k, {}), have_at.get(k, {})))
     if bad_at and want == have:
