@@ -214,7 +214,7 @@ def test_make_tune_through_dvc(tmp_path):
     it into conf/tuned.yaml, a second repro trains nothing, and compare's upstream holds no tuning stage."""
     import subprocess
 
-    from conftest import BIN, copy_project, env_for, run_cli
+    from conftest import BIN, ROOT, copy_project, env_for, run_cli
 
     project = copy_project(tmp_path / "p", seeds=(1, 2))
     study = project / "conf/study.yaml"
@@ -239,8 +239,9 @@ def test_make_tune_through_dvc(tmp_path):
             d = project / f"runs_tune/base/lr{p['lr']:.6g}/baseline-s{seed}"
             assert (d / "metrics.json").is_file() and json.loads((d / "config.json").read_text())["variant"]["lr"] == p["lr"]
     assert run_cli(project, "study.tune", "--write", "--params", "params.yaml").returncode == 0
+    shipped = yaml.safe_load((ROOT / "conf/tuned.yaml").read_text())["tuned"]["lr"]  # the repository's arms, kept
     tuned = yaml.safe_load((project / "conf/tuned.yaml").read_text())["tuned"]["lr"]
-    assert tuned == {"base": res["lr_star"]}
+    assert tuned == {**shipped, "base": res["lr_star"]}
     assert run_cli(project, "study.config").returncode == 0
     r = dvc("repro", "tune@base")
     assert r.returncode == 0 and "didn't change" in r.stdout, r.stdout[-2000:]
@@ -332,10 +333,11 @@ def test_the_ladder_transfer_check_tunes_one_size_by_the_same_rule(nano_project,
     out = tmp_path / "tuning" / "nano"
     assert {p.name for p in out.iterdir()} == {"table.json", "table.md", "tuning.png", "transfer.json", "transfer.md"}
     after = (nano_project / "conf" / "tuned.yaml").read_text()
-    assert after.startswith(before.decode())  # the default size's lr* and recipes untouched; this size's lr* added
-    assert yaml.safe_load(after)["tuned"]["size"] == {"nano": {"baseline": pytest.approx(4e-3, rel=1e-9),
-                                                               "nonlinear_q": 1.2e-2}}  # its best point (2.4e-2 lost)
-    assert after[len(before):].startswith("  size:\n    nano: {")
+    assert after.startswith(before.decode())  # the default size's lr*, recipes and other sizes untouched
+    sizes = (yaml.safe_load(before) or {})["tuned"].get("size") or {}
+    assert yaml.safe_load(after)["tuned"]["size"] == {**sizes, "nano": {"baseline": pytest.approx(4e-3, rel=1e-9),
+                                                                        "nonlinear_q": 1.2e-2}}  # best point
+    assert after[len(before):].startswith("    nano: {" if sizes else "  size:\n    nano: {")
     assert not (tmp_path / "tuning" / "table.json").exists()
     base = json.loads((tmp_path / "runs_tune/ladder/nano/baseline/tuning.json").read_text())
     assert base["model"] == "nano" and base["lr_star"] == pytest.approx(4e-3, rel=1e-9)
