@@ -234,6 +234,23 @@ def test_stage_under_dvc_takes_params_yaml_and_its_own_group_choice(tmp_path, mo
     assert (fresh.model.name, fresh.variant.name, fresh.train.lr) == ("nano", "nonlinear_q", 3e-3)
 
 
+def test_tune_arms_is_the_one_override_params_yaml_may_carry_outside_dvc_exp_run(tmp_path, monkeypatch):
+    """`make tune TUNE_ARMS='[a,b]'` composes params.yaml with tune.arms=[a,b] and runs `dvc repro tune@a tune@b`
+    outside `dvc exp run`: tune.arms picks the stages and is read by none, so it passes the check; any other tune
+    key (here tune.seeds, which every tune@ARM stage reads) is still refused in one line."""
+    from study.config import ConfigError, composed_params, load_config
+
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    (tmp_path / "params.yaml").write_text(composed_params(tmp_path, ["tune.arms=[baseline_d2z]"]))
+    cfg = load_config(["variant=baseline"], tmp_path, params="params.yaml")
+    assert list(cfg.tune.arms) == ["baseline_d2z"]
+    assert _cli(tmp_path, "study.config", "--check").returncode == 0
+    (tmp_path / "params.yaml").write_text(composed_params(tmp_path, ["tune.arms=[baseline_d2z]", "tune.seeds=[103,104]"]))
+    with pytest.raises(ConfigError, match=r"params.yaml is not conf/ composed \(sections \['tune'\] differ\)"):
+        load_config(["variant=baseline"], tmp_path, params="params.yaml")
+
+
 def test_check_params_fails_in_one_line_when_conf_was_edited(tmp_path, monkeypatch):
     """dvc.yaml's check_params stage (`python -m study.config --check`), run when conf/ changes: a study.yaml
     edited without `make params` stops `dvc repro`; `python -m study.config` recomposes params.yaml."""

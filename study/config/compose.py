@@ -200,7 +200,8 @@ def _group_overrides(overrides: list[str]) -> tuple[dict[str, str], list[str]]:
 def stale_sections(root: Path, params: DictConfig, study_file: Path | None = None) -> list[str]:
     """The sections in which ``params`` (a loaded params.yaml) is not conf/ composed without overrides;
     [] inside ``dvc exp run`` (DVC_EXP_NAME set: DVC composed it with the -S overrides).  The variant
-    section is left out: every stage that trains names its own variant (conf/variant/NAME.yaml)."""
+    section is left out: every stage that trains names its own variant (conf/variant/NAME.yaml); so is
+    ``tune.arms``, which only picks the tune@ARM stages to run (`make tune TUNE_ARMS=...`), no stage's input."""
     if os.environ.get("DVC_EXP_NAME"):
         return []
     study_file = study_file or root / "conf" / "study.yaml"
@@ -208,7 +209,14 @@ def stale_sections(root: Path, params: DictConfig, study_file: Path | None = Non
     _name_groups(fresh, choices, study_file.parent, set_names=False)
     _check(fresh, root)
     OmegaConf.resolve(fresh)
-    return [k for k in sorted(set(params.keys()) | set(fresh.keys())) if k != "variant" and params.get(k) != fresh.get(k)]
+
+    def section(cfg, k):
+        v = cfg.get(k)
+        if k == "tune" and isinstance(v, DictConfig):
+            v = {kk: vv for kk, vv in v.items() if kk != "arms"}
+        return v
+    return [k for k in sorted(set(params.keys()) | set(fresh.keys()))
+            if k != "variant" and section(params, k) != section(fresh, k)]
 
 
 def stale_message(name: str, stale: list[str]) -> str:
