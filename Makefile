@@ -34,15 +34,15 @@ params: $(STAMP)
 study: params
 	.venv/bin/dvc repro check_params compare
 
-# The full study (docs/profiles.md): the recipe decomposition's seven arms, each at its lr* (the six of
-# FULL_TUNE_ARMS tuned first by `make tune`: the default's three reused, the other three trained), on Stein's
-# first-stage seeds (FULL_MAX_SEEDS=10 adds his second stage); the report adds the decomposition table and the
-# share of the gap baseline_today -> nonlinear_q that the linear recipe alone closes.  The default's runs are reused.
+# The full study (docs/verdict.md): the recipe decomposition's seven arms, each at its lr* in conf/tuned.yaml (the
+# six of FULL_TUNE_ARMS are tracked there like the default's three, so `make full` does not tune; `make tune
+# TUNE_ARMS='$(FULL_TUNE_ARMS)'` tunes them again), on Stein's first-stage seeds (FULL_MAX_SEEDS=10 adds his second
+# stage); the report adds the decomposition table and the share of the gap baseline_today -> nonlinear_q that the
+# linear recipe alone closes.  The default's runs are reused.
 FULL_ARMS ?= [baseline_today,baseline,baseline_d2z,baseline_qknorm,nonlinear_q,nonlinear_q_ph,nonlinear_q_linear]
 FULL_TUNE_ARMS ?= [baseline,baseline_d2z,baseline_qknorm,nonlinear_q,nonlinear_q_ph,nonlinear_q_linear]
 FULL_MAX_SEEDS ?= 5
 full: params
-	$(MAKE) tune TUNE_ARMS='$(FULL_TUNE_ARMS)'
 	.venv/bin/dvc exp run compare -S 'study.arms=$(FULL_ARMS)' -S 'decomposition.rows=$(FULL_ARMS)' \
 	  -S 'study.max_seeds=$(FULL_MAX_SEEDS)'
 
@@ -88,16 +88,18 @@ scale-ladder: $(STAMP)
 # size's lr* to conf/tuned.yaml (tuned.size.MODEL; commit them).
 LADDER_CHECK ?= ladder-96
 ladder-check: params
+	.venv/bin/dvc repro prepare
 	$(PY) -m study.tune --ladder $(LADDER_CHECK) --params params.yaml 'scale_ladder.variants=$(PROFILE_VARIANTS)'
 	$(PY) -m study.config
 
 # The ladder tuned per size: every size of LADDER tuned by the same rule (as ladder-check does at one), each lr*
 # written to conf/tuned.yaml (tuned.size.MODEL), which `make scale-ladder` trains at (scale_ladder.lr_per_size).
 ladder-tune: params
+	.venv/bin/dvc repro prepare
 	for m in $$(echo '$(LADDER)' | tr -d '[] ' | tr ',' ' '); do \
 	  $(PY) -m study.tune --ladder $$m --params params.yaml 'scale_ladder.variants=$(PROFILE_VARIANTS)' || exit 1; \
+	  $(PY) -m study.config || exit 1; \
 	done
-	$(PY) -m study.config
 
 test: $(STAMP)
 	$(PY) -m pytest -q -rs
