@@ -58,10 +58,11 @@ scale_ladder:
 
 
 def project_files() -> list[str]:
-    """Files of the working tree that git would commit (tracked + untracked, not ignored)."""
+    """Files of the working tree that git would commit (tracked + untracked, not ignored), but dvc.lock: it records
+    the stages run in this checkout (after `make study`, compare's outputs), which a copy without their runs lacks."""
     out = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT,
                          capture_output=True, text=True, check=True).stdout
-    return [f for f in out.split("\0") if f and (ROOT / f).is_file()]
+    return [f for f in out.split("\0") if f and f != "dvc.lock" and (ROOT / f).is_file()]
 
 
 def copy_project(dest: Path, name: str = "test-study", variants=("baseline", "nonlinear_q"), seeds=(1, 2),
