@@ -209,14 +209,23 @@ def stale_sections(root: Path, params: DictConfig, study_file: Path | None = Non
     _name_groups(fresh, choices, study_file.parent, set_names=False)
     _check(fresh, root)
     OmegaConf.resolve(fresh)
+    params, fresh = _stage_inputs(params), _stage_inputs(fresh)
+    return [k for k in sorted(set(params) | set(fresh)) if params.get(k) != fresh.get(k)]
 
-    def section(cfg, k):
-        v = cfg.get(k)
-        if k == "tune" and isinstance(v, DictConfig):
-            v = {kk: vv for kk, vv in v.items() if kk != "arms"}
-        return v
-    return [k for k in sorted(set(params.keys()) | set(fresh.keys()))
-            if k != "variant" and section(params, k) != section(fresh, k)]
+
+# What params.yaml may hold that no stage reads: {section: None (all of it) or the one key of it}.
+NOT_STAGE_INPUTS = {"variant": None, "tune": "arms"}
+
+
+def _stage_inputs(cfg: DictConfig) -> dict:
+    """``cfg`` as plain sections, less NOT_STAGE_INPUTS."""
+    out = OmegaConf.to_container(cfg, resolve=True)
+    for section, key in NOT_STAGE_INPUTS.items():
+        if key is None:
+            out.pop(section, None)
+        elif isinstance(out.get(section), dict):
+            out[section].pop(key, None)
+    return out
 
 
 def stale_message(name: str, stale: list[str]) -> str:
