@@ -70,6 +70,30 @@ def test_an_arm_named_twice_is_refused(monkeypatch):
         load_config(["study.arms=[baseline,baseline,nonlinear_q]"], root)
 
 
+@pytest.mark.parametrize("pairs, message", [
+    ("[nonlinear_q]", r"study.pairs entry 'nonlinear_q' must be \[arm, reference\], two different arms"),
+    ("[[baseline,baseline]]", r"must be \[arm, reference\], two different arms"),
+    ("[[nonlinear_q,baseline_d2z]]", r"\[nonlinear_q, baseline_d2z\] needs 'nonlinear_q' in study.arms=.*'baseline_d2z' in "
+                                     r"study.references=\['baseline', 'baseline_qknorm'\]"),
+    ("[[nonlinear_q,baseline],[nonlinear_q,baseline]]", r"lists \[nonlinear_q, baseline\] more than once"),
+])
+def test_study_pairs_are_checked(monkeypatch, pairs, message):
+    """Each entry of study.pairs is [arm of study.arms, reference of study.references], once; the default pairs
+    each nonlinear query with the linear one of its recipe, and [] compares every other arm with each reference."""
+    from pathlib import Path
+
+    from study.analysis.verdict import comparisons_of
+
+    root = Path(__file__).resolve().parent.parent
+    monkeypatch.chdir(root)
+    with pytest.raises(ConfigError, match=message):
+        load_config([f"study.pairs={pairs}"], root)
+    assert comparisons_of(load_config([], root)) == [("nonlinear_q", "baseline"), ("nonlinear_q_ph", "baseline_qknorm")]
+    assert comparisons_of(load_config(["study.pairs=[]"], root)) == [
+        ("nonlinear_q", "baseline"), ("nonlinear_q", "baseline_qknorm"),
+        ("nonlinear_q_ph", "baseline"), ("nonlinear_q_ph", "baseline_qknorm")]
+
+
 def test_an_unwritable_path_ends_a_stage_in_one_line(nano_project, monkeypatch, capsys):
     from study.config import run_stage
 

@@ -83,7 +83,7 @@ def write_params(project: Path, tmp: Path, tuned: dict | None = None) -> Path:
                     "base": {"variant": "baseline", "overrides": [], "lr": None, "description": ""},
                     "nlq": {"variant": "nonlinear_q", "overrides": [], "lr": None, "description": ""}}
     data["tune"]["arms"] = ["base", "nlq"]
-    data["study"].update(arms=["today", "base", "nlq"], references=["base"], max_seeds=12, target_halfwidth=0.2)
+    data["study"].update(arms=["today", "base", "nlq"], references=["base"], pairs=[], max_seeds=12, target_halfwidth=0.2)
     data["decomposition"] = {"rows": ["today", "base", "nlq"], "start": "today", "end": "nlq", "linear": "base"}
     data["tuned"] = tuned if tuned and "lr" in tuned else {"lr": tuned or {}}  # the tuned section, or its lrs alone
     path = tmp / "params.yaml"
@@ -293,6 +293,44 @@ def test_the_verdict_alone_is_the_report(nano_project, tmp_path, monkeypatch, fa
     assert set(summary["figures"]) == {"verdict.png", "val_loss_curves.png", "train_loss_curves.png"}  # the test runs' curves
     md = (out / "comparison.md").read_text()
     assert "## The decided verdict" in md and "![verdict](figures/verdict.png)" in md
+
+
+def test_study_pairs_pick_the_comparisons_and_only_their_arms_get_more_seeds(nano_project, tmp_path, monkeypatch,
+                                                                            fake_train):
+    """study.pairs=[[nlq, base]] with two references: one comparison, not two; the second stage adds seeds to nlq
+    and base only (Stein's N by hand), the unpaired reference stays at the first stage's five."""
+    from study.compare import main as compare
+    from study.config import ConfigError, load_config
+    from study.tune import main as tune, write_table
+    from study.verdict import main as verdict
+
+    monkeypatch.chdir(nano_project)
+    monkeypatch.setenv("DVC_EXP_NAME", "test")
+    params = write_params(nano_project, tmp_path)
+    for arm in ("base", "nlq"):
+        assert tune(["--arm", arm, "--params", str(params)]) == 0
+    write_table(load_config([], nano_project, params=str(params)), nano_project, tmp_path / "tuned.yaml")
+    tuned_all = yaml.safe_load((tmp_path / "tuned.yaml").read_text())["tuned"]
+    data = yaml.safe_load(write_params(nano_project, tmp_path, tuned_all).read_text())
+    data["study"].update(variants=[], references=["base", "today"], pairs=[["nlq", "base"]])
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert verdict(["--params", str(params)]) == 0
+    plan = json.loads((tmp_path / "runs/test/plan.json").read_text())
+    assert set(plan["stage_one"]) == {"nlq vs base"}
+    ref = [loss("baseline", tuned_all["lr"]["base"], s) for s in range(1, 6)]
+    s0 = np.std([loss("nonlinear_q", tuned_all["lr"]["nlq"], s) - ref[s - 1] for s in range(1, 6)], ddof=1)
+    want = max(5, math.floor(stats.t.ppf(0.975, 4) ** 2 * s0 ** 2 / (0.002 * np.mean(ref)) ** 2) + 1)
+    assert want > 5 and plan["stage_one"]["nlq vs base"]["n_needed"] == want
+    assert plan["seeds"]["nlq"] == plan["seeds"]["base"] == list(range(1, min(12, want) + 1))
+    assert plan["seeds"]["today"] == [1, 2, 3, 4, 5]
+    assert compare(["--params", str(params)]) == 0
+    assert set(json.loads((tmp_path / "reports/summary.json").read_text())["verdict"]["comparisons"]) == {"nlq vs base"}
+    # a pair naming an arm the study does not train is refused in one line, before anything runs
+    data["study"]["pairs"] = [["nlq", "wild"]]
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(ConfigError, match=r"study.pairs entry \[nlq, wild\] needs 'nlq' in study.arms=.* and 'wild' in "
+                                        r"study.references="):
+        load_config([], nano_project, params=str(params))
 
 
 def test_an_arm_that_diverges_on_every_seed_is_named_in_its_verdict(nano_project, tmp_path, monkeypatch, fake_train):

@@ -352,6 +352,23 @@ def used_arms(cfg: RunConfig) -> list[str]:
     return list(dict.fromkeys(str(a) for a in names))
 
 
+def _validate_pairs(s) -> None:
+    """study.pairs: each an [arm, reference] of two different arms of study.arms, the second a reference, each once."""
+    seen = set()
+    for pair in s.pairs:
+        if isinstance(pair, str) or not hasattr(pair, "__len__") or len(pair) != 2 or pair[0] == pair[1]:
+            raise ConfigError(f"study.pairs entry {pair!r} must be [arm, reference], two different arms, e.g. "
+                              f"study.pairs=[[nonlinear_q,baseline]]")
+        a, r = str(pair[0]), str(pair[1])
+        if a not in s.arms or r not in s.references:
+            raise ConfigError(f"study.pairs entry [{a}, {r}] needs {a!r} in study.arms={list(s.arms)} and {r!r} in "
+                              f"study.references={list(s.references)}: add them there, or study.pairs=[] to compare "
+                              f"every other arm with each reference")
+        if (a, r) in seen:
+            raise ConfigError(f"study.pairs lists [{a}, {r}] more than once: name each comparison once")
+        seen.add((a, r))
+
+
 def _validate_verdict(cfg: RunConfig) -> None:
     """The decided verdict's keys (docs/verdict.md): tuning seeds disjoint from test seeds, a grid that
     can bracket, arms that exist, Stein's first stage of at least 5 seeds, positive margins."""
@@ -406,6 +423,7 @@ def _validate_verdict(cfg: RunConfig) -> None:
         if not s.references or any(r not in s.arms for r in s.references):
             raise ConfigError(f"study.references={list(s.references)} must name at least one arm of study.arms="
                               f"{list(s.arms)}: every other arm is compared with each reference")
+        _validate_pairs(s)
         for key in ("target_halfwidth", "equivalence_margin"):
             if not getattr(s, key) > 0:
                 raise ConfigError(f"study.{key}={getattr(s, key)} must be > 0 (% log-loss)")
