@@ -71,10 +71,14 @@ def test_an_arm_named_twice_is_refused(monkeypatch):
 
 
 @pytest.mark.parametrize("pairs, message", [
-    ("[nonlinear_q]", r"study.pairs entry 'nonlinear_q' must be \[arm, reference\], two different arms"),
-    ("[[baseline,baseline]]", r"must be \[arm, reference\], two different arms"),
-    ("[[nonlinear_q,baseline_d2z]]", r"\[nonlinear_q, baseline_d2z\] needs 'nonlinear_q' in study.arms=.*'baseline_d2z' in "
-                                     r"study.references=\['baseline', 'baseline_qknorm'\]"),
+    ("[nonlinear_q]", r"study.pairs entry 'nonlinear_q' must be \[arm, reference\], two different arm names"),
+    ("[[baseline,baseline]]", r"must be \[arm, reference\], two different arm names"),
+    ("[[1,2]]", r"study.pairs entry \[1, 2\] must be \[arm, reference\]"),
+    ("[{a:b,c:d}]", r"study.pairs entry \{'a': 'b', 'c': 'd'\} must be \[arm, reference\]"),
+    ("[{0:nonlinear_q,1:baseline}]", r"must be \[arm, reference\]"),  # a mapping, not a pair (its keys are 0, 1)
+    ("[[nonlinear_q,baseline_d2z]]", r"entry \[nonlinear_q, baseline_d2z\]: 'baseline_d2z' is not in study.references="
+                                     r"\['baseline', 'baseline_qknorm'\]: add it there, change the pair"),
+    ("[[nope,baseline]]", r"'nope' is not in study.arms=.*: add it there \(and define arms.nope\)"),
     ("[[nonlinear_q,baseline],[nonlinear_q,baseline]]", r"lists \[nonlinear_q, baseline\] more than once"),
 ])
 def test_study_pairs_are_checked(monkeypatch, pairs, message):
@@ -88,6 +92,9 @@ def test_study_pairs_are_checked(monkeypatch, pairs, message):
     monkeypatch.chdir(root)
     with pytest.raises(ConfigError, match=message):
         load_config([f"study.pairs={pairs}"], root)
+    if "must be" in message:  # the shape is checked even while the verdict is off (study.arms=[])
+        with pytest.raises(ConfigError, match=message):
+            load_config(["study.arms=[]", "study.variants=[baseline]", f"study.pairs={pairs}"], root)
     assert comparisons_of(load_config([], root)) == [("nonlinear_q", "baseline"), ("nonlinear_q_ph", "baseline_qknorm")]
     assert comparisons_of(load_config(["study.pairs=[]"], root)) == [
         ("nonlinear_q", "baseline"), ("nonlinear_q", "baseline_qknorm"),

@@ -25,7 +25,7 @@ def comparisons_of(cfg) -> list[tuple[str, str]]:
     """The (arm, reference) comparisons: study.pairs in order where set (each nonlinear arm against the linear arm
     of its own recipe), else every arm of study.arms that is not a reference against each reference."""
     if cfg.study.pairs:
-        return [(str(a), str(r)) for a, r in cfg.study.pairs]
+        return [(str(p[0]), str(p[1])) for p in cfg.study.pairs]
     refs = list(cfg.study.references)
     return [(a, r) for a in cfg.study.arms if a not in refs for r in refs]
 

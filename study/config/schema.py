@@ -177,7 +177,7 @@ class StudyConfig:
     # seeds (study.seeds: Stein's first stage, at least 5), more seeds up to max_seeds until decided
     arms: list = field(default_factory=list)  # arms (names in the arms section) of the test stage
     references: list = field(default_factory=list)  # every other arm is compared with each of these
-    pairs: list = field(default_factory=list)  # [[arm, reference], ...]; []: every other arm vs each reference
+    pairs: list = field(default_factory=list)  # [[arm, reference], ...]; []: every arm not in references vs each
     target_halfwidth: float = 0.5  # Stein's half-width d of the interval, % log-loss of the reference
     max_seeds: int = 20  # most test seeds per arm; a comparison needing more is "undecided (N seeds needed)"
     equivalence_margin: float = 1.0  # +-delta of the equivalence test (TOST), % log-loss of the reference

@@ -352,18 +352,30 @@ def used_arms(cfg: RunConfig) -> list[str]:
     return list(dict.fromkeys(str(a) for a in names))
 
 
-def _validate_pairs(s) -> None:
+def _pair_shapes(s) -> list[tuple[str, str]]:
+    """study.pairs as (arm, reference) tuples, each entry a list of two different names; raises ConfigError."""
+    from omegaconf import OmegaConf
+
+    out = []
+    for pair in s.pairs:
+        raw = OmegaConf.to_container(pair) if OmegaConf.is_config(pair) else pair
+        if (not isinstance(raw, (list, tuple)) or len(raw) != 2 or not all(isinstance(x, str) and x for x in raw)
+                or raw[0] == raw[1]):
+            raise ConfigError(f"study.pairs entry {raw!r} must be [arm, reference], two different arm names, e.g. "
+                              f"study.pairs=[[nonlinear_q,baseline]]")
+        out.append((raw[0], raw[1]))
+    return out
+
+
+def _validate_pairs(s, defined) -> None:
     """study.pairs: each an [arm, reference] of two different arms of study.arms, the second a reference, each once."""
     seen = set()
-    for pair in s.pairs:
-        if isinstance(pair, str) or not hasattr(pair, "__len__") or len(pair) != 2 or pair[0] == pair[1]:
-            raise ConfigError(f"study.pairs entry {pair!r} must be [arm, reference], two different arms, e.g. "
-                              f"study.pairs=[[nonlinear_q,baseline]]")
-        a, r = str(pair[0]), str(pair[1])
-        if a not in s.arms or r not in s.references:
-            raise ConfigError(f"study.pairs entry [{a}, {r}] needs {a!r} in study.arms={list(s.arms)} and {r!r} in "
-                              f"study.references={list(s.references)}: add them there, or study.pairs=[] to compare "
-                              f"every other arm with each reference")
+    for a, r in _pair_shapes(s):
+        for name, key, names in ((a, "study.arms", s.arms), (r, "study.references", s.references)):
+            if name not in names:
+                raise ConfigError(f"study.pairs entry [{a}, {r}]: {name!r} is not in {key}={list(names)}: add it there"
+                                  f"{'' if name in defined else f' (and define arms.{name})'}, change the pair, or "
+                                  f"study.pairs=[] to compare every arm not in study.references with each reference")
         if (a, r) in seen:
             raise ConfigError(f"study.pairs lists [{a}, {r}] more than once: name each comparison once")
         seen.add((a, r))
@@ -421,9 +433,11 @@ def _validate_verdict(cfg: RunConfig) -> None:
             raise ConfigError(f"study.max_seeds={s.max_seeds} is below the {len(s.seeds)} first-stage seeds of "
                               f"study.seeds: raise it")
         if not s.references or any(r not in s.arms for r in s.references):
-            raise ConfigError(f"study.references={list(s.references)} must name at least one arm of study.arms="
-                              f"{list(s.arms)}: every other arm is compared with each reference")
-        _validate_pairs(s)
+            raise ConfigError(f"study.references={list(s.references)} must be arms of study.arms={list(s.arms)} (at "
+                              f"least one): add them to study.arms, or drop them from study.references and study.pairs")
+        _validate_pairs(s, cfg.arms)
+    else:
+        _pair_shapes(s)
         for key in ("target_halfwidth", "equivalence_margin"):
             if not getattr(s, key) > 0:
                 raise ConfigError(f"study.{key}={getattr(s, key)} must be > 0 (% log-loss)")
