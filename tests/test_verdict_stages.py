@@ -91,6 +91,22 @@ def write_params(project: Path, tmp: Path, tuned: dict | None = None) -> Path:
     return path
 
 
+def tuned_params(project: Path, tmp: Path, monkeypatch) -> tuple[Path, dict, dict]:
+    """Inside a faked `dvc exp run` in ``project``: base and nlq tuned (faked runs), their table written; returns
+    params.yaml's path, its data with the tuned section (to edit and write back) and that tuned section."""
+    from study.config import load_config
+    from study.tune import main as tune, write_table
+
+    monkeypatch.chdir(project)
+    monkeypatch.setenv("DVC_EXP_NAME", "test")
+    params = write_params(project, tmp)
+    for arm in ("base", "nlq"):
+        assert tune(["--arm", arm, "--params", str(params)]) == 0
+    write_table(load_config([], project, params=str(params)), project, tmp / "tuned.yaml")
+    tuned_all = yaml.safe_load((tmp / "tuned.yaml").read_text())["tuned"]
+    return params, yaml.safe_load(write_params(project, tmp, tuned_all).read_text()), tuned_all
+
+
 def test_tune_then_test_then_compare(nano_project, tmp_path, monkeypatch, fake_train, capsys):
     from study.compare import main as compare
     from study.config import load_config
@@ -253,19 +269,10 @@ def test_the_verdict_alone_is_the_report(nano_project, tmp_path, monkeypatch, fa
     """study.variants=[] (the default study): no shared-lr runs, the report is the decided verdict: its tables,
     metrics/ARM.json, the test runs' curves and the verdict figure."""
     from study.compare import main as compare
-    from study.config import load_config
-    from study.tune import main as tune, write_table
     from study.verdict import main as verdict
 
-    monkeypatch.chdir(nano_project)
-    monkeypatch.setenv("DVC_EXP_NAME", "test")
-    params = write_params(nano_project, tmp_path)
-    for arm in ("base", "nlq"):
-        assert tune(["--arm", arm, "--params", str(params)]) == 0
-    write_table(load_config([], nano_project, params=str(params)), nano_project, tmp_path / "tuned.yaml")
-    tuned_all = yaml.safe_load((tmp_path / "tuned.yaml").read_text())["tuned"]
+    params, data, tuned_all = tuned_params(nano_project, tmp_path, monkeypatch)
     tuned = tuned_all["lr"]
-    data = yaml.safe_load(write_params(nano_project, tmp_path, tuned_all).read_text())
     data["study"]["variants"] = []
     params.write_text(yaml.safe_dump(data, sort_keys=False))
     assert verdict(["--params", str(params)]) == 0
@@ -301,17 +308,9 @@ def test_study_pairs_pick_the_comparisons_and_only_their_arms_get_more_seeds(nan
     and base only (Stein's N by hand), the unpaired reference stays at the first stage's five."""
     from study.compare import main as compare
     from study.config import ConfigError, load_config
-    from study.tune import main as tune, write_table
     from study.verdict import main as verdict
 
-    monkeypatch.chdir(nano_project)
-    monkeypatch.setenv("DVC_EXP_NAME", "test")
-    params = write_params(nano_project, tmp_path)
-    for arm in ("base", "nlq"):
-        assert tune(["--arm", arm, "--params", str(params)]) == 0
-    write_table(load_config([], nano_project, params=str(params)), nano_project, tmp_path / "tuned.yaml")
-    tuned_all = yaml.safe_load((tmp_path / "tuned.yaml").read_text())["tuned"]
-    data = yaml.safe_load(write_params(nano_project, tmp_path, tuned_all).read_text())
+    params, data, tuned_all = tuned_params(nano_project, tmp_path, monkeypatch)
     data["study"].update(variants=[], references=["base", "today"], pairs=[["nlq", "base"]])
     params.write_text(yaml.safe_dump(data, sort_keys=False))
     assert verdict(["--params", str(params)]) == 0
