@@ -59,10 +59,11 @@ tune: $(STAMP)
 
 # The experiments in a terminal: every run's metrics.json and every param is a column of `dvc exp show`,
 # so keep the verdict (% log-loss of each arm against each reference, or of each variant against the
-# baseline), the tuned lr* and the budget; `dvc metrics show` has the runs and p, CI, n.
+# baseline), the tuned lr* and the budget; `dvc metrics show` has the runs and p, CI, n.  250 columns wide
+# (COLUMNS) unless set: at a terminal's 80 columns, dvc hides the columns that do not fit.
 EXPS_KEEP ?= Experiment|Created|.*pct_log_loss$$|tuned\.lr\..*|train\.lr$$|train\.tokens$$
 exps: $(STAMP)
-	.venv/bin/dvc exp show --no-pager --drop '.*' --keep '$(EXPS_KEEP)'
+	COLUMNS=$${COLUMNS:-250} .venv/bin/dvc exp show --no-pager --drop '.*' --keep '$(EXPS_KEEP)'
 
 # The fairness profiles (docs/profiles.md).  The lr sweep is the tuning by one rule: every arm of tune.arms on
 # a x2 grid, two seeds a point, extended until bracketed (`make tune`; the table is conf/tuning/table.md).

@@ -300,6 +300,7 @@ def test_the_verdict_alone_is_the_report(nano_project, tmp_path, monkeypatch, fa
     assert set(summary["figures"]) == {"verdict.png", "val_loss_curves.png", "train_loss_curves.png"}  # the test runs' curves
     md = (out / "comparison.md").read_text()
     assert "## The decided verdict" in md and "![verdict](figures/verdict.png)" in md
+    assert f"; seeds {summary['seeds']} (Stein's first stage: each arm's seeds are in the decided verdict)." in md
 
 
 def test_study_pairs_pick_the_comparisons_and_only_their_arms_get_more_seeds(nano_project, tmp_path, monkeypatch,

@@ -48,6 +48,7 @@ def header(summary: dict) -> list[str]:
     def g(key, spec=""):
         v = s.get(key)
         return "n/a" if v is None else (format(v, spec) if spec and isinstance(v, (int, float)) else str(v))
+    first = " (Stein's first stage: each arm's seeds are in the decided verdict)" if summary.get("verdict") else ""
     lines += [f"Settings as recorded by every run (`config.json`; the runs pair only because they agree on all of "
               f"these): model `{g('model.name')}` ({g('model.n_layer')} layers, {g('model.n_head')} heads, n_embd "
               f"{g('model.n_embd')}, block_size {g('model.block_size')}, vocab_size {g('model.vocab_size')}); data: "
@@ -55,7 +56,7 @@ def header(summary: dict) -> list[str]:
               f"`{g('data_digest')}`; training: {g('train.tokens', ',')} tokens per run in steps of "
               f"{g('train.batch_tokens', ',')} tokens, warmup {g('train.warmup_tokens', ',')} tokens, weight decay "
               f"{g('train.weight_decay')}, betas ({g('train.beta1')}, {g('train.beta2')}), grad clip "
-              f"{g('train.grad_clip')}, precision `{g('trainer.precision')}`; seeds {summary['seeds']}. Losses are "
+              f"{g('train.grad_clip')}, precision `{g('trainer.precision')}`; seeds {summary['seeds']}{first}. Losses are "
               f"final validation cross-entropy in nats on the same {g('train.val_tokens', ',')} fixed validation "
               f"tokens for every run. Each variant's peak lr is in the first table; all recorded settings are listed "
               f"at the end.", ""]
