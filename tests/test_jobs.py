@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from conftest import ROOT
 from study.config import ConfigError, StudyError, load_config
 
 
@@ -62,9 +63,7 @@ def test_jobs_settings_are_checked(nano_project, monkeypatch, over, message):
 
 
 def test_an_arm_named_twice_is_refused(monkeypatch):
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     monkeypatch.chdir(root)
     with pytest.raises(ConfigError, match=r"study.arms lists \['baseline'\] more than once: name each arm once"):
         load_config(["study.arms=[baseline,baseline,nonlinear_q]"], root)
@@ -84,11 +83,9 @@ def test_an_arm_named_twice_is_refused(monkeypatch):
 def test_study_pairs_are_checked(monkeypatch, pairs, message):
     """Each entry of study.pairs is [arm of study.arms, reference of study.references], once; the default pairs
     each nonlinear query with the linear one of its recipe, and [] compares every other arm with each reference."""
-    from pathlib import Path
-
     from study.analysis.verdict import comparisons_of
 
-    root = Path(__file__).resolve().parent.parent
+    root = ROOT
     monkeypatch.chdir(root)
     with pytest.raises(ConfigError, match=message):
         load_config([f"study.pairs={pairs}"], root)
@@ -99,6 +96,18 @@ def test_study_pairs_are_checked(monkeypatch, pairs, message):
     assert comparisons_of(load_config(["study.pairs=[]"], root)) == [
         ("nonlinear_q", "baseline"), ("nonlinear_q", "baseline_qknorm"),
         ("nonlinear_q_ph", "baseline"), ("nonlinear_q_ph", "baseline_qknorm")]
+
+
+@pytest.mark.parametrize("over, message", [
+    ("study.target_halfwidth=0", r"^study.target_halfwidth=0.0 must be > 0 \(% log-loss\)$"),
+    ("study.equivalence_margin=-1", r"^study.equivalence_margin=-1.0 must be > 0 \(% log-loss\)$"),
+])
+def test_the_verdict_margins_are_checked(monkeypatch, over, message):
+    """The decided verdict's half-width and margin must be positive (% log-loss) whenever study.arms is set."""
+    root = ROOT
+    monkeypatch.chdir(root)
+    with pytest.raises(ConfigError, match=message):
+        load_config([over], root)
 
 
 def test_an_unwritable_path_ends_a_stage_in_one_line(nano_project, monkeypatch, capsys):

@@ -97,8 +97,8 @@ def validate_verdict(cfg: RunConfig) -> None:
             raise ConfigError(f"study.references={list(s.references)} must be arms of study.arms={list(s.arms)} (at "
                               f"least one): add them to study.arms, or drop them from study.references and study.pairs")
         _validate_pairs(s, cfg.arms)
-    else:
-        _pair_shapes(s)
         for key in ("target_halfwidth", "equivalence_margin"):
             if not getattr(s, key) > 0:
                 raise ConfigError(f"study.{key}={getattr(s, key)} must be > 0 (% log-loss)")
+    else:
+        _pair_shapes(s)
