@@ -91,6 +91,11 @@ def write_params(project: Path, tmp: Path, tuned: dict | None = None) -> Path:
     return path
 
 
+def stein_n_by_hand(s0: float, d: float, n0: int = 5) -> int:
+    """Stein's N from a first stage of n0 pairs with sd s0, for half-width d: max(n0, floor(t^2 s0^2 / d^2) + 1)."""
+    return max(n0, math.floor(stats.t.ppf(0.975, n0 - 1) ** 2 * s0 ** 2 / d ** 2) + 1)
+
+
 def tuned_params(project: Path, tmp: Path, monkeypatch) -> tuple[Path, dict, dict]:
     """Inside a faked `dvc exp run` in ``project``: base and nlq tuned (faked runs), their table written; returns
     params.yaml's path, its data with the tuned section (to edit and write back) and that tuned section."""
@@ -175,7 +180,7 @@ def test_tune_then_test_then_compare(nano_project, tmp_path, monkeypatch, fake_t
     d5 = 0.002 * np.mean([ref[s] for s in range(1, 6)])
     for arm in ("today", "nlq"):
         s0 = plan["stage_one"][f"{arm} vs base"]["s0"]
-        want = max(5, math.floor(stats.t.ppf(0.975, 4) ** 2 * s0 ** 2 / d5 ** 2) + 1)
+        want = stein_n_by_hand(s0, d5)
         assert plan["stage_one"][f"{arm} vs base"]["n_needed"] == want
         assert plan["seeds"][arm] == list(range(1, min(12, want) + 1))
     assert plan["seeds"]["base"] == list(range(1, max(len(plan["seeds"]["today"]), len(plan["seeds"]["nlq"])) + 1))
@@ -319,7 +324,7 @@ def test_study_pairs_pick_the_comparisons_and_only_their_arms_get_more_seeds(nan
     assert set(plan["stage_one"]) == {"nlq vs base"}
     ref = [loss("baseline", tuned_all["lr"]["base"], s) for s in range(1, 6)]
     s0 = np.std([loss("nonlinear_q", tuned_all["lr"]["nlq"], s) - ref[s - 1] for s in range(1, 6)], ddof=1)
-    want = max(5, math.floor(stats.t.ppf(0.975, 4) ** 2 * s0 ** 2 / (0.002 * np.mean(ref)) ** 2) + 1)
+    want = stein_n_by_hand(s0, 0.002 * np.mean(ref))
     assert want > 5 and plan["stage_one"]["nlq vs base"]["n_needed"] == want
     assert plan["seeds"]["nlq"] == plan["seeds"]["base"] == list(range(1, min(12, want) + 1))
     assert plan["seeds"]["today"] == [1, 2, 3, 4, 5]
