@@ -10,8 +10,10 @@ Trains one (variant, seed) run on the prepared token data and writes
                    :class:`study.modeling.lm.GPTModule`), per-corpus val_loss, steps, lr, parameter and FLOP counts, wall time
                    (s, every segment of a resumed run), tokenizer, model, group, config_hash, mlflow_run_id,
                    attn_logit_max (per layer, at the last evaluation; null for a non-finite value)
-  curve.csv        step, tokens, train_loss, val_loss, lr, val_loss/CORPUS, attn_logit_max/L{i} (one row
-                   per evaluation)
+  curve.csv        step, tokens, train_loss, val_loss, lr, in_context_gain, val_loss/CORPUS, attn_logit_max/L{i}
+                   (one row per evaluation)
+  positions.csv    position, val_loss: the per-position validation loss of the final evaluation (nats, the
+                   mean over the fixed windows at positions 1..block_size; its mean is val_loss)
   config.json      the resolved config it trained with and the prepared data's digest (compare
                    pairs only runs that agree on everything but the variant)
   checkpoints/     last.ckpt (resumable) and run.json (resume key and the settings it covers,
@@ -62,7 +64,7 @@ from study.runner.run_state import (METRICS, end_status, hold_run_lock, loop_sta
 
 
 def write_curve(path: Path, rows: list[dict]) -> None:
-    """curve.csv: step, tokens, train_loss, val_loss, lr, then val_loss/CORPUS per corpus, then
+    """curve.csv: step, tokens, train_loss, val_loss, lr, in_context_gain (nats), then val_loss/CORPUS per corpus, then
     attn_logit_max/L0, /L1 ... (study.modeling.diagnostics.CURVE_DIAGNOSTICS, layers in order; empty in a row without them),
     written atomically."""
     from study.modeling.diagnostics import CURVE_DIAGNOSTICS, layer_order
@@ -71,10 +73,21 @@ def write_curve(path: Path, rows: list[dict]) -> None:
     extra = sorted({k for r in rows for k in r if k.startswith("val_loss/")})
     extra += sorted({k for r in rows for k in r if k.split("/")[0] in CURVE_DIAGNOSTICS}, key=layer_order)
     with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=["step", "tokens", "train_loss", "val_loss", "lr", *extra], restval="nan")
+        w = csv.DictWriter(f, fieldnames=["step", "tokens", "train_loss", "val_loss", "lr", "in_context_gain", *extra], restval="nan")
         w.writeheader()
         for r in rows:
             w.writerow({k: (f"{v:.6f}" if isinstance(v, float) else v) for k, v in r.items()})
+    tmp.replace(path)
+
+
+def write_positions(path: Path, position_loss: list[float]) -> None:
+    """positions.csv: ``position`` (1..block_size: the number of tokens of context) and ``val_loss`` (nats,
+    mean over the fixed validation windows), one row per position, written atomically."""
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["position", "val_loss"])
+        w.writerows([i, f"{v:.6f}"] for i, v in enumerate(position_loss, start=1))
     tmp.replace(path)
 
 
@@ -265,6 +278,7 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
     # a diverged run is a lost point: no final loss (its evaluations are in curve.csv)
     val_loss = float("nan") if module.diverged else final.get("val_loss", float("nan"))
     ok = math.isfinite(val_loss)
+    gain = final.get("in_context_gain", float("nan")) if ok else float("nan")
     metrics = {
         "variant": cfg.variant.name,
         "seed": cfg.seed,
@@ -273,6 +287,7 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
         "diverged_step": module.diverged_step if module.diverged else None,
         "val_loss": val_loss if ok else None,
         "val_perplexity": math.exp(val_loss) if ok and val_loss < 50 else None,
+        "in_context_gain": gain if math.isfinite(gain) else None,
         "val_loss_per_corpus": {k.split("/", 1)[1]: v for k, v in final.items() if k.startswith("val_loss/")
                                 and math.isfinite(v)} if ok else None,
         **final_diagnostics(final),  # attn_logit_max: [layer 0, 1, ...] of the last evaluation
@@ -297,6 +312,13 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
         client = logger.experiment
         if ok:
             client.log_metric(logger.run_id, "final_val_loss", val_loss)
+            if metrics["in_context_gain"] is not None:
+                client.log_metric(logger.run_id, "in_context_gain", metrics["in_context_gain"])
+            from mlflow.entities import Metric  # the per-position curve, step = position, in one batch
+            now = int(time.time() * 1000)
+            rows = [Metric("val_loss_by_position", loss, now, pos) for pos, loss in enumerate(module.position_loss, 1)]
+            for i in range(0, len(rows), 1000):  # MLflow takes at most 1000 metrics per batch
+                client.log_batch(logger.run_id, metrics=rows[i:i + 1000])
         client.log_metric(logger.run_id, "tokens_per_s_mean", metrics["tokens_per_s"] or 0.0)
         data_digest = prepared_data_digest(data_dir)
         client.set_tag(logger.run_id, "data_digest", data_digest)
@@ -307,13 +329,15 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
             client.set_tag(logger.run_id, "diverged", module.diverged)
             client.set_tag(logger.run_id, "diverged_step", str(module.diverged_step))
         write_curve(out_dir / "curve.csv", module.curve)
+        if ok and module.position_loss:
+            write_positions(out_dir / "positions.csv", module.position_loss)
         write_json(out_dir / "config.json", recorded_config(cfg, data_digest))
         numbers, record = split_result(metrics)
         write_json(out_dir / "record.json", record)
         write_json(out_dir / "metrics.json", numbers)  # last: a run folder with metrics.json has finished
         write_json(state_path, state)
         log_files(root, cfg.study, logger.run_id,
-                  [out_dir / "curve.csv", out_dir / "metrics.json", out_dir / "record.json"])
+                  [out_dir / p for p in ("curve.csv", "positions.csv", "metrics.json", "record.json")])
     return metrics
 
 

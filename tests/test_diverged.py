@@ -107,7 +107,7 @@ def test_a_diverged_run_goes_through_the_real_compare_as_a_lost_point(run_in, na
 def test_a_nan_validation_batch_is_a_divergence_not_dropped(run_in, tmp_path, monkeypatch):
     """Issue 25 item 2: one NaN window in the second evaluation makes it NaN (torchmetrics' default
     MeanMetric would average the finite rest), and the run stops there as diverged."""
-    real = study.modeling.lm.GPTModule._window_losses
+    real = study.modeling.lm.GPTModule._token_losses
     calls = {"n": 0}
 
     def one_nan(self, batch):
@@ -115,10 +115,10 @@ def test_a_nan_validation_batch_is_a_divergence_not_dropped(run_in, tmp_path, mo
         if self.trainer.global_step == 10 and not calls["n"]:  # the evaluation at step 10, its first batch
             calls["n"] += 1
             losses = losses.clone()
-            losses[0] = float("nan")
+            losses[0, 0] = float("nan")
         return losses
 
-    monkeypatch.setattr(study.modeling.lm.GPTModule, "_window_losses", one_nan)
+    monkeypatch.setattr(study.modeling.lm.GPTModule, "_token_losses", one_nan)
     m = run_in("variant=baseline", "seed=1", "train.tokens=40960", "train.eval_every=5")
     assert calls["n"] == 1
     assert m["status"] == "diverged" and m["diverged_step"] == 10 and m["steps"] == 10

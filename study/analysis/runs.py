@@ -2,7 +2,7 @@
 
 A run, as every reader of runs (compare, both profiles, the notebook) sees it, is one dict:
 the run's ``metrics.json`` (numbers only, the DVC metric: ``val_loss`` in nats, ``val_perplexity``,
-``tokens``, ``tokens_per_s``; None where the file has no value, as for a diverged run's loss) and its
+``in_context_gain`` (nats, study.modeling.lm.in_context_gain), ``tokens``, ``tokens_per_s``; None where the file has no value, as for a diverged run's loss) and its
 ``record.json`` (``status`` "ok"/"diverged", ``reason``, ``diverged_step``, ``variant``, ``seed``, ``lr``,
 ``non_embedding_params``, ``flops_per_token``, ``mlflow_run_id`` ..., optionally
 ``val_loss_per_corpus`` {corpus: nats} and ``attn_logit_max`` [per layer, last evaluation]) in one
@@ -10,6 +10,8 @@ dict, plus
   "curve"     [{"tokens", "train_loss", "val_loss", "val_loss/<corpus>", "attn_logit_max/L<i>" ...}] one
               row per evaluation
               (nats; train_loss = mean since the previous evaluation)
+  "position_loss"  [nats at position 1, 2, ... block_size] of the final evaluation (positions.csv), None for
+              a diverged run or a run folder written before runs recorded it
   "settings"  the resolved config the run trained with, flattened ({"model.n_layer": 4, ...}, the
               study/lr_sweep/scale_ladder/defaults sections left out) plus "data_digest" (sha256 of
               the prepared data's meta.json, 16 hex)
@@ -221,6 +223,7 @@ def read_run(d: Path, root: Path | None = None, train_cmd: str | None = None) ->
     variant, _, seed = d.name.rpartition("-s")
     fix = f"restore it, or re-run the run with {train_cmd or _train_cmd(variant or d.name, seed, '')}"
     m["curve"] = read_curve(d / "curve.csv", fix, need_rows=m["status"] == "ok")
+    m["position_loss"] = read_positions(d / "positions.csv", fix) if (d / "positions.csv").is_file() else None
     try:
         config = json.loads((d / "config.json").read_text())
     except OSError:
@@ -245,8 +248,8 @@ def read_run(d: Path, root: Path | None = None, train_cmd: str | None = None) ->
 CURVE_COLUMNS = ("step", "tokens", "train_loss", "val_loss", "lr")
 
 
-def read_curve(path: Path, fix: str, need_rows: bool = True) -> list[dict]:
-    """A run's curve.csv, one dict of floats per row, checked: the :data:`CURVE_COLUMNS` present, every
+def read_curve(path: Path, fix: str, need_rows: bool = True, columns=CURVE_COLUMNS) -> list[dict]:
+    """A run's curve.csv, one dict of floats per row, checked: the ``columns`` (:data:`CURVE_COLUMNS`) present, every
     cell of every row a number (nan allowed: a train_loss before any step, a diverged evaluation), at
     least one row when ``need_rows`` (a finished run evaluated at least once).
 
@@ -261,8 +264,8 @@ def read_curve(path: Path, fix: str, need_rows: bool = True) -> list[dict]:
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise RunsError(f"{path} cannot be read ({getattr(e, 'strerror', None) or e}): {fix}") from None
     if not header:
-        raise RunsError(f"{path} is empty (no header row {','.join(CURVE_COLUMNS)}): {fix}")
-    lacking = [c for c in CURVE_COLUMNS if c not in header]
+        raise RunsError(f"{path} is empty (no header row {','.join(columns)}): {fix}")
+    lacking = [c for c in columns if c not in header]
     if lacking:
         raise RunsError(f"{path} lacks the column(s) {', '.join(lacking)} (header {','.join(header)[:80]}): {fix}")
     out = []
@@ -281,6 +284,21 @@ def read_curve(path: Path, fix: str, need_rows: bool = True) -> list[dict]:
     if need_rows and not out:
         raise RunsError(f"{path} has no rows (the run finished, so it evaluated at least once): {fix}")
     return out
+
+
+def read_positions(path: Path, fix: str) -> list[float]:
+    """A run's positions.csv (study.train's write_positions): the per-position validation loss, (block_size,)
+    nats, position 1 first.
+
+    Raises:
+        RunsError: unreadable, a column missing, positions not 1, 2, ... in order, or a value not a finite number.
+    """
+    rows = read_curve(path, fix, need_rows=True, columns=("position", "val_loss"))
+    if [r["position"] for r in rows] != list(range(1, len(rows) + 1)):
+        raise RunsError(f"{path}: the positions are not 1..{len(rows)} in order: {fix}")
+    if not all(math.isfinite(r["val_loss"]) for r in rows):
+        raise RunsError(f"{path}: a val_loss is not a finite number: {fix}")
+    return [r["val_loss"] for r in rows]
 
 
 def load_runs(cfg, root: Path, variants=None, seeds=None, group: str = "", pair: bool = True) -> dict[str, dict[int, dict]]:

@@ -22,6 +22,7 @@ GROUPS = ("model", "variant", "data", "trainer")
 VERDICT_SECTIONS = ("arms", "tune", "tuned", "decomposition")
 PROJECTION_MODES = ("linear", "identity", "residual_linear", "nonlinear")
 ACTIVATIONS = ("gelu", "relu2", "silu", "identity")
+CONTEXTS = ("causal", "self")  # what a position attends to (study.modeling.model.CausalSelfAttention)
 QK_NORMS = ("none", "rms", "rms_gain")  # per-head normalisation of q and k (study.modeling.model.head_rms_norm)
 SCHEDULES = ("cosine", "d2z", "wsd")  # learning-rate schedules (study.config.schedule.SCHEDULES)
 TOKENIZERS = ("gpt2", "bpe")
@@ -83,6 +84,7 @@ class VariantConfig:
     k_norm: bool = False  # keys alone normalised per head (rms), as the follow-up's per-head arm
     per_head_norm: bool = False  # nonlinear query only: q_h = RMS(x_h) + g_h RMS(f(x)_h), g the LN gain
     lower_query: Optional[str] = None  # query mode of layers i < n_layer // 2 (None: query everywhere)
+    context: str = "causal"  # CONTEXTS: "self" = attention to its own position only (the no-context arm)
     lr: Optional[float] = None  # a tuned peak learning rate for this variant (overrides train.lr)
     min_lr: Optional[float] = None
     description: str = ""

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 from .schedule import batch_tokens_message, max_steps, peak_lr, wsd_decay_steps
-from .schema import (ACTIVATIONS, PRECISIONS, PROJECTION_MODES, QK_NORMS, SCHEDULES, TOKENIZERS, ConfigError,
+from .schema import (ACTIVATIONS, CONTEXTS, PRECISIONS, PROJECTION_MODES, QK_NORMS, SCHEDULES, TOKENIZERS, ConfigError,
                      DataConfig, RunConfig)
 from .transfer import check_transferable, transferred_lr  # noqa: F401 (the ladder's lr, re-exported)
 from .verdict_checks import used_arms, validate_verdict  # noqa: F401 (used_arms: re-exported)
@@ -296,11 +296,14 @@ def _validate_profiles(cfg: RunConfig) -> None:
 
 
 def _validate_recipe(cfg: RunConfig) -> None:
-    """The recipe switches of the variant (qk_norm, k_norm, per_head_norm, lower_query) and of train
+    """The recipe switches of the variant (qk_norm, context, k_norm, per_head_norm, lower_query) and of train
     (schedule, decay_fraction, z_loss)."""
     m, v, t = cfg.model, cfg.variant, cfg.train
     if v.qk_norm not in QK_NORMS:
         raise ConfigError(f"variant.qk_norm={v.qk_norm!r}: choose one of {list(QK_NORMS)}")
+    if v.context not in CONTEXTS:
+        raise ConfigError(f"variant.context={v.context!r}: choose one of {list(CONTEXTS)} (causal: the decoder; "
+                          f"self: each position attends to itself only, the no-context yardstick)")
     if v.k_norm and v.qk_norm != "none":
         raise ConfigError(f"variant.k_norm=true with variant.qk_norm={v.qk_norm}: qk_norm already normalises the "
                           f"keys; drop k_norm (or set qk_norm=none to normalise the keys alone)")

@@ -1,7 +1,10 @@
 """The LightningModule: one class for every variant, configured by ``cfg.variant``.
 
 Loss is the mean next-token cross-entropy in nats; ``val_loss`` is its mean over
-the fixed validation windows and ``val_perplexity = exp(val_loss)``.  AdamW
+the fixed validation windows and ``val_perplexity = exp(val_loss)``.  Every evaluation also keeps the
+per-position validation loss (:attr:`GPTModule.position_loss`: the mean over the windows at each position
+1..block_size, position t predicting token t+1 from t tokens of context; its mean is ``val_loss``) and
+``in_context_gain`` (:func:`in_context_gain`), how much of the loss the context takes away.  AdamW
 (beta1, beta2) with weight decay on 2-D weights only, linear warmup then ``train.schedule`` (cosine
 decay to min_lr, linear decay to zero, or warmup-stable-decay; per optimizer step), an optional z-loss
 on the training objective (``train.z_loss``, logged as ``z_loss``), gradient clipping by the Trainer (by the root FSDP module's
@@ -24,6 +27,28 @@ from torchmetrics.aggregation import MeanMetric
 from study.config import RunConfig, lr_at, peak_lr, run_seeds
 from study.modeling.diagnostics import curve_diagnostics, diagnostics
 from study.modeling.model import GPT, flops_per_token, param_counts
+
+
+#: positions (1-based) whose mean loss is the start of :func:`in_context_gain`: 1-4 tokens of context
+EARLY_POSITIONS = 4
+
+
+def in_context_gain(position_loss: list[float]) -> float:
+    """Mean loss (nats) at positions 1-4 minus the mean over the last quarter of the window.
+
+    ``position_loss``: the per-position validation loss, (block_size,) in nats, position 1 first
+    (the prediction of the 2nd token from one token of context).  How much a model's loss falls as its
+    context grows: ~0 for a model that ignores its context, ~0.4 nats for a GPT with induction heads
+    (arXiv 2209.11895 measure loss at token 50 minus token 500; this is its analogue for short windows).
+
+    Raises:
+        ValueError: fewer than 8 positions (the two ranges would overlap).
+    """
+    n = len(position_loss)
+    if n < 2 * EARLY_POSITIONS:
+        raise ValueError(f"in_context_gain needs a window of at least {2 * EARLY_POSITIONS} positions, got {n}")
+    late = position_loss[n - n // 4:]
+    return sum(position_loss[:EARLY_POSITIONS]) / EARLY_POSITIONS - sum(late) / len(late)
 
 
 H200_SXM_DENSE = {torch.bfloat16: 989.4e12, torch.float16: 989.4e12}  # FLOP/s, the H100 SXM's tensor cores
@@ -124,6 +149,10 @@ class GPTModule(pl.LightningModule):
         # (n_corpora,) each; every rank evaluates all windows, so no reduction across ranks is needed
         self._corpus_sum: torch.Tensor | None = None
         self._corpus_n: torch.Tensor | None = None
+        # per-position validation loss of the current evaluation: summed (block_size,) and window count
+        self._position_sum: torch.Tensor | None = None
+        self._position_n = 0
+        self.position_loss: list[float] = []  # (block_size,) nats, of the latest evaluation (kept in checkpoints)
         self.curve: list[dict] = []
         self.diverged: str | None = None
         self.diverged_step: int | None = None
@@ -215,20 +244,24 @@ class GPTModule(pl.LightningModule):
             self.log_dict(logs, on_step=True)
             self._t_last, self._tokens_since = now, 0
 
-    def _window_losses(self, batch: torch.Tensor) -> torch.Tensor:
-        """Mean next-token cross-entropy (nats) of each window of ``batch`` (B, block_size + 1): (B,)."""
+    def _token_losses(self, batch: torch.Tensor) -> torch.Tensor:
+        """Next-token cross-entropy (nats) of every position of ``batch`` (B, block_size + 1): (B, T)."""
         batch = batch.long()
         model = self._compiled if self._compiled is not None else self.model
         logits, _ = model(batch[:, :-1])  # (B, T, V)
-        # (B, T, V) -> (B, V, T) against (B, T): per-token losses, then the mean over T
-        return F.cross_entropy(logits.float().transpose(1, 2), batch[:, 1:], reduction="none").mean(dim=1)
+        # (B, T, V) -> (B, V, T) against (B, T): per-token losses
+        return F.cross_entropy(logits.float().transpose(1, 2), batch[:, 1:], reduction="none")
 
     def validation_step(self, batch, batch_idx: int) -> None:
         """``batch`` = (tokens (B, block_size + 1), corpus index (B,)), or tokens alone."""
         tokens, corpus = batch if isinstance(batch, (list, tuple)) else (batch, None)
         self._batch_tokens = tokens.shape[0] * (tokens.shape[1] - 1)  # for flops_per_batch
-        losses = self._window_losses(tokens)  # (B,)
+        token_losses = self._token_losses(tokens)  # (B, T)
+        losses = token_losses.mean(dim=1)  # (B,): each window's mean
         self.val_loss.update(losses.mean(), weight=tokens.shape[0])
+        sums = token_losses.detach().sum(dim=0)  # (T,): summed over the windows
+        self._position_sum = sums if self._position_sum is None else self._position_sum + sums
+        self._position_n += tokens.shape[0]
         if corpus is not None and self.corpora:
             k = len(self.corpora)
             onehot = F.one_hot(corpus.long(), k).to(losses.dtype)  # (B, n_corpora)
@@ -268,6 +301,9 @@ class GPTModule(pl.LightningModule):
             sums, counts = self._corpus_sum.tolist(), self._corpus_n.tolist()
             per_corpus = {f"val_loss/{c}": s / n for c, s, n in zip(self.corpora, sums, counts) if n > 0}
         self._corpus_sum = self._corpus_n = None
+        if self._position_sum is not None:  # (T,) mean over windows; its mean over positions is val_loss
+            self.position_loss = (self._position_sum.double() / self._position_n).tolist()
+        self._position_sum, self._position_n = None, 0
         self.log_dict({"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50.0)), **per_corpus},
                       sync_dist=False)
         diag = self._diagnostics()
@@ -283,6 +319,8 @@ class GPTModule(pl.LightningModule):
             "train_loss": sum(train) / len(train) if train else float("nan"),
             "val_loss": val_loss,
             "lr": self.lr_at(step),
+            **({"in_context_gain": in_context_gain(self.position_loss)}
+               if len(self.position_loss) >= 2 * EARLY_POSITIONS else {}),
             **per_corpus,
             **curve_diagnostics(diag),
         }]
@@ -363,7 +401,7 @@ class GPTModule(pl.LightningModule):
     # -- checkpoint ------------------------------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["study"] = {"curve": self.curve, "train_losses": self._train_losses, "best_val": self._best_val,
-                               "above": self._above}
+                               "above": self._above, "position_loss": self.position_loss}
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         s = checkpoint.get("study", {})
@@ -371,3 +409,4 @@ class GPTModule(pl.LightningModule):
         self._train_losses = s.get("train_losses", [])
         self._best_val = s.get("best_val", self._best_val)
         self._above = [tuple(x) for x in s.get("above", [])]
+        self.position_loss = list(s.get("position_loss", []))

@@ -46,6 +46,9 @@ activation: identity   the nonlinear query with act removed: q = x + LN(W2 W1   
                        RMSNorm(x)), the parameter-identical linear ablation
 lower_query            the query mode of layers i < n_layer // 2 (the follow-up's   by mode
                        split depth: identity below, nonlinear above)
+context: self          each position attends to itself only (a diagonal mask      as the variant
+                       instead of the causal one): the no-context yardstick, a
+                       stack of per-token MLPs, i.e. a learned bigram model
 =====================  =========================================================  ====================
 """
 from __future__ import annotations
@@ -236,6 +239,7 @@ class CausalSelfAttention(nn.Module):
         self.k_norm = head_rms_norm(recipe.k_norm, self.head_dim)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
         self.scale = recipe.scale
+        self.self_only = variant.context == "self"  # the no-context yardstick: a diagonal mask
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
@@ -265,7 +269,10 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.size()
         q, k, v = self.heads(x)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale,
+        # causal, or (context: self) a diagonal mask (T, T): position t sees itself only, its output is v_t;
+        # q and k still enter the softmax (their gradients are exactly zero), so DDP sees every parameter used
+        mask = torch.eye(T, dtype=torch.bool, device=x.device) if self.self_only else None
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not self.self_only, scale=self.scale,
                                            dropout_p=self.dropout if self.training else 0.0)
         # (B, n_head, T, head_dim) -> (B, T, n_head, head_dim) -> (B, T, C)
         y = y.transpose(1, 2).contiguous().view(B, T, C)

@@ -29,7 +29,7 @@ STUDY = Path(__file__).resolve().parent.parent  # the study package
 
 #: the keys of a run's result that go to metrics.json (the DVC metric: numbers, few enough that
 #: ``dvc metrics show`` fits a terminal); every other key goes to record.json
-METRICS = ("val_loss", "val_perplexity", "tokens", "tokens_per_s")
+METRICS = ("val_loss", "val_perplexity", "in_context_gain", "tokens", "tokens_per_s")
 
 
 def split_result(result: dict) -> tuple[dict, dict]:

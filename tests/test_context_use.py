@@ -1,0 +1,119 @@
+"""Context use: the per-position validation loss, the in-context gain, and the no-context arm's diagonal mask.
+
+Expected values are computed here by hand (explicit loops, explicit score matrices), never read back from the
+code under test.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from study.modeling.lm import in_context_gain
+from study.modeling.model import GPT, describe
+from tests.test_model import model_cfg, variant_cfg
+
+
+def test_in_context_gain_on_a_synthetic_curve():
+    """Positions 1-4 against the last quarter of the window: by hand on a curve 5, 4, 3, 2, then flat 1.5 ... 1.0."""
+    curve = [5.0, 4.0, 3.0, 2.0] + [1.5] * 8 + [1.25, 1.0, 1.0, 1.0]  # 16 positions: the last quarter is the last 4
+    assert in_context_gain(curve) == pytest.approx((5 + 4 + 3 + 2) / 4 - (1.25 + 1 + 1 + 1) / 4)  # 3.5 - 1.0625
+    assert in_context_gain([2.0] * 128) == 0.0  # a model that ignores its context gains nothing
+    rising = list(range(1, 129))  # worse with more context: a negative gain
+    assert in_context_gain([float(x) for x in rising]) == pytest.approx(2.5 - (97 + 128) / 2)
+    with pytest.raises(ValueError, match="at least 8 positions"):
+        in_context_gain([1.0] * 7)
+
+
+def _explicit_attention(attn, x: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
+    """The attention layer's output by hand: scores q k^T * scale, -inf where ``allowed`` (T, T) is False,
+    softmax over the keys, times v, heads merged, c_proj."""
+    B, T, C = x.shape
+    q, k, v = attn.heads(x)  # (B, n_head, T, head_dim) each
+    scores = torch.einsum("bhtd,bhsd->bhts", q, k) * attn.scale  # (B, n_head, T, T)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    y = torch.einsum("bhts,bhsd->bhtd", scores.softmax(dim=-1), v)  # (B, n_head, T, head_dim)
+    return attn.c_proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+def test_the_diagonal_mask_against_an_explicit_score_matrix():
+    """context: self attends to its own position only (an identity score mask); causal to itself and before."""
+    torch.manual_seed(0)
+    m = model_cfg("nano")
+    x = torch.randn(2, 16, m.n_embd)
+    for name, allowed in (("no_context", torch.eye(16, dtype=torch.bool)),
+                          ("baseline", torch.ones(16, 16).tril().bool())):
+        attn = GPT(m, variant_cfg(name), init_seed=3).transformer.h[0].attn.eval()
+        with torch.no_grad():
+            assert torch.allclose(attn(x), _explicit_attention(attn, x, allowed), atol=1e-6), name
+    # with one key per query the softmax is exactly 1: the output is c_proj(v_t)
+    attn = GPT(m, variant_cfg("no_context"), init_seed=3).transformer.h[0].attn.eval()
+    with torch.no_grad():
+        _, _, v = attn.heads(x)
+        assert torch.allclose(attn(x), attn.c_proj(v.transpose(1, 2).reshape(2, 16, m.n_embd)), atol=1e-6)
+
+
+def test_the_no_context_model_ignores_every_earlier_token():
+    """The output at position t does not change when tokens before t change (a learned bigram), while the
+    causal baseline's does; both have the same parameters."""
+    torch.manual_seed(1)
+    m = model_cfg("nano")
+    idx = torch.randint(0, m.vocab_size, (1, m.block_size))
+    changed = idx.clone()
+    changed[0, :10] = (idx[0, :10] + 7) % m.vocab_size  # every token before position 10 differs
+    for name, same in (("no_context", True), ("baseline", False)):
+        model = GPT(m, variant_cfg(name), init_seed=5).eval()
+        with torch.no_grad():
+            a, _ = model(idx)
+            b, _ = model(changed)
+        # positions 10.. see the same own token (and position): identical under context: self
+        assert torch.equal(a[0, 10:], b[0, 10:]) is same, name
+    assert describe(m, variant_cfg("no_context")) == describe(m, variant_cfg("baseline"))
+
+
+def _read_positions(path):
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return [int(r["position"]) for r in rows], [float(r["val_loss"]) for r in rows]
+
+
+def test_per_position_loss_against_a_hand_loop(run_in, nano_project, tmp_path):
+    """A nano run's positions.csv against a hand loop over the same fixed validation windows with the run's
+    final weights: each position's mean loss, their mean = val_loss, in_context_gain from them."""
+    from study.config import load_config
+    from study.data.datamodule import TokenDataModule
+
+    m = run_in("variant=baseline", "seed=1")
+    run = tmp_path / "runs/baseline-s1"
+    positions, losses = _read_positions(run / "positions.csv")
+    cfg = load_config([], nano_project)
+    T = cfg.model.block_size
+    assert positions == list(range(1, T + 1))
+    assert sum(losses) / T == pytest.approx(m["val_loss"], abs=1e-5)  # each window has T positions alike
+    assert m["in_context_gain"] == pytest.approx(sum(losses[:4]) / 4 - sum(losses[-T // 4:]) / (T // 4), abs=1e-5)
+    assert json.loads((run / "metrics.json").read_text())["in_context_gain"] == m["in_context_gain"]
+
+    # the hand loop: the run's final weights, the fixed validation windows, one window and one position at a time
+    ckpt = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
+    model = GPT(cfg.model, variant_cfg("baseline"))
+    model.load_state_dict({k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()})
+    model.eval()
+    n_val = cfg.train.val_tokens // T
+    dm = TokenDataModule(nano_project / cfg.data.dir, T, 4, 0, n_val, 4)
+    sums, count = [0.0] * T, 0
+    with torch.no_grad():
+        for batch in dm.val_dataloader():
+            tokens = (batch[0] if isinstance(batch, (list, tuple)) else batch).long()
+            for window in tokens:
+                logits, _ = model(window[None, :-1])  # (1, T, V)
+                for t in range(T):
+                    sums[t] += F.cross_entropy(logits[0, t], window[t + 1]).item()
+                count += 1
+    assert count == n_val
+    hand = [s / count for s in sums]
+    assert max(abs(a - b) for a, b in zip(hand, losses)) < 1e-4
+    assert all(math.isfinite(x) for x in losses)
