@@ -117,3 +117,66 @@ def test_per_position_loss_against_a_hand_loop(run_in, nano_project, tmp_path):
     hand = [s / count for s in sums]
     assert max(abs(a - b) for a, b in zip(hand, losses)) < 1e-4
     assert all(math.isfinite(x) for x in losses)
+
+
+def _run(context: str, loss: float, curve=None, gain=None) -> dict:
+    return {"status": "ok", "val_loss": loss, "settings": {"variant.context": context}, "position_loss": curve,
+            "in_context_gain": gain}
+
+
+def test_attention_share_is_the_paired_no_context_gap_against_the_margin():
+    """The no-context arm (found by its recorded variant.context) minus each reference, paired by seed, with a
+    95% paired-t interval computed here by scipy, and the margin in nats = margin % x the reference's mean."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from scipy import stats
+
+    from study.analysis.verdict import attention_share, no_context_arms
+
+    base = {1: 3.0, 2: 3.1, 3: 2.9}
+    bigram = {1: 3.5, 2: 3.7, 3: 3.3, 4: 3.6}  # seed 4 has no reference run: not a pair
+    runs = {"base": {s: _run("causal", x) for s, x in base.items()},
+            "yard": {s: _run("self", x) for s, x in bigram.items()}}
+    assert no_context_arms(runs) == ["yard"]
+    cfg = SimpleNamespace(study=SimpleNamespace(references=["base"], equivalence_margin=1.0))
+    ok = {a: {s: r["val_loss"] for s, r in by.items()} for a, by in runs.items()}
+    (row,) = attention_share(cfg, runs, ok)
+    diffs = np.array([0.5, 0.6, 0.4])
+    lo, hi = stats.t.interval(0.95, 2, loc=diffs.mean(), scale=stats.sem(diffs))
+    assert row["arm"] == "yard" and row["reference"] == "base" and row["n_pairs"] == 3
+    assert row["share"] == pytest.approx(0.5) and row["ci95"] == pytest.approx([lo, hi])
+    assert row["margin_nats"] == pytest.approx(0.03) and row["ratio"] == pytest.approx(0.5 / 0.03)
+    assert attention_share(cfg, {"base": runs["base"]}, {"base": ok["base"]}) == []
+
+
+def test_context_use_averages_the_seeds_curves():
+    from study.analysis.verdict import context_use
+
+    by_seed = {1: _run("causal", 2.0, [3.0, 2.0, 1.0], 0.4), 2: _run("causal", 2.0, [5.0, 2.0, 3.0], 0.2),
+               3: {**_run("causal", None), "status": "diverged"}}  # a lost point counts in neither
+    u = context_use(by_seed)
+    assert u["in_context_gain"] == pytest.approx(0.3) and u["position_loss"] == pytest.approx([4.0, 2.0, 2.0])
+    assert context_use({1: _run("causal", 2.0)})["position_loss"] is None  # a run that recorded no curve
+
+
+def test_the_report_opens_with_attention_share_and_draws_the_position_curves(tmp_path):
+    from study.analysis import figures
+    from study.analysis.tables import markdown
+
+    arm = {"variant": "v", "overrides": [], "lr": 1e-2, "lr_from": "tuned", "tuning": "bracketed", "n_seeds": 2,
+           "val_loss_mean": 3.0, "val_loss_sd": 0.01, "val_loss_ci95": [2.9, 3.1], "diverged": {}}
+    verdict = {"arms": {"base": {**arm, "in_context_gain": 0.7, "position_loss": [4.0, 3.0, 2.5, 2.0]},
+                        "yard": {**arm, "in_context_gain": 0.01, "position_loss": [4.0, 4.0, 4.0, 4.0]}},
+               "comparisons": {}, "margin_pct": 1.0, "halfwidth_pct": 0.5, "max_seeds": 10, "n0": 5,
+               "decomposition": None,
+               "attention": [{"arm": "yard", "reference": "base", "n_pairs": 2, "share": 1.25, "ci95": [1.2, 1.3],
+                              "margin_nats": 0.03, "ratio": 41.666}]}
+    summary = {"study": "s", "variants": {}, "vs_baseline": {}, "verdict": verdict, "settings": {},
+               "yardsticks": {"available": True, "bigram": {"all": 3.9}}}
+    names = figures.write_all(summary, {}, tmp_path)
+    assert "position_loss.png" in names and (tmp_path / "position_loss.png").stat().st_size > 10_000
+    md = markdown({**summary, "baseline": "base", "n_seeds": 2, "seeds": [1, 2]}, names)
+    head = md.split("## The decided verdict")[0]
+    assert "| yard | base | 2 | +1.2500 | [+1.2000, +1.3000] | 0.0300 | 41.7 |" in head
+    assert "| base | v | - | 0.01 | tuned | bracketed | 2 | 3.0000 | 0.0100 | [2.9000, 3.1000] | 0.7000 |" in md

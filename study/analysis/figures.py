@@ -21,7 +21,7 @@ PALETTE = {"baseline": "#1f77b4", "identity_q": "#2ca02c", "nonlinear_q": "#d627
            "baseline_mlp3.5": "#c5b0d5", "baseline_mlp4.5": "#c49c94", "baseline_mlp5": "#f7b6d2"}
 #: every figure this module can write (file names under the figures folder)
 ALL = ("val_loss_curves.png", "train_loss_curves.png", "final_val_loss.png", "paired_differences.png",
-       "per_corpus.png", "frontier.png", "lr_sweep.png", "scale_ladder.png", "verdict.png")
+       "per_corpus.png", "frontier.png", "lr_sweep.png", "scale_ladder.png", "verdict.png", "position_loss.png")
 
 
 def color(variant: str) -> str:
@@ -165,6 +165,25 @@ def verdict(v: dict, out: Path) -> Path:
     return _save(fig, out / "verdict.png")
 
 
+def position_loss(summary: dict, out: Path) -> Path:
+    """Validation loss by position (tokens of context, log axis), mean over each arm's seeds, one line per arm;
+    the bigram yardstick dashed and each no-context arm dotted (what the models score without context)."""
+    v = summary["verdict"]
+    fig, ax = panel()
+    yard = {r["arm"] for r in v.get("attention") or []}
+    for a, r in v["arms"].items():
+        if r.get("position_loss"):
+            y = np.array(r["position_loss"], dtype=float)
+            ax.plot(np.arange(1, len(y) + 1), y, color=color(a), ls=":" if a in yard else "-",
+                    label=f"{a} (in-context gain {r['in_context_gain']:.3f})")
+    y = summary.get("yardsticks") or {}
+    if y.get("available") and "all" in (y.get("bigram") or {}):
+        ax.axhline(y["bigram"]["all"], color="black", ls="--", lw=1, label=f"bigram yardstick {y['bigram']['all']:.3f}")
+    finish(ax, "Validation loss by position, mean over seeds", "validation loss (nats)",
+           "position (tokens of context)", xlog=True)
+    return _save(fig, out / "position_loss.png")
+
+
 def per_corpus(summary: dict, out: Path) -> Path:
     """Final validation loss per corpus and variant (mean over seeds), with the yardsticks as dashed lines."""
     corpora = summary["per_corpus"]["corpora"]
@@ -276,6 +295,8 @@ def write_all(summary: dict, runs: dict[str, dict[int, dict]], out: Path) -> lis
         written.append(final_losses(summary, runs, out))
     if (summary.get("verdict") or {}).get("comparisons"):
         written.append(verdict(summary["verdict"], out))
+    if any(r.get("position_loss") for r in ((summary.get("verdict") or {}).get("arms") or {}).values()):
+        written.append(position_loss(summary, out))
     if summary["vs_baseline"]:
         written.append(paired_differences(summary, out))
     if summary.get("per_corpus"):

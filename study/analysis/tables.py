@@ -275,13 +275,15 @@ def yardstick_lines(summary: dict) -> list[str]:
 
 def markdown(summary: dict, figures: list[str] = ()) -> str:
     """comparison.md from summary.json's content; ``figures``: the names of the figures written."""
+    from study.analysis.verdict import attention_lines
+    lines = header(summary) + (attention_lines(summary["verdict"]) if summary.get("verdict") else [])
     if summary["variants"]:
-        lines = header(summary) + variants_table(summary) + verdict_tables(summary) + corpus_table(summary)
+        lines += variants_table(summary) + verdict_tables(summary) + corpus_table(summary)
         lines += attention_logit_table(summary)
         lines += frontier_section(summary)
         lines += diverged_section(summary)
     else:  # the decided verdict alone (study.variants empty): its runs' settings and the yardsticks
-        lines = header(summary) + yardstick_lines(summary)
+        lines += yardstick_lines(summary)
     if summary.get("lr_sweep"):
         lines += lr_sweep_section(summary["lr_sweep"], summary["baseline"])
     if summary.get("scale_ladder"):

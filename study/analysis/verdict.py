@@ -21,6 +21,13 @@ PLAN = "plan.json"
 TEST_GROUP = "test"
 
 
+def no_context_arms(runs: dict[str, dict[int, dict]]) -> list[str]:
+    """The arms whose runs recorded ``variant.context: self`` (each position attends to itself only): the
+    no-context yardstick, whose loss above a reference is attention's share."""
+    return [a for a, by_seed in runs.items()
+            if by_seed and all(r["settings"].get("variant.context") == "self" for r in by_seed.values())]
+
+
 def comparisons_of(cfg) -> list[tuple[str, str]]:
     """The (arm, reference) comparisons: study.pairs in order where set (each nonlinear arm against the linear arm
     of its own recipe), else every arm of study.arms that is not a reference against each reference."""
@@ -28,6 +35,39 @@ def comparisons_of(cfg) -> list[tuple[str, str]]:
         return [(str(p[0]), str(p[1])) for p in cfg.study.pairs]
     refs = list(cfg.study.references)
     return [(a, r) for a in cfg.study.arms if a not in refs for r in refs]
+
+
+def attention_share(cfg, runs: dict[str, dict[int, dict]], ok: dict[str, dict[int, float]]) -> list[dict]:
+    """What attention carries in this regime: for each no-context arm (:func:`no_context_arms`) and each reference
+    of study.references, the paired difference
+    no-context - reference (nats, by seed; 95% paired-t interval), the equivalence margin in nats (margin % of the
+    reference's mean) and their ratio.  [] without a no-context arm.
+
+    Returns: [{"arm", "reference", "n_pairs", "share" (nats), "ci95" [lo, hi], "margin_nats", "ratio"}].
+    """
+    out = []
+    for a in no_context_arms(runs):
+        for r in cfg.study.references:
+            both = [s for s in ok.get(a, {}) if s in ok.get(r, {})]
+            if not both:
+                continue
+            diffs = [ok[a][s] - ok[r][s] for s in both]
+            m, lo, hi = mean_ci(diffs)
+            margin = cfg.study.equivalence_margin / 100 * float(np.mean([ok[r][s] for s in both]))
+            out.append({"arm": a, "reference": r, "n_pairs": len(both), "share": m, "ci95": [lo, hi],
+                        "margin_nats": margin, "ratio": m / margin if margin > 0 else float("nan")})
+    return out
+
+
+def context_use(runs: dict[int, dict]) -> dict:
+    """One arm's context use over its finished seeds: "in_context_gain" (mean, nats), "position_loss" (the mean
+    per-position curve, nats at positions 1..block_size; None when a run did not record it)."""
+    done = [r for r in runs.values() if r["status"] == "ok"]
+    gains = [r["in_context_gain"] for r in done if r.get("in_context_gain") is not None]
+    curves = [r["position_loss"] for r in done if r.get("position_loss")]
+    same = curves and len(curves) == len(done) and len({len(c) for c in curves}) == 1
+    return {"in_context_gain": float(np.mean(gains)) if gains else float("nan"),
+            "position_loss": np.mean(curves, axis=0).tolist() if same else None}
 
 
 def comparison_name(arm: str, ref: str) -> str:
@@ -95,7 +135,8 @@ def verdict_report(cfg, root: Path) -> dict | None:
     Returns: {"arms": {arm: {"variant", "overrides", "lr", "lr_from" ("fixed"/"tuned"), "tuning" (status of its
     grid), "n_seeds", "val_loss_mean", "val_loss_sd" (its own, never pooled), "val_loss_ci95", "diverged"}},
     "comparisons": {"ARM vs REF": :func:`decision.compare_pair` + "p_value_bh", "tost_p_bh", "word", "verdict"},
-    "margin_pct", "halfwidth_pct", "max_seeds", "n0", "decomposition"}.
+    "margin_pct", "halfwidth_pct", "max_seeds", "n0", "decomposition", "attention" (:func:`attention_share`)};
+    each arm also has "in_context_gain" and "position_loss" (:func:`context_use`).
 
     Raises:
         RunsError: the plan or a run it names is missing.
@@ -116,7 +157,7 @@ def verdict_report(cfg, root: Path) -> dict | None:
                    "lr": one.get("lr"), "lr_from": "fixed" if cfg.arms[a].lr is not None else "tuned",
                    "tuning": (tuning.get(a) or {}).get("status"), "n_seeds": len(xs), "val_loss_mean": m,
                    "val_loss_sd": float(np.std(xs, ddof=1)) if len(xs) > 1 else float("nan"),
-                   "val_loss_ci95": [lo, hi],
+                   "val_loss_ci95": [lo, hi], **context_use(runs[a]),
                    "diverged": {str(k): r.get("reason") for k, r in runs[a].items() if r["status"] != "ok"}}
     comps = compare_all(cfg, ok)
     for c in comps.values():
@@ -131,7 +172,7 @@ def verdict_report(cfg, root: Path) -> dict | None:
     d = cfg.decomposition
     dec = decomposition(ok, list(d.rows), d.start, d.end, d.linear) if d.rows else None
     return {"arms": arms, "comparisons": comps, "margin_pct": s.equivalence_margin, "halfwidth_pct": s.target_halfwidth,
-            "max_seeds": s.max_seeds, "n0": len(s.seeds), "decomposition": dec}
+            "max_seeds": s.max_seeds, "n0": len(s.seeds), "decomposition": dec, "attention": attention_share(cfg, runs, ok)}
 
 
 def _f(x, spec=".4f") -> str:
@@ -141,6 +182,25 @@ def _f(x, spec=".4f") -> str:
 def lost(r: dict) -> str:
     """" (+k diverged)" after an arm's finished seeds, or nothing."""
     return f" (+{len(r['diverged'])} diverged)" if r["diverged"] else ""
+
+
+def attention_lines(v: dict) -> list[str]:
+    """comparison.md's opening lines on attention's share (summary.json "verdict" "attention")."""
+    rows = v.get("attention") or []
+    if not rows:
+        return ["", "Attention's share: not measured (no arm of study.arms has a variant with context: self; add "
+                    "the no_context arm to measure what attention carries at this size).", ""]
+    lines = ["", "## Attention's share", "",
+             "What attention carries at this size: the no-context arm (each position attends to itself only: a learned "
+             "bigram with the baseline's parameters) minus the reference, paired by seed, against the equivalence "
+             "margin in nats.", "",
+             "| no-context arm | reference | pairs | share (nats) | 95% CI | margin (nats) | share / margin |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['arm']} | {r['reference']} | {r['n_pairs']} | {_f(r['share'], '+.4f')} | "
+                     f"[{_f(r['ci95'][0], '+.4f')}, {_f(r['ci95'][1], '+.4f')}] | {_f(r['margin_nats'])} | "
+                     f"{_f(r['ratio'], '.1f')} |")
+    return lines + ["", "![loss by position](figures/position_loss.png)", ""]
 
 
 def verdict_section(v: dict) -> list[str]:
@@ -153,12 +213,13 @@ def verdict_section(v: dict) -> list[str]:
              f"comparisons (paired t and TOST each). Stein's mean +- d covers with probability >= 95% once N pairs are in; "
              f"the exact 95% interval is mean +- t(0.975, n0 - 1) s0 / sqrt(n), s0 the first stage's sd (exact "
              f"coverage: the pivot is Student t whatever the true sd). Each arm's seed sd is its own, never pooled.", "",
-             "| arm | variant | overrides | lr | lr from | tuning | seeds | val loss mean | sd | 95% CI |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| arm | variant | overrides | lr | lr from | tuning | seeds | val loss mean | sd | 95% CI | in-context gain |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for a, r in v["arms"].items():
         lines.append(f"| {a} | {r['variant']} | {' '.join(r['overrides']) or '-'} | {_f(r['lr'], '.4g')} | "
                      f"{r['lr_from']} | {r['tuning'] or ('-' if r['lr_from'] == 'fixed' else 'n/a')} | {r['n_seeds']}{lost(r)} | {_f(r['val_loss_mean'])} | "
-                     f"{_f(r['val_loss_sd'])} | [{_f(r['val_loss_ci95'][0])}, {_f(r['val_loss_ci95'][1])}] |")
+                     f"{_f(r['val_loss_sd'])} | [{_f(r['val_loss_ci95'][0])}, {_f(r['val_loss_ci95'][1])}] | "
+                     f"{_f(r.get('in_context_gain'))} |")
     lines += ["", "| comparison | verdict | pairs | mean diff (nats) | paired sd | % log-loss | 95% t CI (%) | "
               "Stein mean +- d (%) | Stein exact 95% (%) | Stein N | 90% CI (%) | p (t, BH) | p (TOST, BH) |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
