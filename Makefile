@@ -8,7 +8,7 @@ export DO_NOT_TRACK := true
 export TIKTOKEN_CACHE_DIR := $(CURDIR)/.tiktoken
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install params study full tune exps lr-sweep scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
+.PHONY: install params study full tune exps levers lr-sweep scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
 
 install: $(STAMP)
 
@@ -64,6 +64,12 @@ tune: $(STAMP)
 EXPS_KEEP ?= Experiment|Created|.*pct_log_loss$$|tuned\.lr\..*|train\.lr$$|train\.tokens$$
 exps: $(STAMP)
 	COLUMNS=$${COLUMNS:-250} .venv/bin/dvc exp show --no-pager --drop '.*' --keep '$(EXPS_KEEP)'
+
+# The table of choices for the default (docs/profiles.md): each row of conf/levers.yaml (one lever: tokenizer,
+# context, width, depth, tokens) trains the baseline and the no-context yardstick on its own data, one seed, one
+# lr; reports/levers.md has tokens/s, minutes, loss, yardsticks, attention's share and the in-context gain.
+levers: params
+	$(PY) -m study.levers --params params.yaml
 
 # The fairness profiles (docs/profiles.md).  The lr sweep is the tuning by one rule: every arm of tune.arms on
 # a x2 grid, two seeds a point, extended until bracketed (`make tune`; the table is conf/tuning/table.md).
