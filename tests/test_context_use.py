@@ -180,3 +180,22 @@ def test_the_report_opens_with_attention_share_and_draws_the_position_curves(tmp
     head = md.split("## The decided verdict")[0]
     assert "| yard | base | 2 | +1.2500 | [+1.2000, +1.3000] | 0.0300 | 41.7 |" in head
     assert "| base | v | - | 0.01 | tuned | bracketed | 2 | 3.0000 | 0.0100 | [2.9000, 3.1000] | 0.7000 |" in md
+
+
+def test_the_no_context_diagnostics_use_its_own_mask():
+    """Attention entropy is 0 where each position attends to itself only (one key: probability 1), and the
+    largest logit is the diagonal's, not a causal one's."""
+    from study.modeling.diagnostics import diagnostics
+
+    torch.manual_seed(2)
+    m = model_cfg("nano")
+    idx = torch.randint(0, m.vocab_size, (2, 16))
+    model = GPT(m, variant_cfg("no_context"), init_seed=1).eval()
+    with torch.no_grad():
+        d = diagnostics(model, idx)
+        attn, h = model.transformer.h[0].attn, model.transformer.h[0].ln_1(
+            model.transformer.wte(idx) + model.transformer.wpe(torch.arange(16)))
+        q, k, _ = attn.heads(h)
+        diag = (q * k).sum(-1) * attn.scale  # (B, n_head, T): the only scores it uses
+    assert all(d[f"L{i}/attn_entropy"] == 0.0 for i in range(m.n_layer))
+    assert d["L0/attn_logit_max"] == pytest.approx(diag.abs().max().item(), rel=1e-5)

@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from study.config import ModelConfig, VariantConfig
@@ -233,3 +234,27 @@ def test_diagnostics_by_hand():
     upper = sum(math.log(t) for t in range(1, 17)) / 16
     assert 0 < d["L0/attn_entropy"] <= upper + 1e-6
     assert "L0/f_ratio_q" not in diagnostics(GPT(m, variant_cfg("baseline")), idx)
+
+
+def test_the_nonlinear_output_projection_by_hand_and_its_parameters():
+    """nonlinear_o: O(y) = y + LN(W2 GELU(W1 RMSNorm(y))) on the merged heads, computed here with plain tensor ops;
+    per layer it swaps W_O (C^2) for W1, W2 (2 C C/2) and two gains (2C): + 2C per layer at both sizes."""
+    torch.manual_seed(0)
+    m = model_cfg("nano")
+    attn = GPT(m, variant_cfg("nonlinear_o"), init_seed=2).transformer.h[0].attn.eval()
+    assert attn.c_proj is None and set(attn.proj) == {"o"}
+    x = torch.randn(2, 8, m.n_embd)
+    o = attn.proj["o"]
+    with torch.no_grad():
+        q, k, v = attn.heads(x)  # (B, n_head, T, head_dim)
+        scores = (q @ k.transpose(-2, -1)) * attn.scale
+        scores = scores.masked_fill(~torch.ones(8, 8).tril().bool(), float("-inf"))
+        y = (scores.softmax(-1) @ v).transpose(1, 2).reshape(2, 8, m.n_embd)  # (B, T, C)
+        r = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-5) * o.rms.weight
+        u = F.gelu(r @ o.w1.weight.T) @ o.w2.weight.T
+        ln = (u - u.mean(-1, keepdim=True)) / torch.sqrt(u.var(-1, unbiased=False, keepdim=True) + 1e-5) * o.ln.weight
+        assert torch.allclose(attn(x), y + ln, atol=1e-5)
+    for size in ("nano", "gpt3-small"):
+        c = model_cfg(size)
+        base = describe(c, variant_cfg("baseline"))["non_embedding_params"]
+        assert describe(c, variant_cfg("nonlinear_o"))["non_embedding_params"] == base + c.n_layer * 2 * c.n_embd

@@ -59,7 +59,9 @@ class ModelConfig:
 class VariantConfig:
     """How attention projects x into q, k and v (see ``study.modeling.model``).
 
-    ``query``/``key``/``value`` each take one of :data:`PROJECTION_MODES`.
+    ``query``/``key``/``value`` each take one of :data:`PROJECTION_MODES`, and so does ``output``, the map of
+    the merged heads y (B, T, C) back to the residual stream (``linear``: nanoGPT's c_proj; ``nonlinear``:
+    y + LN(W2 GELU(W1 RMSNorm(y))), the paper's map moved to O, as its code asks to try).
     ``scale_factor`` multiplies the usual 1/sqrt(head_dim) attention scale;
     ``None`` means 0.5 when q or k is not a plain linear map (arXiv 2603.13381)
     and 1.0 otherwise.
@@ -84,6 +86,7 @@ class VariantConfig:
     k_norm: bool = False  # keys alone normalised per head (rms), as the follow-up's per-head arm
     per_head_norm: bool = False  # nonlinear query only: q_h = RMS(x_h) + g_h RMS(f(x)_h), g the LN gain
     lower_query: Optional[str] = None  # query mode of layers i < n_layer // 2 (None: query everywhere)
+    output: str = "linear"  # the attention's output projection O, a PROJECTION_MODES name ("nonlinear": y + f(y))
     context: str = "causal"  # CONTEXTS: "self" = attention to its own position only (the no-context arm)
     lr: Optional[float] = None  # a tuned peak learning rate for this variant (overrides train.lr)
     min_lr: Optional[float] = None

@@ -27,7 +27,7 @@ def validate(cfg: RunConfig) -> None:
                           f"{m.max_block_size} that this model supports: lower block_size")
     if m.norm not in ("layernorm", "none"):
         raise ConfigError(f"model.norm={m.norm!r}: choose 'layernorm' or 'none'")
-    for key in ("query", "key", "value"):
+    for key in ("query", "key", "value", "output"):
         if getattr(v, key) not in PROJECTION_MODES:
             raise ConfigError(f"variant.{key}={getattr(v, key)!r} is not a projection mode: "
                               f"choose one of {list(PROJECTION_MODES)}")

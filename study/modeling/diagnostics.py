@@ -43,12 +43,13 @@ def diagnostics(model: GPT, idx: torch.Tensor) -> dict[str, float]:
     B, T = idx.size()
     pos = torch.arange(T, device=idx.device)
     x = model.transformer.wte(idx) + model.transformer.wpe(pos)  # (B, T, C)
-    mask = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
+    causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
     for i, block in enumerate(model.transformer.h):
         attn = block.attn
+        mask = torch.eye(T, dtype=torch.bool, device=idx.device) if attn.self_only else causal  # what it attends to
         h = block.ln_1(x)
         for name, proj in attn.proj.items():
-            if isinstance(proj, NonlinearProjection):
+            if name in "qkv" and isinstance(proj, NonlinearProjection):  # the output map ("o") reads y, not x
                 f = proj.branch(h)  # (B, T, C)
                 p = proj(h)  # (B, T, C)
                 out[f"L{i}/f_ratio_{name}"] = (f.norm(dim=-1) / h.norm(dim=-1).clamp_min(1e-12)).mean().item()

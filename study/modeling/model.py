@@ -46,6 +46,8 @@ activation: identity   the nonlinear query with act removed: q = x + LN(W2 W1   
                        RMSNorm(x)), the parameter-identical linear ablation
 lower_query            the query mode of layers i < n_layer // 2 (the follow-up's   by mode
                        split depth: identity below, nonlinear above)
+output: MODE           the output projection O of the merged heads y: c_proj     by mode (nonlinear:
+                       (linear), or y + LN(W2 act(W1 RMSNorm(y))) (nonlinear)    C^2 + 2C, as W_O's C^2)
 context: self          each position attends to itself only (a diagonal mask      as the variant
                        instead of the causal one): the no-context yardstick, a
                        stack of per-token MLPs, i.e. a learned bigram model
@@ -220,7 +222,7 @@ def resolve_attention(config: ModelConfig, variant: VariantConfig, layer: int) -
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with pluggable q, k, v projections (layer ``layer``)."""
+    """Multi-head causal self-attention with pluggable q, k, v and output projections (layer ``layer``)."""
 
     def __init__(self, config: ModelConfig, variant: VariantConfig, layer: int = 0):
         super().__init__()
@@ -237,7 +239,10 @@ class CausalSelfAttention(nn.Module):
                                    is not None})
         self.q_norm = head_rms_norm(recipe.q_norm, self.head_dim)  # None when off
         self.k_norm = head_rms_norm(recipe.k_norm, self.head_dim)
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        # the output projection O: nanoGPT's c_proj (GPT-2 scaled init), or a projection mode's module ("o")
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False) if variant.output == "linear" else None
+        if variant.output != "linear":
+            self.proj["o"] = build_projection(variant.output, config.n_embd, variant)
         self.scale = recipe.scale
         self.self_only = variant.context == "self"  # the no-context yardstick: a diagonal mask
         self.dropout = config.dropout
@@ -276,7 +281,7 @@ class CausalSelfAttention(nn.Module):
                                            dropout_p=self.dropout if self.training else 0.0)
         # (B, n_head, T, head_dim) -> (B, T, n_head, head_dim) -> (B, T, C)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
-        return self.resid_dropout(self.c_proj(y))
+        return self.resid_dropout(self.c_proj(y) if self.c_proj is not None else self.proj["o"](y))
 
 
 class MLP(nn.Module):
