@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from study.analysis.tuning import lr_key
+from study.analysis.tuning import RECIPE, lr_key  # noqa: F401 (RECIPE: public here too)
 from study.config import ConfigError, StudyError, load_config, run_dir
 
 #: where the test runs go, under study.runs_dir (study.group=test/ARM)
@@ -38,9 +38,6 @@ def override_keys(arm) -> list[str]:
     return [str(o).split("=", 1)[0].lstrip("+~") for o in arm.overrides]
 
 
-#: the settings an lr* depends on beyond the arm itself, recorded beside it (tuned.recipe) by `make tune`
-RECIPE = {"model": ("name", "n_layer", "n_head", "n_embd", "block_size"),
-          "train": ("tokens", "batch_tokens", "warmup_tokens", "min_lr", "weight_decay", "schedule")}
 
 
 def recipe(cfg, tokens: int | None = None) -> dict[str, dict]:
@@ -119,8 +116,11 @@ TRAIN = _train
 
 
 def reusable(cfg, root: Path, d: Path) -> bool:
-    """Whether ``d`` holds a finished run trained under this config's resume key (settings, code, data)."""
-    from study.runner.run_state import run_digest
+    """Whether ``d`` holds a finished run trained under this config's resume key (settings, code, data): record.json's
+    ``config_hash`` is the key, and the settings config.json records (what compare pairs the run on) are the key's
+    settings, so a run whose config.json was edited is trained again, never reused for compare to refuse."""
+    from study.config import diff_keys
+    from study.runner.run_state import config_part, recorded_settings, resume_record, run_digest
 
     try:
         record = json.loads((d / "record.json").read_text())
@@ -134,9 +134,13 @@ def reusable(cfg, root: Path, d: Path) -> bool:
 
     try:  # hashed as study.train hashes it: after the run's derived settings (compute-matched tokens ...)
         resolved = resolve(copy.deepcopy(cfg), root)
-        return record.get("config_hash") == run_digest(resolved, root / cfg.data.dir)
+        key = resume_record(resolved, root / cfg.data.dir)
+        if record.get("config_hash") != run_digest(resolved, root / cfg.data.dir, key):
+            return False
     except StudyError:
         return False
+    recorded = recorded_settings(d)
+    return recorded is not None and not diff_keys(recorded, config_part(key))
 
 
 def _pending(overrides: list[str], root: Path, params: str | None):
