@@ -39,12 +39,10 @@ from study.analysis.tuning import choose, lr_key, score, tune_arm
 from study.analysis.tuning_table import check_result, figure, table_markdown  # noqa: F401 (public here too)
 from study.runner.arms import _plain, arm_of, ensure_runs, recipe, recipe_difference, run_overrides, tune_group
 from study.config import ConfigError, StudyError, run_stage
+from study.runner.run_state import INTERRUPTED  # noqa: F401 (public here too)
 
 TABLE_JSON, TABLE_MD, FIGURE, RESULT = "table.json", "table.md", "tuning.png", "tuning.json"
 TUNED_FILE = Path("conf") / "tuned.yaml"
-#: the one line of a tuning or test stage stopped by Ctrl-C
-INTERRUPTED = ("error: {stage} interrupted (Ctrl-C): run the same command again to go on (finished runs are reused, "
-               "a started run resumes from its last checkpoint)")
 
 
 def _finite(x):

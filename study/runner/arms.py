@@ -143,11 +143,54 @@ def reusable(cfg, root: Path, d: Path) -> bool:
     return recorded is not None and not diff_keys(recorded, config_part(key))
 
 
+def wait_while_trained(d: Path, poll_s: float = 1.0) -> None:
+    """Wait while another process trains the run in ``d`` (it holds ``d/.lock``: a stage's training left running, a
+    hand-started run), saying so in one line, so that a restart reuses that run when it finishes instead of training
+    it again beside it."""
+    from filelock import Timeout
+
+    from study.runner.run_state import run_lock
+
+    if not (d / ".lock").exists():
+        return
+    lock = run_lock(d)
+    try:
+        lock.acquire()
+    except Timeout:
+        print(f"{d}: another process is still training this run (it holds {d / '.lock'}): waiting for it to end "
+              f"(stop it to train the run here instead)", flush=True)
+        lock.acquire(timeout=-1, poll_interval=poll_s)
+    lock.release()
+
+
+def _die_with_parent():
+    """A ``preexec_fn`` for a training process: on Linux it gets SIGTERM when the stage that started it dies, even by
+    SIGKILL (prctl PR_SET_PDEATHSIG), and so marks its run KILLED and frees its lock instead of training on as an
+    orphan; if the stage is already gone, at once.  None elsewhere (no such call: a killed stage's trainings go on)."""
+    import os
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()  # loaded here: nothing imported after fork
+    pr_set_pdeathsig = 1
+
+    def arm() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+        if os.getppid() != parent:  # the stage died between fork and prctl
+            os.kill(os.getpid(), signal.SIGTERM)
+    return arm
+
+
 def _pending(overrides: list[str], root: Path, params: str | None):
     """(the run folder, the overrides to train it with (None when a finished run there is reusable), its config,
     with ``train.overwrite`` set when it replaces a finished run of other settings)."""
     cfg = load_config(overrides, root, params=params)
     d = run_dir(root, cfg, cfg.variant.name, cfg.seed)
+    wait_while_trained(d)
     if reusable(cfg, root, d):
         return d, None, cfg
     if (d / "metrics.json").is_file():
@@ -185,7 +228,8 @@ def ensure_runs(runs: list[list[str]], root: Path, params: str | None, jobs: int
 def _train_processes(todo: list[tuple[Path, list[str]]], root: Path, params: str | None,
                      jobs: int) -> list[tuple[Path, int]]:
     """Run ``study.train`` for each (folder, overrides), ``jobs`` at once; [(folder, exit status)] of failures.
-    Ctrl-C or SIGTERM of this process terminates the trainings it started (each marks its run KILLED)."""
+    Ctrl-C or SIGTERM of this process terminates the trainings it started (each marks its run KILLED); so does its
+    death by SIGKILL on Linux (:func:`_die_with_parent`)."""
     import subprocess
     import sys
     import time
@@ -194,12 +238,14 @@ def _train_processes(todo: list[tuple[Path, list[str]]], root: Path, params: str
 
     queue, live, failed = list(todo), [], []
     base = [sys.executable, "-m", "study.train", *(["--params", str(params)] if params else [])]
+    die_with_parent = _die_with_parent()
     try:
         with terminate_as_exception():
             while queue or live:
                 while queue and len(live) < jobs:
                     d, o = queue.pop(0)
-                    live.append((d, subprocess.Popen([*base, *o, "trainer.progress_bar=false"], cwd=root)))
+                    live.append((d, subprocess.Popen([*base, *o, "trainer.progress_bar=false"], cwd=root,
+                                                     preexec_fn=die_with_parent)))
                 time.sleep(0.2)
                 for d, proc in [x for x in live if x[1].poll() is not None]:
                     live.remove((d, proc))
