@@ -56,7 +56,7 @@ def recipe_difference(tuned_at: dict, now: dict) -> list[str]:
                   if tuned_at.get(sec, {}).get(k) != now.get(sec, {}).get(k))
 
 
-def tuned_lr(cfg, name: str) -> float:
+def tuned_lr(cfg, name: str, root: Path | None = None) -> float:
     """The peak lr of an arm in the test stage: its fixed ``lr``, else ``tuned.lr[NAME]`` (conf/tuned.yaml), which
     must have been tuned at this study's model and training budget and schedule (``tuned.recipe[NAME]``).
 
@@ -66,6 +66,8 @@ def tuned_lr(cfg, name: str) -> float:
     arm = arm_of(cfg, name)
     if arm.lr is not None:
         return float(arm.lr)
+    if name not in cfg.tuned.lr and name in cfg.tune.arms:
+        raise ConfigError(_why_untuned(cfg, name, root))
     if name not in cfg.tuned.lr:
         raise ConfigError(f"arm {name!r} has no tuned lr in conf/tuned.yaml (tuned.lr) and no fixed arms.{name}.lr: "
                           f"add it to tune.arms and run `make tune` (then commit conf/tuned.yaml and conf/tuning/)")
@@ -79,6 +81,25 @@ def tuned_lr(cfg, name: str) -> float:
             raise ConfigError(f"arm {name!r}'s lr* (conf/tuned.yaml) was tuned at {show(at)}, but this study runs "
                               f"{show(now)}: re-tune it (`make tune` with {name} in tune.arms) or set those back")
     return float(cfg.tuned.lr[name])
+
+
+def _why_untuned(cfg, name: str, root: Path | None) -> str:
+    """Why arm ``name`` of tune.arms has no lr* in conf/tuned.yaml: every point of its tuning grid diverged (its row
+    in tune.table_dir/table.json, read when ``root`` is given), or it was not tuned yet."""
+    row = None
+    if root is not None:
+        try:
+            row = json.loads((root / cfg.tune.table_dir / "table.json").read_text())["arms"].get(name)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            row = None
+    points = (row or {}).get("points") or []
+    if row is not None and row.get("lr_star") is None and points and all(p.get("mean") is None for p in points):
+        low, grid = min(p["lr"] for p in points), ", ".join(format(p["lr"], "g") for p in points)
+        return (f"arm {name!r} has no lr*: every lr of its tuning grid ({grid}) "
+                f"diverged on a tuning seed ({cfg.tune.table_dir}/table.json): tune it lower (e.g. "
+                f"tune.centre={low / 4:g} and `make tune`), or give it a fixed arms.{name}.lr")
+    return (f"arm {name!r} (in tune.arms) has no lr* in conf/tuned.yaml yet: run `make tune` (then commit "
+            f"conf/tuned.yaml and conf/tuning/)")
 
 
 def _plain(x):
