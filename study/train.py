@@ -60,7 +60,7 @@ from study.runner.launch import build_trainer, check_multi_node, launch_rank, ma
 from study.runner.run_state import (METRICS, end_status, hold_run_lock, loop_state_callback, open_run_folder,  # noqa: F401
                              read_resume_checkpoint, restore_env, settle_previous_run, split_result,
                              RUN_FOLDER_TAG, end_orphaned_runs, run_folder_tag,
-                             terminate_as_exception)
+                             terminate_as_exception, INTERRUPTED, Killed, ctrl_c)
 
 
 def write_curve(path: Path, rows: list[dict]) -> None:
@@ -138,9 +138,14 @@ def train(cfg, root: Path) -> dict:
         RunBusy: another process writes the same run folder.
         Killed: SIGTERM (the MLflow run is marked KILLED).
     """
-    with ExitStack() as stack:
-        stack.enter_context(restore_env("MLFLOW_TRACKING_URI"))  # MLflow's set_tracking_uri exports it
-        return _train(cfg, root, stack)
+    try:
+        with ExitStack() as stack:
+            stack.enter_context(restore_env("MLFLOW_TRACKING_URI"))  # MLflow's set_tracking_uri exports it
+            return _train(cfg, root, stack)
+    except SystemExit as e:  # Lightning's exit(1) after Ctrl-C during fit: Ctrl-C again, whoever called train
+        if ctrl_c(e) and not isinstance(e, Killed):
+            raise KeyboardInterrupt from None
+        raise
 
 
 def _train(cfg, root: Path, stack: ExitStack) -> dict:
@@ -355,7 +360,11 @@ def _report(cfg, root: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_stage(_report, argv)
+    try:
+        return run_stage(_report, argv)
+    except KeyboardInterrupt:  # the run was marked KILLED and its lock released; as study.tune and study.verdict do
+        print(INTERRUPTED.format(stage="study.train"), file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

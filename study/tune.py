@@ -36,14 +36,13 @@ from pathlib import Path
 
 from study.analysis.tuned_file import _read_tuned, tuned_sizes, tuned_yaml  # noqa: F401 (tuned_yaml: public here too)
 from study.analysis.tuning import choose, lr_key, score, tune_arm
+from study.analysis.tuning_table import check_result, figure, table_markdown  # noqa: F401 (public here too)
 from study.runner.arms import _plain, arm_of, ensure_runs, recipe, recipe_difference, run_overrides, tune_group
 from study.config import ConfigError, StudyError, run_stage
+from study.runner.run_state import INTERRUPTED  # noqa: F401 (public here too)
 
 TABLE_JSON, TABLE_MD, FIGURE, RESULT = "table.json", "table.md", "tuning.png", "tuning.json"
 TUNED_FILE = Path("conf") / "tuned.yaml"
-#: the one line of a tuning or test stage stopped by Ctrl-C
-INTERRUPTED = ("error: {stage} interrupted (Ctrl-C): run the same command again to go on (finished runs are reused, "
-               "a started run resumes from its last checkpoint)")
 
 
 def _finite(x):
@@ -129,10 +128,10 @@ def tune_one(cfg, root: Path, name: str, params: str | None, base: list[str] = (
 
 
 def read_results(cfg, root: Path) -> dict[str, dict]:
-    """{arm: tuning.json} of every arm of tune.arms.
+    """{arm: tuning.json} of every arm of tune.arms, each checked (:func:`check_result`).
 
     Raises:
-        StudyError: an arm has no tuning.json (run `make tune`).
+        StudyError: an arm has no tuning.json (run `make tune`), or one lacks a key or holds a bad value.
     """
     out = {}
     for name in cfg.tune.arms:
@@ -142,106 +141,64 @@ def read_results(cfg, root: Path) -> dict[str, dict]:
         except (OSError, ValueError):
             raise StudyError(f"{p} is missing or unreadable: tune the arm first (`make tune`, or "
                              f"`python -m study.tune --arm {name} --params params.yaml`)") from None
+        check_result(name, out[name], p)
     return out
-
-
-def table_markdown(table: dict) -> str:
-    """table.md: one section per arm, every grid point's per-seed losses and mean, then lr* and the fit."""
-    seeds = table["seeds"]
-    lines = ["# Tuning table", "",
-             f"Every arm on the same x2 lr grid, each point trained on tuning seeds {seeds} (never test seeds); a "
-             f"point's score is the mean final validation loss (nats), and a point with a diverged seed is lost. "
-             f"The grid grows by x2 at the edge holding the best mean until the best point has a worse neighbour "
-             f"on each side, or it holds {table['max_points']} points (optimum not bracketed). lr* rule: "
-             f"{table['rule']} (the vertex exp(-B/2A) of the quadratic in ln lr through the best point and its "
-             f"neighbours, when A > 0 and it lies between them; else the best point). A: curvature, nats per "
-             f"(ln lr)^2; A (ln 2)^2: the predicted cost of a x2 miss.", "",
-             "| arm | variant | overrides | status | best lr | best mean | A | x2 miss (nats) | vertex | lr* | from |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    fmt = (lambda x, s=".4g": "n/a" if x is None else format(x, s))  # noqa: E731
-    for name, a in table["arms"].items():
-        f = a.get("fit") or {}
-        lines.append(f"| {name} | {a['variant']} | {' '.join(a['overrides']) or '-'} | {a['status']} | "
-                     f"{fmt(a['best_lr'])} | {fmt(a['best_loss'], '.4f')} | {fmt(f.get('A'), '.4f')} | "
-                     f"{fmt(f.get('miss_cost_x2'), '.4f')} | {fmt(f.get('vertex'))} | {fmt(a['lr_star'])} | "
-                     f"{a['source'] or 'n/a'}{' (' + a['why'] + ')' if a.get('why') else ''} |")
-    for name, a in table["arms"].items():
-        lines += ["", f"## {name}", ""]
-        if a.get("recipe"):
-            lines += ["Tuned at (before the arm's overrides) " + ", ".join(f"{sec}.{k}={v}" for sec, kv in a["recipe"].items() for k, v in kv.items())
-                      + ".", ""]
-        lines += ["| lr | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |", "|---|" + "---|" * (len(seeds) + 1)]
-        for p in a["points"]:
-            cells = [fmt(p["losses"].get(str(s)), ".4f").replace("n/a", "diverged") for s in seeds]
-            lines.append(f"| {lr_key(p['lr'])} | " + " | ".join(cells) + f" | {fmt(p['mean'], '.4f').replace('n/a', 'lost')} |")
-    return "\n".join(lines) + "\n"
-
-
-def figure(table: dict, path: Path) -> Path:
-    """tuning.png: mean loss against lr (log) per arm, each seed's loss as a dot, lost points as x at the top,
-    the parabola through the best point and its neighbours, lr* as a star."""
-    import numpy as np
-
-    from study.analysis.figures import _save, finish, panel
-
-    import matplotlib
-
-    fig, ax = panel(8.0)
-    tops = []
-    colours = {name: matplotlib.colors.to_hex(matplotlib.colormaps["tab10"](i % 10))
-               for i, name in enumerate(table["arms"])}  # one colour per arm, distinct
-    for name, a in table["arms"].items():
-        c = colours[name]
-        pts = [p for p in a["points"] if p["mean"] is not None]
-        ax.plot([p["lr"] for p in pts], [p["mean"] for p in pts], "o-", color=c, label=name, ms=4)
-        for p in a["points"]:
-            xs = [v for v in p["losses"].values() if v is not None]
-            ax.plot([p["lr"]] * len(xs), xs, ".", color=c, alpha=0.4, ms=3)
-            tops += xs
-        f = a.get("fit")
-        if f:
-            i = [p["lr"] for p in a["points"]].index(a["best_lr"])
-            x = np.linspace(math.log(a["points"][i - 1]["lr"]), math.log(a["points"][i + 1]["lr"]), 50)
-            ax.plot(np.exp(x), f["A"] * x * x + f["B"] * x + f["C"], "--", color=c, lw=1)
-        if a["lr_star"] is not None:
-            y = (f or {}).get("vertex_loss") if a["source"] == "vertex" else a["best_loss"]
-            ax.plot([a["lr_star"]], [y], "*", color=c, ms=12, mec="k")
-    top = max(tops) if tops else 1.0
-    for name, a in table["arms"].items():
-        lost = [p["lr"] for p in a["points"] if p["mean"] is None]
-        if lost:
-            ax.plot(lost, [top] * len(lost), "x", color=colours[name], ms=8)
-    finish(ax, "Tuning: mean final validation loss against peak lr (x: lost, *: lr*)", "validation loss (nats)",
-           "peak learning rate", xlog=True)
-    return _save(fig, path)
 
 
 def write_table(cfg, root: Path, tuned_file: Path | None | bool = None) -> dict:
     """table.json, table.md, tuning.png under tune.table_dir and conf/tuned.yaml (``tuned_file``; False: not
     written), from the tuning.json of the arms of tune.arms; an arm already in table.json and not in tune.arms
     keeps its row and its lr* when the row records its recipe (the study refuses the lr* when that recipe is not
-    the study's); a row without one is dropped."""
+    the study's); a row without one is dropped.
+
+    Every input is read and checked, and every output made, before any file is replaced; then all are replaced
+    together (each by a rename), so a refusal leaves the table and conf/tuned.yaml as they were, and agreeing.
+
+    Raises:
+        StudyError: a tuning.json is missing or bad (:func:`read_results`); or conf/tuned.yaml holds the lr* of an
+            arm that neither tune.arms nor the table being rewritten holds (another tune.table_dir's): writing would
+            drop it.
+    """
     results = read_results(cfg, root)
     out = root / cfg.tune.table_dir
     try:  # arms tuned before and not in tune.arms now keep their row, when it records the recipe it was tuned at
-        kept = {k: a for k, a in json.loads((out / TABLE_JSON).read_text())["arms"].items()
-                if k not in results and a.get("recipe")}
+        before = json.loads((out / TABLE_JSON).read_text())["arms"]
+        kept = {k: a for k, a in before.items() if k not in results and a.get("recipe")}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        kept = {}
+        before, kept = {}, {}
+    for k, a in kept.items():
+        check_result(k, a, out / TABLE_JSON)
     table = {"rule": cfg.tune.rule, "seeds": [int(s) for s in cfg.tune.seeds], "max_points": cfg.tune.max_points,
              "arms": {**results, **dict(sorted(kept.items()))}}
+    files = {out / TABLE_JSON: json.dumps(table, indent=1, sort_keys=True) + "\n", out / TABLE_MD: table_markdown(table)}
+    if tuned_file is not False:
+        tuned_file = root / TUNED_FILE if tuned_file is None else tuned_file
+        others = sorted(k for k in _read_tuned(tuned_file) if k not in table["arms"] and k not in before)
+        if others:  # tuned into another table (another tune.table_dir): this table cannot carry them
+            raise StudyError(f"{tuned_file} holds the lr* of {others}, which {out / TABLE_JSON} does not (they were "
+                             f"tuned into another tune.table_dir): writing this table would drop them from "
+                             f"{tuned_file.name}; write into the tune.table_dir they came from (default conf/tuning), "
+                             f"or add them to tune.arms")
+        files[tuned_file] = tuned_yaml(table, tuned_sizes(tuned_file))
     out.mkdir(parents=True, exist_ok=True)
-    (out / TABLE_JSON).write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-    (out / TABLE_MD).write_text(table_markdown(table))
-    if results:
-        figure(table, out / FIGURE)
+    made = []
+    try:
+        if results:
+            made.append((figure(table, out / ("tmp." + FIGURE)), out / FIGURE))
+        for path, text in files.items():
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(text)
+            made.append((tmp, path))
+        for tmp, path in made:  # every output made: replace them together
+            tmp.replace(path)
+    finally:
+        for tmp, _ in made:
+            tmp.unlink(missing_ok=True)
+    shown = f"{out / TABLE_MD}, {out / TABLE_JSON}{', ' + str(out / FIGURE) if results else ''}"
     if tuned_file is False:
-        print(f"wrote {out / TABLE_MD}, {out / TABLE_JSON}{', ' + str(out / FIGURE) if results else ''}")
-        return table
-    tuned_file = root / TUNED_FILE if tuned_file is None else tuned_file
-    tuned_file.write_text(tuned_yaml(table, tuned_sizes(tuned_file)))
-    print(f"wrote {out / TABLE_MD}, {out / TABLE_JSON}{', ' + str(out / FIGURE) if results else ''} and {tuned_file} "
-          f"(run `make params`, then commit them)")
+        print(f"wrote {shown}")
+    else:
+        print(f"wrote {shown} and {tuned_file} (run `make params`, then commit them)")
     return table
 
 

@@ -1,4 +1,5 @@
-"""``python -m study.ui [--port 5000] [--no-open]`` (or ``make ui``): the MLflow UI on the project's own store.
+"""``python -m study.ui [--port 5000] [--no-open] [key=value ...]`` (or ``make ui``): the MLflow UI on the project's own
+store (or the one ``study.tracking_db=PATH study.artifact_dir=PATH`` name; ``MLFLOW_TRACKING_URI`` wins over both).
 
 Serves ``sqlite:///<root>/mlruns.db`` on 127.0.0.1 with one worker, with the runs' artifacts
 proxied from ``<root>/mlartifacts`` (``mlflow-artifacts:/`` locations, see study/runner/tracking.py, so a
@@ -72,10 +73,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="check the runs table in headless Chromium instead")
     parser.add_argument("--install", action="store_true", help=f"--check: apt-get install {CHROMIUM} if missing")
     parser.add_argument("--screenshot", help="--check: where to save the screenshot (default reports/ui_runs.png)")
-    args = parser.parse_args(argv)
+    args, overrides = parser.parse_known_args(argv)
+    odd = [a for a in overrides if "=" not in a or a.startswith("-")]
+    if odd:  # key=value overrides (study.tracking_db=..., study.artifact_dir=...) go to the config; nothing else
+        parser.error(f"unrecognized arguments: {' '.join(odd)} (options above, or key=value overrides such as "
+                     f"study.tracking_db=PATH study.artifact_dir=PATH)")
     try:
         root = project_root()
-        study = load_config([], root).study
+        study = load_config(overrides, root).study
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -53,7 +53,7 @@ def run_tests(cfg, root: Path, params: str | None, base: list[str] = ()) -> dict
         (folder / PLAN).write_text(json.dumps({"arms": [], "seeds": {}}, indent=1, sort_keys=True) + "\n")
         return {}
     check_tuned(cfg, root)
-    lrs = {a: tuned_lr(cfg, a) for a in s.arms}
+    lrs = {a: tuned_lr(cfg, a, root) for a in s.arms}
     for a in s.arms:
         arm_of(cfg, a)
     n0 = len(s.seeds)

@@ -57,3 +57,54 @@ def test_browser_lists_every_run_with_its_val_loss_from_a_moved_store(run_in, na
     assert {r["name"] for r in ui.study_runs(nano_project, study)} == {"baseline-s1", "nonlinear_q-s1"}
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+
+
+def test_the_runs_table_shows_each_runs_status():
+    """A diverged run's last val_loss is no result: the status tag (ok / diverged) is a column of the shared view."""
+    assert ui.view_state()["selectedColumns"][:3] == ["metrics.`val_loss`", "metrics.`val_perplexity`", "tags.`status`"]
+
+
+def test_another_store_opens_its_own_experiment(tmp_path, monkeypatch):
+    """MLFLOW_TRACKING_URI names another store: its experiment is found (not only .../#/experiments)."""
+    from mlflow import MlflowClient
+
+    from conftest import ROOT
+    from study.config import load_config
+
+    uri = f"sqlite:///{tmp_path / 'other.db'}"
+    study = load_config([f"study.tracking_db={tmp_path / 'absent.db'}"], ROOT).study
+    exp = MlflowClient(tracking_uri=uri).create_experiment(study.name)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    assert ui.experiment_id(ROOT, study) == exp
+
+
+@pytest.mark.slow  # one training, the UI server started by `python -m study.ui` (~1 min on 2 cores)
+def test_study_ui_takes_the_store_and_artifacts_the_overrides_name(run_in, nano_project, tmp_path):
+    import sys
+    import time
+
+    from conftest import env_for
+
+    run = run_in("variant=baseline", "seed=1")
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    shutil.move(tmp_path / "mlruns.db", moved / "mlruns.db")
+    shutil.move(tmp_path / "mlartifacts", moved / "mlartifacts")
+    port = ui.free_port()
+    out = tmp_path / "ui.out"
+    with open(out, "w") as f:
+        proc = subprocess.Popen([sys.executable, "-m", "study.ui", "--no-open", "--port", str(port),
+                                 f"study.tracking_db={moved / 'mlruns.db'}", f"study.artifact_dir={moved / 'mlartifacts'}"],
+                                cwd=nano_project, env=env_for(nano_project), stdout=f, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 180
+        while "MLflow UI:" not in out.read_text() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.5)
+        text = out.read_text()
+        assert f"http://127.0.0.1:{port}/#/experiments/" in text and "/runs?viewStateShareKey=runs" in text, text
+        url = f"http://127.0.0.1:{port}/get-artifact?path=curve.csv&run_uuid={run['mlflow_run_id']}"
+        with urllib.request.urlopen(url, timeout=30) as r:
+            assert r.read() == (tmp_path / "runs" / "baseline-s1" / "curve.csv").read_bytes()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

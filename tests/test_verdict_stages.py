@@ -34,6 +34,7 @@ def fake_train(monkeypatch):
     import study.runner.arms
     from study.config import run_dir
     from study.runner.run_state import run_digest
+    from study.train import recorded_config
 
     calls = []
 
@@ -45,6 +46,8 @@ def fake_train(monkeypatch):
         rec = json.loads((d / "record.json").read_text())
         rec["config_hash"] = run_digest(cfg, root / cfg.data.dir)
         (d / "record.json").write_text(json.dumps(rec))
+        # the settings as study.train records them: reuse and compare check config.json against the run's key
+        (d / "config.json").write_text(json.dumps(recorded_config(cfg, "0123456789abcdef")))
         calls.append((cfg.study.group, cfg.variant.name, cfg.seed))
         overwrites.append(bool(cfg.train.overwrite))
     overwrites = []

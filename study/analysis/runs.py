@@ -50,7 +50,8 @@ def settings_of(config: dict) -> dict:
 RUN_STUDY_KEYS = ("study.name", "study.runs_dir", "study.tracking_db", "study.artifact_dir", "study.baseline")
 
 
-def _train_cmd(variant: str, seed, group: str, overrides: list[str] = ()) -> str:
+def train_command(variant: str, seed, group: str, overrides: list[str] = ()) -> str:
+    """The ``python -m study.train ...`` command (in backquotes) that trains run VARIANT-sSEED of ``group``."""
     return (f"`python -m study.train variant={variant} seed={seed}{''.join(' ' + o for o in overrides)}"
             f"{' study.group=' + group if group else ''}`")
 
@@ -98,6 +99,12 @@ def run_overrides(cfg, root: Path, group: str = "") -> list[str]:
         out = out or picks
     if group.startswith("lr_sweep/lr"):
         out += [f"variant.lr={group.removeprefix('lr_sweep/lr')}", f"train.tokens={cfg.lr_sweep.tokens}"]
+    elif group.startswith("test/") and group.split("/", 1)[1] in getattr(cfg, "arms", {}):
+        # a test run: the arm's peak lr (fixed, else tuned.lr) and its recipe overrides, as the verdict stage gives them
+        name = group.split("/", 1)[1]
+        arm = cfg.arms[name]
+        lr = arm.lr if arm.lr is not None else cfg.tuned.lr.get(name)
+        out += ([f"variant.lr={float(lr)!r}"] if lr is not None else []) + [str(o) for o in arm.overrides]
     elif group == "tuned":
         out += ["train.lr_from_sweep=true"]
     elif group.startswith("scale_ladder/"):
@@ -138,7 +145,7 @@ def read_result(d: Path, train_cmd: str | None = None) -> dict:
             key and says to restore it or re-run the run.
     """
     variant, _, seed = d.name.rpartition("-s")
-    fix = f"restore the file, or re-run the run with {train_cmd or _train_cmd(variant or d.name, seed, '')}"
+    fix = f"restore the file, or re-run the run with {train_cmd or train_command(variant or d.name, seed, '')}"
     named = _named(d)
 
     def load(name: str) -> dict:
@@ -209,7 +216,7 @@ def _same_run(d: Path, name: str, named: tuple[str, int], variant, seed) -> None
     raise RunsError(f"{d / name} records variant {shown(variant)} seed {shown(seed)}, but the folder {d} is "
                     f"{named[0]}-s{named[1]}: it holds another run, or was edited; "
                     f"{'move the folder back to ' + str(home) + ', ' if home is not None else ''}"
-                    f"restore the file, or re-run the run with {_train_cmd(named[0], named[1], '')}")
+                    f"restore the file, or re-run the run with {train_command(named[0], named[1], '')}")
 
 
 def read_run(d: Path, root: Path | None = None, train_cmd: str | None = None) -> dict:
@@ -221,7 +228,7 @@ def read_run(d: Path, root: Path | None = None, train_cmd: str | None = None) ->
     name = str(d.relative_to(root)) if root is not None and d.is_relative_to(root) else str(d)
     m = read_result(d, train_cmd)
     variant, _, seed = d.name.rpartition("-s")
-    fix = f"restore it, or re-run the run with {train_cmd or _train_cmd(variant or d.name, seed, '')}"
+    fix = f"restore it, or re-run the run with {train_cmd or train_command(variant or d.name, seed, '')}"
     m["curve"] = read_curve(d / "curve.csv", fix, need_rows=m["status"] == "ok")
     m["position_loss"] = read_positions(d / "positions.csv", fix) if (d / "positions.csv").is_file() else None
     try:
@@ -320,7 +327,7 @@ def load_runs(cfg, root: Path, variants=None, seeds=None, group: str = "", pair:
             d = run_dir(root, cfg, variant, seed, group)
             if not (d / "metrics.json").is_file():
                 overrides = run_overrides(cfg, root, group) if overrides is None else overrides
-                missing.append(_train_cmd(variant, seed, group, overrides))
+                missing.append(train_command(variant, seed, group, overrides))
                 if (d / REPLACED / "metrics.json").is_file():  # a start killed before its Trainer was built
                     aside.append(str((d / REPLACED).relative_to(root)) if (d / REPLACED).is_relative_to(root)
                                  else str(d / REPLACED))
@@ -329,7 +336,7 @@ def load_runs(cfg, root: Path, variants=None, seeds=None, group: str = "", pair:
                 runs.setdefault(variant, {})[seed] = read_run(d, root)
             except RunsError:  # again, with the overrides this run needs in the advice (computed only now)
                 overrides = run_overrides(cfg, root, group) if overrides is None else overrides
-                read_run(d, root, _train_cmd(variant, seed, group, overrides))
+                read_run(d, root, train_command(variant, seed, group, overrides))
                 raise
     if missing:
         kept = (f" ({len(aside)} of them finished before: {', '.join(aside[:3])}{' ...' if len(aside) > 3 else ''} "

@@ -125,8 +125,63 @@ def tested_runs(cfg, root: Path) -> dict[str, dict[int, dict]]:
             raise RunsError(f"{root / s.runs_dir / TEST_GROUP / PLAN} plans no seeds for arm {a!r}: re-run the test "
                             f"stage (`dvc repro`)")
         runs[a] = load_runs(cfg, root, [arm.variant], seeds, group=f"{TEST_GROUP}/{a}", pair=False)[arm.variant]
+        for seed, run in runs[a].items():
+            check_arm_run(cfg, root, a, seed, run)
     check(runs, "the test runs", ignore=tuple(sorted(ignore)))
     return runs
+
+
+def _value(text: str):
+    """An override's value as Hydra/OmegaConf reads it ("d2z", 1.0e-4, true, [1,2])."""
+    from omegaconf import OmegaConf
+
+    return OmegaConf.to_container(OmegaConf.from_dotlist([f"x={text}"]))["x"]
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool) and not isinstance(b, bool):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
+    return a == b
+
+
+def arm_settings(cfg, name: str) -> dict:
+    """{flat key: value} a test run of arm ``name`` must have recorded: ``lr`` (its peak lr: the arm's fixed lr, else
+    tuned.lr[NAME]; absent when it has neither), the recipe fields (``model.*``/``train.*`` of
+    :data:`study.analysis.tuning.RECIPE_KEYS`, the study's values) and every key its overrides set (their values)."""
+    from study.analysis.tuning import RECIPE_KEYS
+
+    arm = cfg.arms[name]
+    want = {k: cfg[k.split(".")[0]][k.split(".")[1]] for k in RECIPE_KEYS}
+    for o in arm.overrides:
+        key, _, text = str(o).partition("=")
+        key = key.lstrip("+~")
+        want[key if "." in key else f"{key}.name"] = _value(text)  # a group choice: the group's name
+    lr = arm.lr if arm.lr is not None else cfg.tuned.lr.get(name)
+    if lr is not None:
+        want["lr"] = float(lr)
+    return want
+
+
+def check_arm_run(cfg, root: Path, name: str, seed: int, run: dict) -> None:
+    """Refuse a test run of arm ``name`` whose recorded settings are not the arm's (:func:`arm_settings`): a run
+    re-trained by hand without the arm's lr or overrides would stand in for the arm's.
+
+    Raises:
+        RunsError: one line naming the run, the first setting that differs and the command that re-trains it.
+    """
+    from study.analysis.runs import run_overrides, train_command
+
+    got = {**run["settings"], "lr": run.get("lr")}
+    for key, want in arm_settings(cfg, name).items():
+        if key != "lr" and key not in run["settings"]:
+            continue  # a key runs of this code do not record: nothing to compare
+        if not _same(got.get(key), want):
+            group = f"{TEST_GROUP}/{name}"
+            cmd = train_command(cfg.arms[name].variant, seed, group, run_overrides(cfg, root, group))
+            what = "peak lr" if key == "lr" else key
+            raise RunsError(f"{run['name']} was trained at {what} {got.get(key)!r}, but arm {name!r} trains at "
+                            f"{want!r}: it is not the arm's run (trained by hand without the arm's settings?); re-run "
+                            f"it with {cmd}, or `dvc repro`")
 
 
 def verdict_report(cfg, root: Path) -> dict | None:

@@ -111,6 +111,12 @@ def _hydra_error(e: Exception, overrides: list[str], root: Path | None = None) -
             group, name = missing.split("/", 1)
             return ConfigError(f"unknown {group} {name!r}: choose one of {sorted(e.options)} "
                                f"(files conf/{group}/*.yaml)")
+        if missing and "/" not in missing and root is not None and not (root / "conf" / f"{missing}.yaml").is_file():
+            # a file conf/study.yaml's defaults list names (conf/tuned.yaml, tracked) was deleted: not a misspelt name
+            tracked = "; it is tracked: `git checkout conf/tuned.yaml` restores it" if missing == "tuned" else ""
+            return ConfigError(f"conf/{missing}.yaml is missing (conf/study.yaml's defaults list reads it){tracked}"
+                               f"{'' if tracked else ': restore it (git checkout conf/' + missing + '.yaml)'}"
+                               f"{' (or `make tune` writes it anew)' if missing == 'tuned' else ''}")
         return ConfigError(f"{_first(e)}: fix the name (groups: {', '.join(GROUPS)})")
     if isinstance(e, OverrideParseException):
         text = str(e)

@@ -104,6 +104,10 @@ def validate(cfg: RunConfig) -> None:
                           f"without surrounding spaces, '/' or '\\' (and not . or ..), e.g. study.name=nonlinear-queries")
     if not list(s.seeds):
         raise ConfigError("study.seeds is empty: list at least one seed, e.g. study.seeds=[1,2,3]")
+    twice = sorted({x for x in s.seeds if list(s.seeds).count(x) > 1})
+    if twice:  # a seed listed twice would be one pair counted twice: the paired statistics' n and df would be wrong
+        raise ConfigError(f"study.seeds={list(s.seeds)} lists {twice} more than once: name each seed once, e.g. "
+                          f"study.seeds={sorted(set(s.seeds))}")
     if not list(s.variants) and not list(s.arms):
         raise ConfigError("study.variants and study.arms are both empty: list at least one variant (the shared-lr "
                           "comparison) or the arms of the decided verdict")

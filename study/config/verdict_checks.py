@@ -100,5 +100,12 @@ def validate_verdict(cfg: RunConfig) -> None:
         for key in ("target_halfwidth", "equivalence_margin"):
             if not getattr(s, key) > 0:
                 raise ConfigError(f"study.{key}={getattr(s, key)} must be > 0 (% log-loss)")
+        # Stein's N makes the 95% interval's half-width d = target_halfwidth; an interval wider than the +-margin band
+        # can never lie inside it, so no comparison could be called equivalent: the seeds would answer nothing
+        if s.target_halfwidth > s.equivalence_margin:
+            raise ConfigError(f"study.target_halfwidth={s.target_halfwidth} is above study.equivalence_margin="
+                              f"{s.equivalence_margin} (% log-loss): an interval that wide never lies inside +-margin, so "
+                              f"no comparison could be decided equivalent; use at most the margin, e.g. "
+                              f"study.target_halfwidth={s.equivalence_margin / 2:g} (half of it, the default's ratio)")
     else:
         _pair_shapes(s)

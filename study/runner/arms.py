@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from study.analysis.tuning import lr_key
+from study.analysis.tuning import RECIPE, lr_key  # noqa: F401 (RECIPE: public here too)
 from study.config import ConfigError, StudyError, load_config, run_dir
 
 #: where the test runs go, under study.runs_dir (study.group=test/ARM)
@@ -38,9 +38,6 @@ def override_keys(arm) -> list[str]:
     return [str(o).split("=", 1)[0].lstrip("+~") for o in arm.overrides]
 
 
-#: the settings an lr* depends on beyond the arm itself, recorded beside it (tuned.recipe) by `make tune`
-RECIPE = {"model": ("name", "n_layer", "n_head", "n_embd", "block_size"),
-          "train": ("tokens", "batch_tokens", "warmup_tokens", "min_lr", "weight_decay", "schedule")}
 
 
 def recipe(cfg, tokens: int | None = None) -> dict[str, dict]:
@@ -59,7 +56,7 @@ def recipe_difference(tuned_at: dict, now: dict) -> list[str]:
                   if tuned_at.get(sec, {}).get(k) != now.get(sec, {}).get(k))
 
 
-def tuned_lr(cfg, name: str) -> float:
+def tuned_lr(cfg, name: str, root: Path | None = None) -> float:
     """The peak lr of an arm in the test stage: its fixed ``lr``, else ``tuned.lr[NAME]`` (conf/tuned.yaml), which
     must have been tuned at this study's model and training budget and schedule (``tuned.recipe[NAME]``).
 
@@ -69,6 +66,8 @@ def tuned_lr(cfg, name: str) -> float:
     arm = arm_of(cfg, name)
     if arm.lr is not None:
         return float(arm.lr)
+    if name not in cfg.tuned.lr and name in cfg.tune.arms:
+        raise ConfigError(_why_untuned(cfg, name, root))
     if name not in cfg.tuned.lr:
         raise ConfigError(f"arm {name!r} has no tuned lr in conf/tuned.yaml (tuned.lr) and no fixed arms.{name}.lr: "
                           f"add it to tune.arms and run `make tune` (then commit conf/tuned.yaml and conf/tuning/)")
@@ -82,6 +81,25 @@ def tuned_lr(cfg, name: str) -> float:
             raise ConfigError(f"arm {name!r}'s lr* (conf/tuned.yaml) was tuned at {show(at)}, but this study runs "
                               f"{show(now)}: re-tune it (`make tune` with {name} in tune.arms) or set those back")
     return float(cfg.tuned.lr[name])
+
+
+def _why_untuned(cfg, name: str, root: Path | None) -> str:
+    """Why arm ``name`` of tune.arms has no lr* in conf/tuned.yaml: every point of its tuning grid diverged (its row
+    in tune.table_dir/table.json, read when ``root`` is given), or it was not tuned yet."""
+    row = None
+    if root is not None:
+        try:
+            row = json.loads((root / cfg.tune.table_dir / "table.json").read_text())["arms"].get(name)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            row = None
+    points = (row or {}).get("points") or []
+    if row is not None and row.get("lr_star") is None and points and all(p.get("mean") is None for p in points):
+        low, grid = min(p["lr"] for p in points), ", ".join(format(p["lr"], "g") for p in points)
+        return (f"arm {name!r} has no lr*: every lr of its tuning grid ({grid}) "
+                f"diverged on a tuning seed ({cfg.tune.table_dir}/table.json): tune it lower (e.g. "
+                f"tune.centre={low / 4:g} and `make tune`), or give it a fixed arms.{name}.lr")
+    return (f"arm {name!r} (in tune.arms) has no lr* in conf/tuned.yaml yet: run `make tune` (then commit "
+            f"conf/tuned.yaml and conf/tuning/)")
 
 
 def _plain(x):
@@ -119,8 +137,11 @@ TRAIN = _train
 
 
 def reusable(cfg, root: Path, d: Path) -> bool:
-    """Whether ``d`` holds a finished run trained under this config's resume key (settings, code, data)."""
-    from study.runner.run_state import run_digest
+    """Whether ``d`` holds a finished run trained under this config's resume key (settings, code, data): record.json's
+    ``config_hash`` is the key, and the settings config.json records (what compare pairs the run on) are the key's
+    settings, so a run whose config.json was edited is trained again, never reused for compare to refuse."""
+    from study.config import diff_keys
+    from study.runner.run_state import config_part, recorded_settings, resume_record, run_digest
 
     try:
         record = json.loads((d / "record.json").read_text())
@@ -134,9 +155,55 @@ def reusable(cfg, root: Path, d: Path) -> bool:
 
     try:  # hashed as study.train hashes it: after the run's derived settings (compute-matched tokens ...)
         resolved = resolve(copy.deepcopy(cfg), root)
-        return record.get("config_hash") == run_digest(resolved, root / cfg.data.dir)
+        key = resume_record(resolved, root / cfg.data.dir)
+        if record.get("config_hash") != run_digest(resolved, root / cfg.data.dir, key):
+            return False
     except StudyError:
         return False
+    recorded = recorded_settings(d)
+    return recorded is not None and not diff_keys(recorded, config_part(key))
+
+
+def wait_while_trained(d: Path, poll_s: float = 1.0) -> None:
+    """Wait while another process trains the run in ``d`` (it holds ``d/.lock``: a stage's training left running, a
+    hand-started run), saying so in one line, so that a restart reuses that run when it finishes instead of training
+    it again beside it."""
+    from filelock import Timeout
+
+    from study.runner.run_state import run_lock
+
+    if not (d / ".lock").exists():
+        return
+    lock = run_lock(d)
+    try:
+        lock.acquire()
+    except Timeout:
+        print(f"{d}: another process is still training this run (it holds {d / '.lock'}): waiting for it to end "
+              f"(stop it to train the run here instead)", flush=True)
+        lock.acquire(timeout=-1, poll_interval=poll_s)
+    lock.release()
+
+
+def _die_with_parent():
+    """A ``preexec_fn`` for a training process: on Linux it gets SIGTERM when the stage that started it dies, even by
+    SIGKILL (prctl PR_SET_PDEATHSIG), and so marks its run KILLED and frees its lock instead of training on as an
+    orphan; if the stage is already gone, at once.  None elsewhere (no such call: a killed stage's trainings go on)."""
+    import os
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()  # loaded here: nothing imported after fork
+    pr_set_pdeathsig = 1
+
+    def arm() -> None:
+        prctl(pr_set_pdeathsig, int(signal.SIGTERM))
+        if os.getppid() != parent:  # the stage died between fork and prctl
+            os.kill(os.getpid(), signal.SIGTERM)
+    return arm
 
 
 def _pending(overrides: list[str], root: Path, params: str | None):
@@ -144,6 +211,7 @@ def _pending(overrides: list[str], root: Path, params: str | None):
     with ``train.overwrite`` set when it replaces a finished run of other settings)."""
     cfg = load_config(overrides, root, params=params)
     d = run_dir(root, cfg, cfg.variant.name, cfg.seed)
+    wait_while_trained(d)
     if reusable(cfg, root, d):
         return d, None, cfg
     if (d / "metrics.json").is_file():
@@ -181,7 +249,8 @@ def ensure_runs(runs: list[list[str]], root: Path, params: str | None, jobs: int
 def _train_processes(todo: list[tuple[Path, list[str]]], root: Path, params: str | None,
                      jobs: int) -> list[tuple[Path, int]]:
     """Run ``study.train`` for each (folder, overrides), ``jobs`` at once; [(folder, exit status)] of failures.
-    Ctrl-C or SIGTERM of this process terminates the trainings it started (each marks its run KILLED)."""
+    Ctrl-C or SIGTERM of this process terminates the trainings it started (each marks its run KILLED); so does its
+    death by SIGKILL on Linux (:func:`_die_with_parent`)."""
     import subprocess
     import sys
     import time
@@ -190,12 +259,14 @@ def _train_processes(todo: list[tuple[Path, list[str]]], root: Path, params: str
 
     queue, live, failed = list(todo), [], []
     base = [sys.executable, "-m", "study.train", *(["--params", str(params)] if params else [])]
+    die_with_parent = _die_with_parent()
     try:
         with terminate_as_exception():
             while queue or live:
                 while queue and len(live) < jobs:
                     d, o = queue.pop(0)
-                    live.append((d, subprocess.Popen([*base, *o, "trainer.progress_bar=false"], cwd=root)))
+                    live.append((d, subprocess.Popen([*base, *o, "trainer.progress_bar=false"], cwd=root,
+                                                     preexec_fn=die_with_parent)))
                 time.sleep(0.2)
                 for d, proc in [x for x in live if x[1].poll() is not None]:
                     live.remove((d, proc))

@@ -115,8 +115,15 @@ def build_trainer(**kwargs):
                       if k in kwargs)
     strategy = kwargs.get("strategy")
     shown += f"{', ' if shown else ''}strategy={strategy if isinstance(strategy, str) else type(strategy).__name__}"
+    import warnings
+
     try:
-        return pl.Trainer(**kwargs)
+        with warnings.catch_warnings():
+            if "SLURM_JOB_ID" not in os.environ and "SLURM_NTASKS" not in os.environ:
+                # not under SLURM: Lightning's hint that srun exists on this machine but is not used (every run, on a
+                # machine with SLURM installed) says nothing about this run
+                warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system")
+            return pl.Trainer(**kwargs)
     except ImportError as e:  # ModuleNotFoundError: tpu/xla without torch_xla, transformer-engine precision, ...
         raise missing_package(e, f"the trainer ({shown})") from e
     except (ValueError, TypeError, MisconfigurationException) as e:

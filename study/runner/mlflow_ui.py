@@ -35,13 +35,16 @@ def command(port: int, root: Path | None = None, study=None) -> list[str]:
 VIEW_KEY = "runs"  # the shared view's key: experiment tag mlflow.sharedViewState.runs
 VIEW_METRICS = ("val_loss", "val_perplexity")
 VIEW_PARAMS = ("variant.name", "seed", "model.name", "train.lr", "variant.lr", "train.tokens")  # variant.lr: a tuned arm's
+VIEW_TAGS = ("status",)  # "ok" or "diverged": a diverged run's last val_loss is no result (study.train sets the tag)
 
 
 def view_state() -> dict:
     """The runs table's view (the MLflow UI's shared-view JSON): sorted by val_loss ascending, the
-    columns of :data:`VIEW_METRICS` and :data:`VIEW_PARAMS` shown (column keys ``metrics.`name```)."""
+    columns of :data:`VIEW_METRICS`, :data:`VIEW_TAGS` (the run's status: ok or diverged) and :data:`VIEW_PARAMS`
+    shown (column keys ``metrics.`name```, ``tags.`name```)."""
     return {"searchFilter": "", "orderByKey": "metrics.`val_loss`", "orderByAsc": True,
-            "selectedColumns": [f"metrics.`{m}`" for m in VIEW_METRICS] + [f"params.`{p}`" for p in VIEW_PARAMS]}
+            "selectedColumns": [f"metrics.`{m}`" for m in VIEW_METRICS] + [f"tags.`{t}`" for t in VIEW_TAGS]
+            + [f"params.`{p}`" for p in VIEW_PARAMS]}
 
 
 def share_view(client, experiment_id: str) -> None:
@@ -62,11 +65,12 @@ def runs_url(base: str, experiment_id: str | None) -> str:
 def experiment_id(root: Path, study) -> str | None:
     """The id of the study's experiment in the store (its shared runs view set, :func:`share_view`),
     or None (no store or no experiment yet)."""
-    if not (root / study.tracking_db).is_file():
+    uri = tracking_uri(root, study)  # MLFLOW_TRACKING_URI's store, else study.tracking_db
+    if uri.startswith("sqlite:///") and not Path(uri[len("sqlite:///"):]).is_file():
         return None
     from mlflow import MlflowClient
 
-    client = MlflowClient(tracking_uri=tracking_uri(root, study))
+    client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(study.name)
     if exp is None:
         return None

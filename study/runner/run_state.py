@@ -117,6 +117,25 @@ def terminate_as_exception():
         signal.signal(signal.SIGTERM, previous)
 
 
+#: the one line of a stage stopped by Ctrl-C (study.train, study.tune, study.verdict), exit status 130
+INTERRUPTED = ("error: {stage} interrupted (Ctrl-C): run the same command again to go on (finished runs are reused, "
+               "a started run resumes from its last checkpoint)")
+
+
+def ctrl_c(exc: BaseException) -> bool:
+    """Whether ``exc`` is Ctrl-C: a KeyboardInterrupt, or the ``SystemExit(1)`` Lightning raises after handling one
+    during fit ("Detected KeyboardInterrupt, attempting graceful shutdown"), which would end the process with exit
+    status 1 and no word of ours.  A SIGTERM (:class:`Killed`) is not."""
+    e: BaseException | None = exc
+    while e is not None:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        if isinstance(e, Killed):
+            return False
+        e = e.__context__
+    return False
+
+
 def end_status(exc: BaseException) -> str:
     """MLflow status of a run ended by ``exc``: KILLED for a signal or Ctrl-C (also when Lightning turned
     it into a SystemExit), FAILED otherwise."""

@@ -1,0 +1,127 @@
+"""The tuning table as ``make tune --write`` writes it (study/tune.py): every arm's tuning.json checked, table.md and
+the figure tuning.png.  Nothing here writes conf/tuned.yaml (study/analysis/tuned_file.py holds its text)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from study.analysis.tuning import lr_key
+from study.config import StudyError
+
+
+def table_markdown(table: dict) -> str:
+    """table.md: one section per arm, every grid point's per-seed losses and mean, then lr* and the fit."""
+    seeds = table["seeds"]
+    lines = ["# Tuning table", "",
+             f"Every arm on the same x2 lr grid, each point trained on tuning seeds {seeds} (never test seeds); a "
+             f"point's score is the mean final validation loss (nats), and a point with a diverged seed is lost. "
+             f"The grid grows by x2 at the edge holding the best mean until the best point has a worse neighbour "
+             f"on each side, or it holds {table['max_points']} points (optimum not bracketed). lr* rule: "
+             f"{table['rule']} (the vertex exp(-B/2A) of the quadratic in ln lr through the best point and its "
+             f"neighbours, when A > 0 and it lies between them; else the best point). A: curvature, nats per "
+             f"(ln lr)^2; A (ln 2)^2: the predicted cost of a x2 miss.", "",
+             "| arm | variant | overrides | status | best lr | best mean | A | x2 miss (nats) | vertex | lr* | from |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    fmt = (lambda x, s=".4g": "n/a" if x is None else format(x, s))  # noqa: E731
+    for name, a in table["arms"].items():
+        f = a.get("fit") or {}
+        lines.append(f"| {name} | {a['variant']} | {' '.join(a['overrides']) or '-'} | {a['status']} | "
+                     f"{fmt(a['best_lr'])} | {fmt(a['best_loss'], '.4f')} | {fmt(f.get('A'), '.4f')} | "
+                     f"{fmt(f.get('miss_cost_x2'), '.4f')} | {fmt(f.get('vertex'))} | {fmt(a['lr_star'])} | "
+                     f"{a['source'] or 'n/a'}{' (' + a['why'] + ')' if a.get('why') else ''} |")
+    for name, a in table["arms"].items():
+        lines += ["", f"## {name}", ""]
+        if a.get("recipe"):
+            lines += ["Tuned at (before the arm's overrides) " + ", ".join(f"{sec}.{k}={v}" for sec, kv in a["recipe"].items() for k, v in kv.items())
+                      + ".", ""]
+        lines += ["| lr | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |", "|---|" + "---|" * (len(seeds) + 1)]
+        for p in a["points"]:
+            cells = [fmt(p["losses"].get(str(s)), ".4f").replace("n/a", "diverged") for s in seeds]
+            lines.append(f"| {lr_key(p['lr'])} | " + " | ".join(cells) + f" | {fmt(p['mean'], '.4f').replace('n/a', 'lost')} |")
+    return "\n".join(lines) + "\n"
+
+
+def figure(table: dict, path: Path) -> Path:
+    """tuning.png: mean loss against lr (log) per arm, each seed's loss as a dot, lost points as x at the top,
+    the parabola through the best point and its neighbours, lr* as a star."""
+    import numpy as np
+
+    from study.analysis.figures import _save, finish, panel
+
+    import matplotlib
+
+    fig, ax = panel(8.0)
+    tops = []
+    colours = {name: matplotlib.colors.to_hex(matplotlib.colormaps["tab10"](i % 10))
+               for i, name in enumerate(table["arms"])}  # one colour per arm, distinct
+    for name, a in table["arms"].items():
+        c = colours[name]
+        pts = [p for p in a["points"] if p["mean"] is not None]
+        ax.plot([p["lr"] for p in pts], [p["mean"] for p in pts], "o-", color=c, label=name, ms=4)
+        for p in a["points"]:
+            xs = [v for v in p["losses"].values() if v is not None]
+            ax.plot([p["lr"]] * len(xs), xs, ".", color=c, alpha=0.4, ms=3)
+            tops += xs
+        f = a.get("fit")
+        if f:
+            i = [p["lr"] for p in a["points"]].index(a["best_lr"])
+            x = np.linspace(math.log(a["points"][i - 1]["lr"]), math.log(a["points"][i + 1]["lr"]), 50)
+            ax.plot(np.exp(x), f["A"] * x * x + f["B"] * x + f["C"], "--", color=c, lw=1)
+        if a["lr_star"] is not None:
+            y = (f or {}).get("vertex_loss") if a["source"] == "vertex" else a["best_loss"]
+            ax.plot([a["lr_star"]], [y], "*", color=c, ms=12, mec="k")
+    top = max(tops) if tops else 1.0
+    for name, a in table["arms"].items():
+        lost = [p["lr"] for p in a["points"] if p["mean"] is None]
+        if lost:
+            ax.plot(lost, [top] * len(lost), "x", color=colours[name], ms=8)
+    finish(ax, "Tuning: mean final validation loss against peak lr (x: lost, *: lr*)", "validation loss (nats)",
+           "peak learning rate", xlog=True)
+    return _save(fig, path)
+
+
+def _num(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def check_result(name: str, r, path: Path) -> None:
+    """Check one arm's tuning.json (``r``, read from ``path``) holds every key the table, the figure and conf/tuned.yaml
+    read, of the right kind: ``variant`` (str), ``overrides`` (list), ``status`` (str), ``best_lr``/``lr_star``/
+    ``best_loss`` (number or null), ``source`` (str or null), ``points`` (a list of {lr > 0, losses: object, mean:
+    number or null, status}), ``fit`` (null or {A, B, C}), ``recipe`` (null or an object).
+
+    Raises:
+        StudyError: in one line naming the file and the key, and how to make the file again.
+    """
+    fix = f"re-tune the arm (`python -m study.tune --arm {name} --params params.yaml`, or `make tune`), or restore the file"
+
+    def bad(key: str, want: str) -> StudyError:
+        return StudyError(f"{path}: {key} is missing or not {want}: {fix}")
+
+    if not isinstance(r, dict):
+        raise StudyError(f"{path} holds {type(r).__name__}, not a JSON object: {fix}")
+    kinds = {"variant": (str,), "overrides": (list,), "status": (str,)}
+    for key, kind in kinds.items():
+        if not isinstance(r.get(key), kind):
+            raise bad(repr(key), "a " + kind[0].__name__)
+    for key in ("best_lr", "lr_star", "best_loss"):
+        if key not in r or not (r[key] is None or _num(r[key])):
+            raise bad(repr(key), "a number (or null)")
+    if r.get("lr_star") is not None and not r["lr_star"] > 0:
+        raise bad("'lr_star'", "a positive number")
+    if "source" not in r or not (r["source"] is None or isinstance(r["source"], str)):
+        raise bad("'source'", "a string (or null)")
+    if not isinstance(r.get("points"), list):
+        raise bad("'points'", "a list")
+    for i, p in enumerate(r["points"]):
+        if not (isinstance(p, dict) and _num(p.get("lr")) and p["lr"] > 0 and isinstance(p.get("losses"), dict)
+                and "mean" in p and (p["mean"] is None or _num(p["mean"])) and isinstance(p.get("status"), str)
+                and all(v is None or _num(v) for v in p["losses"].values())):
+            raise bad(f"'points'[{i}]", "an object {lr > 0, losses: {seed: number or null}, mean, status}")
+    fit = r.get("fit")
+    if fit is not None and not (isinstance(fit, dict) and all(_num(fit.get(k)) for k in ("A", "B", "C"))):
+        raise bad("'fit'", "null or an object with numbers A, B, C")
+    if fit is not None and r["best_lr"] not in [p["lr"] for p in r["points"][1:-1]]:
+        raise bad("'best_lr'", "an inner grid point (a fit needs the best point's two neighbours)")
+    if r.get("recipe") is not None and not isinstance(r["recipe"], dict):
+        raise bad("'recipe'", "null or an object")
