@@ -8,7 +8,7 @@ export DO_NOT_TRACK := true
 export TIKTOKEN_CACHE_DIR := $(CURDIR)/.tiktoken
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install params study study-bpe2048 full tune exps levers lr-sweep scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
+.PHONY: install params study full tune exps levers lr-sweep scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
 
 install: $(STAMP)
 
@@ -33,14 +33,6 @@ params: $(STAMP)
 # every stage but tune@ARM (compare's upstream and check_params): the study tests at conf/tuned.yaml's lr*, never tunes
 study: params
 	.venv/bin/dvc repro check_params compare
-
-# The default of 2026-12-02 (BPE 2048, model cpu-bpe2048), its four arms at the lr* tuned for it then (fixed lrs:
-# conf/tuning/cpu-bpe2048/ has their table), as a DVC experiment: its numbers are in docs/history.md.
-BPE2048_LRS ?= -S arms.baseline.lr=0.01072604469616761 -S arms.baseline_qknorm.lr=0.010805953792476262 \
-  -S arms.nonlinear_q.lr=0.010834739527526447 -S arms.nonlinear_q_ph.lr=0.011760976163614139
-study-bpe2048: params
-	.venv/bin/dvc exp run compare -S model=cpu-bpe2048 -S data.bpe_vocab_size=2048 \
-	  -S 'study.arms=[baseline,baseline_qknorm,nonlinear_q,nonlinear_q_ph]' -S 'tune.arms=[]' $(BPE2048_LRS)
 
 # The full study (docs/verdict.md): the recipe decomposition's seven arms, each at its lr* in conf/tuned.yaml (the
 # six of FULL_TUNE_ARMS are tracked there like the default's four, so `make full` does not tune; `make tune
