@@ -73,7 +73,7 @@ def test_report_figures_match_the_runs(study):
     # every run sees the same fixed validation windows and the same number of evaluations
     curves = [(study / f"runs/{v}-s{s}/curve.csv").read_text().splitlines() for v, s in runs]
     assert len({len(c) for c in curves}) == 1
-    assert curves[0][0] == ("step,tokens,train_loss,val_loss,lr,val_loss/kjv,val_loss/shakespeare,val_loss/sotu,"
+    assert curves[0][0] == ("step,tokens,train_loss,val_loss,lr,in_context_gain,val_loss/kjv,val_loss/shakespeare,val_loss/sotu,"
                             "attn_logit_max/L0,attn_logit_max/L1")
 
 
