@@ -44,7 +44,8 @@ def test_run_logs_its_files_shaping_params_and_steps_of_the_curve(run_in, nano_p
     assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # the UI opens on its runs table
     study = _study(nano_project, tracking_db=tmp_path / "mlruns.db", artifact_dir=tmp_path / "mlartifacts")
     repo = artifact_repo(nano_project, study, run.info.artifact_uri)
-    assert sorted(a.path for a in repo.list_artifacts()) == ["config.yaml", "curve.csv", "metrics.json", "record.json"]
+    assert sorted(a.path for a in repo.list_artifacts()) == ["config.yaml", "curve.csv", "metrics.json", "positions.csv",
+                                                                  "record.json"]
     got = Path(repo.download_artifacts("", _dir(tmp_path / "dl")))
     run_dir = tmp_path / "runs" / "nonlinear_q-s2"
     for name in ("curve.csv", "metrics.json", "record.json"):
