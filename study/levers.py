@@ -2,7 +2,7 @@
 
 For each row of conf/levers.yaml (a name and the overrides of one lever: tokenizer, context length, width,
 depth, tokens per run or per step), the token data are prepared once into ``data/levers/DATA`` (DATA named
-by the tokenizer, its vocabulary and block_size), then ``levers.variants`` (the baseline and the no-context
+by the tokenizer, its vocabulary and block_size), then :data:`VARIANTS` (the baseline and the no-context
 yardstick, whose attention sees its own position only) train on one seed at one lr into
 ``runs/levers/ROW/VARIANT-sSEED`` (``study.jobs`` at once; finished runs are reused).  The table, printed and
 written to ``reports/levers.md``, gives per row: tokens/s and minutes per run (wall time), the baseline's
@@ -31,10 +31,12 @@ from study.runner.arms import ensure_runs
 #: the rows' file, beside the study's config
 LEVERS = "conf/levers.yaml"
 GROUP = "levers"
+#: what each row trains: the baseline and the no-context yardstick, whose difference is attention's share
+VARIANTS = ("baseline", "no_context")
 
 
 def read_levers(root: Path) -> dict:
-    """conf/levers.yaml, checked: ``seed`` (int), ``lr`` (> 0), ``variants`` (names), ``rows`` {name: [overrides]}.
+    """conf/levers.yaml, checked: ``seed`` (int), ``lr`` (> 0), ``rows`` {name: [overrides]}.
 
     Raises:
         ConfigError: the file is missing or a key is malformed (one line, the fix)."""
@@ -50,8 +52,6 @@ def read_levers(root: Path) -> dict:
     if not isinstance(spec.get("seed"), int) or not isinstance(spec.get("lr"), (int, float)) or not spec["lr"] > 0:
         raise ConfigError(f"{path}: seed must be an integer and lr a number > 0 (got seed={spec.get('seed')!r}, "
                           f"lr={spec.get('lr')!r})")
-    if not isinstance(spec.get("variants"), list) or not spec["variants"]:
-        raise ConfigError(f"{path}: variants must list the variants of every row, e.g. [baseline, no_context]")
     return spec
 
 
@@ -82,7 +82,7 @@ def _row(cfg, root: Path, spec: dict, name: str) -> dict:
     """One row of the table from its run folders and its data's yardsticks."""
     seed = spec["seed"]
     out = {"row": name}
-    for v in spec["variants"]:
+    for v in VARIANTS:
         d = run_dir(root, cfg, v, seed, f"{GROUP}/{name}")
         out[v] = read_run(d, root)
     y = json.loads((root / cfg.data.dir / "meta.json").read_text()).get("yardsticks") or {}
@@ -92,7 +92,7 @@ def _row(cfg, root: Path, spec: dict, name: str) -> dict:
 
 
 def table(rows: list[dict], margin_pct: float) -> list[str]:
-    """The markdown table of :func:`_row` results (the baseline and the no_context arm of each row)."""
+    """The markdown table of :func:`_row` results (the :data:`VARIANTS` of each row)."""
     def f(x, spec=".4f"):
         return "n/a" if x is None else format(x, spec)
 
@@ -116,7 +116,7 @@ def _levers(cfg, root: Path, params: str | None) -> int:
         row_cfg = load_config([str(o) for o in over], root, params=params)
         data = [*map(str, over), f"data.dir={data_dir_of(row_cfg)}"]
         _prepare(data, root, params)
-        for v in spec["variants"]:
+        for v in VARIANTS:
             runs.append([*data, f"variant={v}", f"seed={spec['seed']}", f"variant.lr={float(spec['lr'])!r}",
                          f"study.group={GROUP}/{name}", "trainer.progress_bar=false"])
         rows.append((name, data))

@@ -13,7 +13,6 @@ pytestmark = pytest.mark.slow
 LEVERS = """\
 seed: 1
 lr: 3.0e-3
-variants: [baseline, no_context]
 rows:
   bpe512: []
   bytes: [data.bpe_vocab_size=257, model.vocab_size=257]
@@ -48,7 +47,7 @@ def test_the_levers_table_reads_its_runs(tmp_path):
 
 def test_a_malformed_levers_file_is_refused_in_one_line(tmp_path):
     project = copy_project(tmp_path / "p")
-    (project / "conf/levers.yaml").write_text("seed: 1\nlr: 0.01\nvariants: [baseline]\nrows: {a: x}\n")
+    (project / "conf/levers.yaml").write_text("seed: 1\nlr: 0.01\nrows: {a: x}\n")
     r = run_cli(project, "study.levers")
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
     assert "rows must map each row's name to a list of overrides" in r.stderr
