@@ -31,7 +31,7 @@ def test_group_and_field_overrides_compose():
     default = load_config([], ROOT)
     assert (default.model.name, default.variant.name, default.model.n_embd, default.train.tokens) == ("cpu", "baseline", 64,
                                                                                                      2097152)
-    assert default.data.bpe_vocab_size == 2048 and default.data.val_every == 20  # study.yaml's data over data/default
+    assert default.data.bpe_vocab_size == 257 and default.data.val_every == 20  # study.yaml's data over data/default
 
 
 def test_study_sections_override_the_chosen_group_file(tmp_path):
@@ -138,7 +138,7 @@ def test_help_lists_the_groups_and_their_options():
     import study.train
 
     assert out.splitlines()[0] == study.train.__doc__.strip().splitlines()[0]  # the stage's own docstring first
-    assert "  model: cpu, cpu-bytes, gpt3-small, ladder-128, ladder-64, ladder-96, nano" in out
+    assert "  model: cpu, cpu-bpe2048, gpt3-small, ladder-128, ladder-64, ladder-96, nano" in out
     assert "  trainer: cpu, ddp, fsdp, gpu" in out and "nonlinear_q_relu2" in out
     assert "--cfg job" in out and "--multirun" in out and "model.n_layer=3" in out
 
