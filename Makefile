@@ -41,7 +41,7 @@ BPE2048_LR := -S arms.baseline.lr=0.01072604469616761 -S arms.baseline_qknorm.lr
 study-bpe2048: params
 	.venv/bin/dvc exp run compare -S model=cpu-bpe2048 -S data.bpe_vocab_size=2048 -S tune.arms=[] \
 	  -S 'study.arms=[baseline,baseline_qknorm,nonlinear_q,nonlinear_q_ph]' $(BPE2048_LR) \
-	  -S 'arms.baseline_qknorm.overrides=[train.schedule=d2z]' -S 'arms.nonlinear_q_ph.overrides=[train.schedule=d2z]'
+	  -S 'arms.baseline_qknorm.overrides=["train.schedule=d2z"]' -S 'arms.nonlinear_q_ph.overrides=["train.schedule=d2z"]'
 
 # The full study (docs/verdict.md): the recipe decomposition's seven arms, each at its lr* in conf/tuned.yaml, on
 # Stein's first-stage seeds (FULL_MAX_SEEDS=10 adds his second stage).  The arms of FULL_TUNE_ARMS that

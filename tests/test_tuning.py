@@ -153,3 +153,35 @@ def test_tune_seeds_overlapping_test_seeds_is_a_one_line_error():
     assert "\n" not in msg and "tune.seeds=[4, 101]" in msg and "share [4]" in msg and "tune.seeds=[101,102]" in msg
     with pytest.raises(ConfigError, match="at least 2 distinct"):
         load_config(["tune.seeds=[101]"], ROOT)
+
+
+def test_the_previous_default_runs_at_the_lr_star_of_its_table():
+    """`make study-bpe2048` (the BPE-2048 default until 2026-12-03) pins each of its arms' lr* on the command line:
+    each equals the lr* of its tuning table, conf/tuning/cpu-bpe2048/table.json, to the last digit."""
+    import re
+
+    make = (ROOT / "Makefile").read_text()
+    pinned = {a: float(v) for a, v in re.findall(r"-S arms\.(\w+)\.lr=([0-9.e-]+)", make)}
+    table = json.loads((ROOT / "conf/tuning/cpu-bpe2048/table.json").read_text())["arms"]
+    assert set(pinned) == {"baseline", "baseline_qknorm", "nonlinear_q", "nonlinear_q_ph"}
+    assert pinned == {a: table[a]["lr_star"] for a in pinned}
+
+
+def test_the_previous_default_composes():
+    """`make study-bpe2048`'s -S overrides compose (Hydra's grammar) into the BPE-2048 model, its four arms at fixed
+    lr, QK-norm at scale 1 (no scale_factor override), nothing tuned."""
+    import re
+    import shlex
+
+    from study.config import load_config
+    from study.runner.arms import tuned_lr
+
+    make = (ROOT / "Makefile").read_text()
+    lr = " ".join(re.search(r"^BPE2048_LR := (.*?)\n(?!\s)", make, re.S | re.M).group(1).split("\\\n"))
+    recipe = re.search(r"^study-bpe2048:.*?\n((?:\t.*\n)+)", make, re.M).group(1).replace("\\\n", " ")
+    words = shlex.split(recipe.replace("$(BPE2048_LR)", lr))
+    cfg = load_config([words[i + 1] for i, w in enumerate(words) if w == "-S"], ROOT)
+    assert (cfg.model.name, cfg.model.vocab_size, cfg.data.bpe_vocab_size, list(cfg.tune.arms)) == ("cpu-bpe2048", 2048, 2048, [])
+    assert list(cfg.study.arms) == ["baseline", "baseline_qknorm", "nonlinear_q", "nonlinear_q_ph"]
+    assert list(cfg.arms.baseline_qknorm.overrides) == list(cfg.arms.nonlinear_q_ph.overrides) == ["train.schedule=d2z"]
+    assert tuned_lr(cfg, "nonlinear_q_ph") == 0.011760976163614139  # a fixed lr: the table is not read
