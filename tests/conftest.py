@@ -44,11 +44,6 @@ train:
   eval_every: 5
   val_tokens: 8192
   log_every: 5
-lr_sweep:
-  variants: []
-  lrs: [1.5e-3, 3.0e-3, 6.0e-3]
-  seed: 1
-  tokens: 10240
 scale_ladder:
   models: []
   variants: [baseline, nonlinear_q]

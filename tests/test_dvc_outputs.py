@@ -165,7 +165,6 @@ def test_missing_profile_run_hint_carries_the_profile_settings(nano_project):
     from study.config import load_config
 
     cfg = load_config([], nano_project)
-    assert run_overrides(cfg, nano_project, "tuned") == ["train.lr_from_sweep=true"]
     ladder = run_overrides(cfg, nano_project, "scale_ladder/ladder-64")
     assert ladder == ["model=ladder-64", "train.tokens_per_param=0.5", "train.warmup_tokens=2048", "train.lr_from_tuned=true",
                       "train.lr_per_size=true"]

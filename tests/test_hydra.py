@@ -205,7 +205,7 @@ def test_dvc_runs_hydra_mode_and_every_stage_reads_params_yaml():
     assert "vars" not in yaml.safe_load((ROOT / "dvc.yaml").read_text())  # params.yaml's values are DVC's default vars
     assert stages.pop("check_params")["cmd"] == "python -m study.config --check"
     for name, stage in stages.items():
-        assert stage["cmd"].startswith(f"python -m study.{'train' if 'train' in name or name in ('lr_sweep', 'scale_ladder') else name} "
+        assert stage["cmd"].startswith(f"python -m study.{'train' if name in ('train', 'scale_ladder') else name} "
                                        "--params params.yaml"), (name, stage["cmd"])
         assert all(isinstance(p, str) for p in stage["params"])  # keys of params.yaml
 
@@ -261,7 +261,7 @@ def test_check_params_fails_in_one_line_when_conf_was_edited(tmp_path, monkeypat
     assert (tmp_path / "params.yaml").read_text() == (ROOT / "params.yaml").read_text()
     assert _cli(tmp_path, "study.config", "--check").returncode == 0
     study = tmp_path / "conf/study.yaml"
-    study.write_text(study.read_text().replace("tokens: 2097152", "tokens: 1048576", 1))  # train.tokens (lr_sweep.tokens is the same value)
+    study.write_text(study.read_text().replace("tokens: 2097152", "tokens: 1048576", 1))  # train.tokens
     r = _cli(tmp_path, "study.config", "--check")
     assert r.returncode == 2 and r.stderr.splitlines() == [
         "error: params.yaml is not conf/ composed (sections ['train'] differ): after editing conf/ run `make params` "

@@ -57,7 +57,7 @@ def test_a_loader_without_one_step_is_refused_at_once(nano_project, tmp_path, mo
 NOT_NUMBERS = ["trainer.devices=2", "trainer.num_nodes=2", "trainer.strategy=ddp", "trainer.threads=1",
                "trainer.compile=true", "trainer.progress_bar=false", "train.micro_batch_size=8", "train.log_every=7",
                "train.val_micro_batch_size=8", "study.name=other", "study.group=g", "study.seeds=[5]",
-               "study.runs_dir=elsewhere", "lr_sweep.seed=3", "scale_ladder.tokens_per_param=2.0",
+               "study.runs_dir=elsewhere", "scale_ladder.tokens_per_param=2.0",
                "data.num_proc=3", "data.hf_cache_dir=/tmp/hf", "data.dir=data/copy", "train.overwrite=true"]
 NUMBERS = ["train.lr=1e-3", "seed=2", "model.n_layer=3", "trainer.precision=bf16-mixed", "train.batch_tokens=4096",
            "train.eval_every=7", "train.val_tokens=4096", "variant=nonlinear_q", "data.val_every=7",

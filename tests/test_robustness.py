@@ -82,7 +82,7 @@ BAD_INPUT = [
     ("lr inf", "study.train", ["train.lr=inf"], ["train.lr=inf is not a finite number"]),
     ("weight_decay nan", "study.config.__main__", ["train.weight_decay=nan"],
      ["train.weight_decay=nan is not a finite number"]),
-    ("a nan in a list", "study.train", ["lr_sweep.lrs=[1e-3,nan,3e-3]"], ["lr_sweep.lrs[1]=nan is not a finite"]),
+    ("a nan in a list", "study.train", ["tune.seeds=[101,nan]"], ["tune.seeds[1]=nan is not a finite"]),
     ("two nodes, no launcher", "study.train", ["trainer.num_nodes=2"],
      ["trainer.num_nodes=2", "no multi-node launcher", "torchrun", "srun", "trainer.num_nodes=1"]),
 ]

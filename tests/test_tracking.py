@@ -86,7 +86,7 @@ def test_run_params_leave_out_what_does_not_change_a_run(nano_project):
     from study.runner.tracking import run_params
 
     base = run_params(load_config([], nano_project))
-    same = run_params(load_config(["study.variants=[baseline,nonlinear_q]", "lr_sweep.variants=[baseline]",
+    same = run_params(load_config(["study.variants=[baseline,nonlinear_q]",
                                    "scale_ladder.models=[ladder-64,ladder-96]", "scale_ladder.lr_from_tuned=false", "trainer.progress_bar=false",
                                    "study.name=other"], nano_project))
     assert same == base

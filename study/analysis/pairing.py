@@ -58,7 +58,7 @@ def check(runs: dict[str, dict[int, dict]], where: str, ignore: tuple[str, ...] 
 
     Args:
         where: how the error names the group ("the study's runs", "the runs of tuned" ...).
-        ignore: further keys (or key prefixes) that may differ, e.g. ("train.lr_from_sweep",).
+        ignore: further keys (or key prefixes) that may differ, e.g. ("model", "train.tokens") across the scale ladder's sizes.
 
     Returns: the shared comparable settings (flat dict), empty when ``runs`` is.
 

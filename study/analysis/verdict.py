@@ -147,8 +147,8 @@ def _same(a, b) -> bool:
 def arm_settings(cfg, name: str) -> dict:
     """{flat key: value} a test run of arm ``name`` must have recorded: ``lr`` (its peak lr: the arm's fixed lr, else
     tuned.lr[NAME]; absent when it has neither), the recipe fields (``model.*``/``train.*`` of
-    :data:`study.analysis.tuning.RECIPE_KEYS`, the study's values) and every key its overrides set (their values)."""
-    from study.analysis.tuning import RECIPE_KEYS
+    :data:`study.config.naming.RECIPE_KEYS`, the study's values) and every key its overrides set (their values)."""
+    from study.config.naming import RECIPE_KEYS
 
     arm = cfg.arms[name]
     want = {k: cfg[k.split(".")[0]][k.split(".")[1]] for k in RECIPE_KEYS}

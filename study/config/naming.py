@@ -32,6 +32,18 @@ def run_label(cfg: RunConfig) -> str:
 
 
 
+def lr_key(lr: float) -> str:
+    """The canonical text of a learning rate (folder names, table keys): 6 significant digits, ``%g``."""
+    return f"{float(lr):.6g}"
+
+
+#: the settings an lr* depends on beyond the arm itself, recorded beside it (tuned.recipe) by `make tune`
+RECIPE = {"model": ("name", "n_layer", "n_head", "n_embd", "block_size"),
+          "train": ("tokens", "batch_tokens", "warmup_tokens", "min_lr", "weight_decay", "schedule")}
+#: the same, flat ("model.name", ..., "train.schedule"): a test run must have recorded the study's values of these
+RECIPE_KEYS = tuple(f"{sec}.{k}" for sec, keys in RECIPE.items() for k in keys)
+
+
 def to_dict(cfg: RunConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 
@@ -41,7 +53,7 @@ def to_dict(cfg: RunConfig) -> dict:
 # The micro-batch splits the same global batch of windows differently (like the world size does): it
 # changes the order of float sums only, as devices, threads and compile do.
 NOT_IN_RESUME_KEY = (
-    "study", "lr_sweep", "scale_ladder",
+    "study", "scale_ladder",
     "trainer.name", "trainer.devices", "trainer.num_nodes", "trainer.strategy", "trainer.threads",
     "trainer.compile", "trainer.progress_bar",
     "train.micro_batch_size", "train.log_every", "train.val_micro_batch_size", "train.overwrite",

@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from study.analysis.tuning import RECIPE, lr_key  # noqa: F401 (RECIPE: public here too)
 from study.config import ConfigError, StudyError, load_config, run_dir
+from study.config.naming import RECIPE, lr_key
 
 #: where the test runs go, under study.runs_dir (study.group=test/ARM)
 TEST_GROUP = "test"
