@@ -362,7 +362,7 @@ def _report(cfg, root: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     try:
         return run_stage(_report, argv)
-    except KeyboardInterrupt:  # the run was marked KILLED and its lock released; as study.tune and study.verdict do
+    except KeyboardInterrupt:  # the run was marked KILLED and its lock released; as study.tune and study.test_runs do
         print(INTERRUPTED.format(stage="study.train"), file=sys.stderr)
         return 130
 

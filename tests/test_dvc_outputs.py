@@ -161,13 +161,13 @@ def test_missing_run_hint_is_a_command_that_makes_that_run(nano_project, tmp_pat
 
 
 def test_missing_profile_run_hint_carries_the_profile_settings(nano_project):
-    from study.analysis.runs import run_overrides
+    from study.analysis.runs import train_hint_overrides
     from study.config import load_config
 
     cfg = load_config([], nano_project)
-    ladder = run_overrides(cfg, nano_project, "scale_ladder/ladder-64")
+    ladder = train_hint_overrides(cfg, nano_project, "scale_ladder/ladder-64")
     assert ladder == ["model=ladder-64", "train.tokens_per_param=0.5", "train.warmup_tokens=2048", "train.lr_from_tuned=true",
                       "train.lr_per_size=true"]
     cfg = load_config(["model=ladder-96"], nano_project)  # the study's own model choice gives way to the size's
-    assert [o for o in run_overrides(cfg, nano_project, "scale_ladder/ladder-64") if o.startswith("model=")] == [
+    assert [o for o in train_hint_overrides(cfg, nano_project, "scale_ladder/ladder-64") if o.startswith("model=")] == [
         "model=ladder-64"]

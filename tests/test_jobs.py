@@ -1,4 +1,4 @@
-"""study.jobs: the tune and verdict stages train their missing runs in study.train processes, several at once,
+"""study.jobs: the tune and test_runs stages train their missing runs in study.train processes, several at once,
 with the numbers of one in-process training at the same trainer.threads; failures are named together, finished
 runs reused."""
 from __future__ import annotations
@@ -123,17 +123,17 @@ def test_an_unwritable_path_ends_a_stage_in_one_line(nano_project, monkeypatch, 
                    "again"), err
 
 
-@pytest.mark.parametrize("stage", ["verdict", "tune"])
+@pytest.mark.parametrize("stage", ["test_runs", "tune"])
 def test_ctrl_c_ends_the_tuning_and_test_stages_in_one_line(nano_project, monkeypatch, capsys, stage):
     import study.tune
-    import study.verdict
+    import study.test_runs
 
     monkeypatch.chdir(nano_project)
 
     def stop(*args, **kwargs):
         raise KeyboardInterrupt
-    module = study.verdict if stage == "verdict" else study.tune
+    module = study.test_runs if stage == "test_runs" else study.tune
     monkeypatch.setattr(module, "run_stage", stop)  # Ctrl-C while the stage trains (its runs end KILLED first)
-    assert module.main([] if stage == "verdict" else ["--write"]) == 130
+    assert module.main([] if stage == "test_runs" else ["--write"]) == 130
     err = capsys.readouterr().err.strip()
     assert err == study.tune.INTERRUPTED.format(stage=f"study.{stage}"), err

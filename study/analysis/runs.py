@@ -74,12 +74,13 @@ def _composed(overrides: list[str], root: Path):
         return cfg
 
 
-def run_overrides(cfg, root: Path, group: str = "") -> list[str]:
+def train_hint_overrides(cfg, root: Path, group: str = "") -> list[str]:
     """The overrides that make ``study.train`` train a run of ``group`` under ``cfg``: the group choices
     (``model=NAME`` ...) and fields where ``cfg`` differs from the project's default composition (as
     ``compare model=nano train.tokens=...`` was given them), then the group's own settings, as the
     stages give them (test/ARM: the arm's lr and recipe; scale_ladder/MODEL: the model and the
-    compute-matched budget)."""
+    compute-matched budget).  For the one line that names the command training a missing run
+    (:func:`train_command`)."""
     from study.config import load_config, to_dict
 
     out, picks = [], []
@@ -98,7 +99,7 @@ def run_overrides(cfg, root: Path, group: str = "") -> list[str]:
     except Exception:  # noqa: BLE001  (a hint never hides the error it belongs to)
         out = out or picks
     if group.startswith("test/") and group.split("/", 1)[1] in getattr(cfg, "arms", {}):
-        # a test run: the arm's peak lr (fixed, else tuned.lr) and its recipe overrides, as the verdict stage gives them
+        # a test run: the arm's peak lr (fixed, else tuned.lr) and its recipe overrides, as the test_runs stage gives them
         name = group.split("/", 1)[1]
         arm = cfg.arms[name]
         lr = arm.lr if arm.lr is not None else cfg.tuned.lr.get(name)
@@ -322,7 +323,7 @@ def load_runs(cfg, root: Path, variants=None, seeds=None, group: str = "", pair:
         for seed in (cfg.study.seeds if seeds is None else seeds):
             d = run_dir(root, cfg, variant, seed, group)
             if not (d / "metrics.json").is_file():
-                overrides = run_overrides(cfg, root, group) if overrides is None else overrides
+                overrides = train_hint_overrides(cfg, root, group) if overrides is None else overrides
                 missing.append(train_command(variant, seed, group, overrides))
                 if (d / REPLACED / "metrics.json").is_file():  # a start killed before its Trainer was built
                     aside.append(str((d / REPLACED).relative_to(root)) if (d / REPLACED).is_relative_to(root)
@@ -331,7 +332,7 @@ def load_runs(cfg, root: Path, variants=None, seeds=None, group: str = "", pair:
             try:
                 runs.setdefault(variant, {})[seed] = read_run(d, root)
             except RunsError:  # again, with the overrides this run needs in the advice (computed only now)
-                overrides = run_overrides(cfg, root, group) if overrides is None else overrides
+                overrides = train_hint_overrides(cfg, root, group) if overrides is None else overrides
                 read_run(d, root, train_command(variant, seed, group, overrides))
                 raise
     if missing:

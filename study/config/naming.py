@@ -25,6 +25,15 @@ def run_dir(root: Path, cfg: RunConfig, variant: str, seed: int, group: str | No
     return (base / group if group else base) / run_name(variant, seed)
 
 
+#: where the test runs go, under study.runs_dir (study.group=test/ARM: ``runs/test/ARM/VARIANT-sSEED``)
+TEST_GROUP = "test"
+
+
+def testing_group(arm: str) -> str:
+    """``test/ARM``: the study.group of arm ``arm``'s test runs."""
+    return f"{TEST_GROUP}/{arm}"
+
+
 def run_label(cfg: RunConfig) -> str:
     """The MLflow run name: ``[group/]VARIANT-sSEED``."""
     name = run_name(cfg.variant.name, cfg.seed)

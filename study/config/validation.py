@@ -80,7 +80,7 @@ def validate(cfg: RunConfig) -> None:
                           f"{sorted(PRECISIONS)}")
     if c.accelerator == "cpu" and str(c.precision) in ("16", "16-mixed"):  # Lightning swaps in bf16-mixed on CPU
         raise ConfigError(f"trainer.precision={c.precision} with trainer.accelerator=cpu: Lightning would run bf16 "
-                          f"autocast instead while config.json records fp16; use 32-true (the CPU profile) or "
+                          f"autocast instead while config.json records fp16; use 32-true (conf/trainer/cpu.yaml) or "
                           f"bf16-mixed")
     if t.tokens < t.batch_tokens:
         raise ConfigError(f"train.tokens={t.tokens} is less than one step of train.batch_tokens="

@@ -21,9 +21,6 @@ from pathlib import Path
 from study.config import ConfigError, StudyError, load_config, run_dir
 from study.config.naming import RECIPE, lr_key
 
-#: where the test runs go, under study.runs_dir (study.group=test/ARM)
-TEST_GROUP = "test"
-
 
 def arm_of(cfg, name: str):
     """The ``arms.NAME`` entry.  Raises ConfigError (one line) for an arm the section lacks."""
@@ -120,10 +117,6 @@ def run_overrides(cfg, name: str, seed: int, lr: float, group: str, runs_dir: st
 
 def tune_group(name: str, lr: float) -> str:
     return f"{name}/lr{lr_key(lr)}"
-
-
-def testing_group(name: str) -> str:
-    return f"{TEST_GROUP}/{name}"
 
 
 def _train(cfg, root: Path) -> dict:
