@@ -78,7 +78,7 @@ def resume_config(cfg: RunConfig) -> dict[str, Any]:
 
     Everything in the config except :data:`NOT_IN_RESUME_KEY` (devices, nodes, strategy, threads,
     compile, logging cadence, validation micro-batch, the study's run list and folders).  A checkpoint
-    resumes only under the same resume config (see ``study.train.run_digest``)."""
+    resumes only under the same resume config (see :func:`study.runner.run_state.run_digest`)."""
     return resume_part(flatten(to_dict(cfg)))
 
 
