@@ -107,6 +107,8 @@ ladder-tune: params
 test: $(STAMP)
 	$(PY) -m pytest -q -rs
 
+# The fast subset: every test but those marked slow (they train a model, prepare data, or start interpreters or DVC);
+# its time is measured in docs/layout.md.
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 

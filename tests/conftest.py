@@ -110,6 +110,27 @@ def start_until_checkpoint(cmd: list[str], project: Path, ckpt: Path, timeout: f
     return proc
 
 
+def mlflow_runs(db: Path):
+    """(client, every run of every experiment) of the SQLite MLflow store ``db``."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    return client, client.search_runs([e.experiment_id for e in client.search_experiments()])
+
+
+def one_line_error(capsys) -> str:
+    """The stage's error on stderr, asserted to be one line starting ``error: ``."""
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    return err
+
+
+def train_cmd(runs: Path, db: Path, *extra: str) -> list[str]:
+    """A ``study.train`` process long enough (163,840 tokens) to be signalled after its first checkpoint."""
+    return [sys.executable, "-m", "study.train", "variant=identity_q", "seed=4", "train.tokens=163840",
+            "trainer.progress_bar=false", f"study.runs_dir={runs}", f"study.tracking_db={db}", *extra]
+
+
 @pytest.fixture(scope="session")
 def nano_project(tmp_path_factory) -> Path:
     """A project copy with the nano study's token data already prepared (shared, read-only use)."""

@@ -259,6 +259,7 @@ def test_curves_are_in_millions_of_tokens_from_zero(tmp_path):
 
 
 # -- the record a run leaves -------------------------------------------------------------------------
+@pytest.mark.slow  # one nano training
 def test_a_run_records_its_settings_and_data_digest(run_in, tmp_path, nano_project):
     from study.analysis.runs import read_run
 

@@ -19,6 +19,7 @@ def _numbers_only(d: dict) -> bool:
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in d.values())
 
 
+@pytest.mark.slow  # one nano training
 def test_a_run_writes_numbers_to_metrics_json_and_the_rest_to_record_json(run_in, tmp_path):
     from study.analysis.runs import read_run
     from study.train import METRICS
@@ -59,6 +60,7 @@ def _synthetic_study(runs, seeds=(1, 2), missing=()):
                 write_run(runs / f"{v}-s{s}", v, s, by_seed[s])
 
 
+@pytest.mark.slow  # dvc processes
 def test_dvc_metrics_and_plots_of_the_pipeline(tmp_path, monkeypatch):
     """In a copy of the project (a git and DVC repository): compare's metric files are numbers only, one
     per variant; `dvc metrics show` lists runs and variants; `dvc plots show` draws one val_loss chart with

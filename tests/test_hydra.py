@@ -143,6 +143,7 @@ def test_help_lists_the_groups_and_their_options():
     assert "--cfg job" in out and "--multirun" in out and "model.n_layer=3" in out
 
 
+@pytest.mark.slow  # an interpreter started, timed
 def test_a_config_error_fails_fast_in_one_line_before_lightning_is_imported():
     code = ("import sys, time; sys.argv = ['train', 'variant=nonlinar_q']; t = time.perf_counter()\n"
             "from study.train import main\nrc = main()\n"
@@ -175,6 +176,7 @@ def test_multirun_expands_the_sweep_and_runs_each_job_in_order():
     assert run_stage(body, ["--multirun", "seed=1,-5", *NANO]) == 2 and runs == []
 
 
+@pytest.mark.slow  # interpreters started
 def test_params_yaml_is_conf_composed_as_dvc_composes_it():
     """The committed params.yaml is what DVC's Hydra mode writes for no overrides (`make params`); DVC finds
     the typed schema through hydra_plugins/ (a process that never imports study itself)."""

@@ -24,6 +24,7 @@ def val_loss(d) -> float:
     return json.loads((d / "metrics.json").read_text())["val_loss"]
 
 
+@pytest.mark.slow  # training processes
 def test_two_processes_give_the_numbers_of_one_and_reuse_what_finished(nano_project, tmp_path, monkeypatch):
     from study.runner.arms import ensure_runs
 
@@ -42,6 +43,7 @@ def test_two_processes_give_the_numbers_of_one_and_reuse_what_finished(nano_proj
     assert [r for _, r in ensure_runs(runs, nano_project, None, jobs=2)] == [True, True]
 
 
+@pytest.mark.slow  # training processes
 def test_failed_trainings_are_named_together(nano_project, tmp_path, monkeypatch):
     from study.runner.arms import ensure_runs
 

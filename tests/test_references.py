@@ -137,11 +137,13 @@ def test_every_reference_resolves(kind):
 
 
 def test_every_study_file_named_exists():
-    """``study/X/Y.py`` named in a page, a docstring, conf/, the Makefile or dvc.yaml is a file of the repository."""
-    path = re.compile(r"(?<![\w./-])study/[\w/]+\.py\b")
+    """``study/X/Y.py`` or ``tests/X.py`` named in a page, a docstring, conf/, the Makefile or dvc.yaml is a file of
+    the repository."""
+    path = re.compile(r"(?<![\w./-])(?:study|tests)/[\w/]+\.py\b")
     texts = _all_texts()
     texts.update({p.relative_to(ROOT).as_posix(): p.read_text()
-                  for p in [ROOT / "Makefile", ROOT / "dvc.yaml", *sorted((ROOT / "conf").rglob("*.yaml"))]})
+                  for p in [ROOT / "Makefile", ROOT / "dvc.yaml", ROOT / "pyproject.toml",
+                            *sorted((ROOT / "conf").rglob("*.yaml")), *sorted((ROOT / "study").rglob("*.py"))]})
     named = {(where, p) for where, text in texts.items() for p in path.findall(text)}
     assert len(named) > 20
     assert sorted(f"{where}: {p}" for where, p in named if not (ROOT / p).is_file()) == []

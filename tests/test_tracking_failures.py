@@ -1,5 +1,6 @@
-"""Reliability, round three (issue 25 items 4 and 5): a dead run's MLflow run never stays RUNNING, a resumed
-run logs each step once, and the smaller things a user meets."""
+"""The MLflow store under failure: a run that fails, is killed or dies ends FAILED or KILLED (never RUNNING), a
+resumed run logs each step once, two writers share the store, a store that cannot be used is refused before the
+run starts, MLFLOW_TRACKING_URI is honoured."""
 from __future__ import annotations
 
 import json
@@ -13,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import env_for, start_until_checkpoint
+from study.analysis.runs import read_result
+from conftest import env_for, one_line_error, start_until_checkpoint
 
 
 def _cmd(runs: Path, db: Path, *extra: str) -> list[str]:
@@ -82,45 +84,131 @@ def test_a_resumed_run_logs_each_step_once_and_a_dead_run_never_stays_running(na
     assert [r.info.status for r in client.search_runs([old.experiment_id]) if r.info.status == "RUNNING"] == []
 
 
-def test_data_dir_pointing_at_a_file_is_named(nano_project, tmp_path, monkeypatch, capsys):
+def test_failure_inside_a_run_marks_mlflow_failed(nano_project, tmp_path, monkeypatch, capsys):
+    """A data error raised after the MLflow run has started: exit 2, run FAILED, no metrics.json.  A
+    validation split too small for train.val_tokens is refused before anything starts."""
+    from mlflow import MlflowClient
+
+    import study.data.datamodule
+    from study.data import DataError
     from study.train import main
 
     monkeypatch.chdir(nano_project)
-    f = tmp_path / "tokens.bin"
-    f.write_bytes(b"x")
-    assert main([f"data.dir={f}", f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={tmp_path / 'm.db'}"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and len(err.splitlines()) == 1
-    assert f"data.dir={f} is a file" in err and "meta.json not found" not in err
+    db = tmp_path / "m.db"
+    args = [f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={db}", "trainer.progress_bar=false"]
+    assert main([*args, "train.val_tokens=100000000"]) == 2
+    assert "lower train.val_tokens to at most" in capsys.readouterr().err
+    assert not db.exists() and not (tmp_path / "runs/baseline-s1/checkpoints").exists()
+
+    def broken(*a, **k):
+        raise DataError("the validation chunk is unreadable: re-run `python -m study.prepare`")
+
+    monkeypatch.setattr(study.data.datamodule, "fixed_val_windows", broken)
+    assert main(args) == 2 and "the validation chunk is unreadable" in capsys.readouterr().err
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert [r.info.status for r in runs] == ["FAILED"] and runs[0].info.end_time is not None
+    assert not (tmp_path / "runs/baseline-s1/metrics.json").exists()
 
 
-def test_a_bad_override_is_named_alone(nano_project, tmp_path, monkeypatch, capsys):
+def test_a_failure_while_logging_the_run_settings_ends_the_mlflow_run_failed(nano_project, tmp_path, monkeypatch, capsys):
+    """An exception between the MLflow run's creation and training (logging the params, config.yaml, run.json)
+    ends that run FAILED with an end time, never RUNNING."""
+    from mlflow import MlflowClient
+
+    import study.train
+    from study.config import StudyError
+
+    def broken(*a, **k):
+        raise StudyError("the artifact store is read-only: fix study.artifact_dir")
+
+    monkeypatch.chdir(nano_project)
+    monkeypatch.setattr(study.train, "log_text", broken, raising=False)
+    import study.runner.tracking
+    monkeypatch.setattr(study.runner.tracking, "log_text", broken)
+    db = tmp_path / "m.db"
+    assert study.train.main([f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={db}",
+                             "trainer.progress_bar=false"]) == 2
+    assert "the artifact store is read-only" in capsys.readouterr().err
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert [r.info.status for r in runs] == ["FAILED"] and runs[0].info.end_time is not None
+
+
+@pytest.mark.slow  # training processes
+def test_two_writers_share_the_store(nano_project, tmp_path):
+    """Two trainings at once on one SQLite store lose no run and no metric."""
+    from mlflow import MlflowClient
+
+    db = tmp_path / "shared.db"
+    procs = [subprocess.Popen([sys.executable, "-m", "study.train", f"variant={v}", "seed=1",
+                               "trainer.progress_bar=false", f"study.runs_dir={tmp_path / 'runs'}",
+                               f"study.tracking_db={db}", "train.log_every=1"],
+                              cwd=nano_project, env=env_for(nano_project), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.PIPE, text=True) for v in ("baseline", "identity_q")]
+    for p in procs:
+        assert p.wait(timeout=600) == 0, p.stderr.read()[-2000:]
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert sorted(r.info.run_name for r in runs) == ["baseline-s1", "identity_q-s1"]
+    for r in runs:
+        assert r.info.status == "FINISHED"
+        steps = read_result(tmp_path / f"runs/{r.info.run_name}")["steps"]
+        assert len(client.get_metric_history(r.info.run_id, "train_loss")) == steps
+        curve = (tmp_path / f"runs/{r.info.run_name}/curve.csv").read_text().splitlines()
+        assert len(client.get_metric_history(r.info.run_id, "val_loss")) == len(curve) - 1
+
+
+# -- study.tracking_db that cannot hold the store: refused before anything is written ------------------
+@pytest.mark.parametrize("case", ["inside a file", "a folder", "not sqlite", "below a file"])
+def test_unusable_tracking_db_is_refused_before_the_run_starts(nano_project, tmp_path, monkeypatch, capsys, case):
     from study.train import main
 
-    monkeypatch.chdir(nano_project)
-    assert main(["seed=1", "train.lr=[1e-3", "variant=baseline", f"study.runs_dir={tmp_path}"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert "bad override (train.lr=[1e-3)" in err and "seed=1" not in err and "variant=baseline" not in err
-
-
-def test_a_corrupt_metrics_json_advises_the_command_with_its_overrides(nano_project, tmp_path, monkeypatch, capsys):
-    """The re-run command of a corrupt metrics.json carries the overrides the run needs, as the 'no
-    metrics.json' error's does."""
-    from study.compare import main
-    from tests.synthetic_runs import write_run
-
-    monkeypatch.chdir(nano_project)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("keep me")
+    db = {"inside a file": notes / "mlruns.db", "a folder": tmp_path,
+          "not sqlite": notes, "below a file": notes / "a" / "b" / "mlruns.db"}[case]
     runs = tmp_path / "runs"
-    for s in (1, 2):
-        write_run(runs / f"baseline-s{s}", "baseline", s, 4.0)
-    (runs / "baseline-s2/metrics.json").write_text("{not json")
-    args = [f"study.runs_dir={runs}", f"study.tracking_db={tmp_path / 'm.db'}", f"study.reports_dir={tmp_path / 'r'}",
-            "study.variants=[baseline]", "study.seeds=[1,2]", "train.tokens=40960"]
-    assert main(args) == 2
-    err = capsys.readouterr().err
-    assert "metrics.json is not valid JSON" in err
-    cmd = err[err.index("`python -m study.train"):].split("`")[1]
-    assert "variant=baseline seed=2" in cmd and f"study.runs_dir={runs}" in cmd and "train.tokens=40960" in cmd
+    finished = runs / "baseline-s1"
+    finished.mkdir(parents=True)
+    (finished / "metrics.json").write_text('{"val_loss": 4.0}')  # an earlier result in the run's folder
+    monkeypatch.chdir(nano_project)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    rc = main([f"study.runs_dir={runs}", f"study.tracking_db={db}", "variant=baseline", "seed=1"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and err.startswith("error: ") and len(err.splitlines()) == 1, err
+    assert f"study.tracking_db={db}" in err and "writable file path" in err, err
+    assert notes.read_text() == "keep me" and notes.is_file()
+    assert (finished / "metrics.json").read_text() == '{"val_loss": 4.0}'  # nothing lost
+    assert sorted(p.name for p in finished.iterdir()) == ["metrics.json"]  # no lock, no checkpoint
+
+
+# -- MLFLOW_TRACKING_URI --------------------------------------------------------------------------
+def test_tracking_uri_honours_mlflow_stores_or_refuses(nano_project, tmp_path, monkeypatch, capsys):
+    from study.config import ConfigError, load_config
+    from study.runner.tracking import tracking_uri
+    from study.train import main
+
+    study = load_config([], nano_project).study
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    assert tracking_uri(nano_project, study) == f"sqlite:///{nano_project.resolve() / 'mlruns.db'}"
+    for uri in (f"sqlite:///{tmp_path}/x.db", "postgresql://u@db/mlflow", "http://127.0.0.1:5000", "databricks"):
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        assert tracking_uri(nano_project, study) == uri
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "file:./mlruns")
+    with pytest.raises(ConfigError, match="MLFLOW_ALLOW_FILE_STORE=true"):
+        tracking_uri(nano_project, study)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    assert tracking_uri(nano_project, study) == "file:./mlruns"
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE")
+    monkeypatch.chdir(nano_project)
+    for uri, words in (("file:./mlruns", "file store"), ("foo://bar", "no tracking store")):
+        monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+        assert main([f"study.runs_dir={tmp_path / 'runs'}"]) == 2
+        err = one_line_error(capsys)
+        assert f"MLFLOW_TRACKING_URI={uri}" in err and words in err
+    assert not (tmp_path / "runs").exists() and not (nano_project / "mlruns").exists()
 
 
 def test_lightnings_sync_dist_advice_is_silenced_for_the_validation_metrics_only():

@@ -139,7 +139,7 @@ def validate(cfg: RunConfig) -> None:
 
 
 #: Lightning's accelerator names (``AcceleratorRegistry`` and its aliases ``gpu``, ``auto``); written out
-#: so that a config is checked before Lightning is imported (tests/test_robustness.py keeps them in sync)
+#: so that a config is checked before Lightning is imported (tests/test_bad_input.py keeps them in sync)
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 #: Lightning's strategy names: ``auto`` and ``StrategyRegistry.available_strategies()`` of Lightning 2.6
 STRATEGIES = ("auto", "ddp", "ddp_find_unused_parameters_false", "ddp_find_unused_parameters_true", "ddp_fork",
