@@ -8,7 +8,7 @@ export DO_NOT_TRACK := true
 export TIKTOKEN_CACHE_DIR := $(CURDIR)/.tiktoken
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install params study study-bpe2048 full tune exps levers lr-sweep scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
+.PHONY: install params study study-bpe2048 full tune exps levers scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
 
 install: $(STAMP)
 
@@ -81,10 +81,6 @@ exps: $(STAMP)
 levers: params
 	$(PY) -m study.levers --params params.yaml
 
-# The fairness profiles (docs/profiles.md).  The lr sweep is the tuning by one rule: every arm of tune.arms on
-# a x2 grid, two seeds a point, extended until bracketed (`make tune`; the table is conf/tuning/table.md).
-lr-sweep: tune
-
 # The scale ladder: the same pipeline, more runs.  dvc exp run needs a git commit; DVC's Hydra mode composes
 # conf/ with the -S overrides into params.yaml in the workspace (`git checkout params.yaml` or `make params`
 # turns the profile off again).  The target compare: only its upstream runs (never the tune@ARM stages); the
@@ -121,6 +117,8 @@ ladder-tune: params
 test: $(STAMP)
 	$(PY) -m pytest -q -rs
 
+# The fast subset: every test but those marked slow (they train a model, prepare data, or start interpreters or DVC);
+# its time is measured in docs/layout.md.
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
 

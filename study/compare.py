@@ -16,7 +16,7 @@ the runs of runs/GROUP/ (trained with the same ``study.group``) and writes to re
                   evaluations; `dvc plots show` draws one line per run)
   figures/        val and train loss curves, final losses per seed, paired differences, and (when
                   they apply) per corpus, frontier, lr sweep, scale ladder
-With ``study.arms`` set, the decided verdict of the test runs (runs/test/, the ``verdict`` stage) is added to
+With ``study.arms`` set, the decided verdict of the test runs (runs/test/, the ``test_runs`` stage) is added to
 summary.json ("verdict"), comparison.md and the MLflow run "compare": every comparison in one word, with its
 numbers (docs/verdict.md).
 Diverged runs are reported as such and left out of the statistics.  The work is

@@ -21,8 +21,8 @@ Trains one (variant, seed) run on the prepared token data and writes
   .lock            held by the one process that writes this folder (filelock)
   .replaced/       only while a start builds its Trainer: the last run's files it replaces, put back
                    if Lightning refuses the trainer settings (study.runner.run_state.Replaced)
-(``runs/GROUP/VARIANT-sSEED/`` with ``study.group=GROUP``, as the lr-sweep and
-scale-ladder profiles do, see study/runner/profiles.py)
+(``runs/GROUP/VARIANT-sSEED/`` with ``study.group=GROUP``, as the test stage and
+the scale ladder do, see study/runner/arms.py and study/runner/profiles.py)
 and one MLflow run (experiment = study.name, run name = [GROUP/]VARIANT-sSEED) in the
 project's SQLite store.
 
@@ -118,13 +118,13 @@ def wall_clock_callback():
 
 
 def recorded_config(cfg, data_digest: str) -> dict:
-    """config.json of a run: the resolved config it trained with (without the study, lr_sweep,
+    """config.json of a run: the resolved config it trained with (without the study,
     scale_ladder and defaults sections, which say which runs exist) plus the prepared data's digest;
     compare pairs only runs whose config.json agree on everything but the variant."""
     from study.config import VERDICT_SECTIONS
 
     d = {k: v for k, v in to_dict(cfg).items()
-         if k not in ("study", "lr_sweep", "scale_ladder", "defaults", *VERDICT_SECTIONS)}
+         if k not in ("study", "scale_ladder", "defaults", *VERDICT_SECTIONS)}
     return {**d, "data_digest": data_digest}
 
 
@@ -362,7 +362,7 @@ def _report(cfg, root: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     try:
         return run_stage(_report, argv)
-    except KeyboardInterrupt:  # the run was marked KILLED and its lock released; as study.tune and study.verdict do
+    except KeyboardInterrupt:  # the run was marked KILLED and its lock released; as study.tune and study.test_runs do
         print(INTERRUPTED.format(stage="study.train"), file=sys.stderr)
         return 130
 

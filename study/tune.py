@@ -35,10 +35,11 @@ import sys
 from pathlib import Path
 
 from study.analysis.tuned_file import _read_tuned, tuned_sizes, tuned_yaml  # noqa: F401 (tuned_yaml: public here too)
-from study.analysis.tuning import choose, lr_key, score, tune_arm
+from study.analysis.tuning import choose, score, tune_arm
 from study.analysis.tuning_table import check_result, figure, table_markdown  # noqa: F401 (public here too)
 from study.runner.arms import _plain, arm_of, ensure_runs, recipe, recipe_difference, run_overrides, tune_group
 from study.config import ConfigError, StudyError, run_stage
+from study.config.naming import lr_key
 from study.runner.run_state import INTERRUPTED  # noqa: F401 (public here too)
 
 TABLE_JSON, TABLE_MD, FIGURE, RESULT = "table.json", "table.md", "tuning.png", "tuning.json"
@@ -93,9 +94,9 @@ def tune_one(cfg, root: Path, name: str, params: str | None, base: list[str] = (
     arm, tu = arm_of(cfg, name), cfg.tune
     if name not in tu.arms:
         raise ConfigError(f"arm {name!r} is not in tune.arms={list(tu.arms)}: add it there to tune it")
-    if cfg.train.lr_from_tuned or cfg.train.lr_from_sweep:
-        raise ConfigError("tuning sets each grid point's lr, but train.lr_from_tuned or train.lr_from_sweep would replace "
-                          "it with one lr: drop that override")
+    if cfg.train.lr_from_tuned:
+        raise ConfigError("tuning sets each grid point's lr, but train.lr_from_tuned would replace it with one lr: "
+                          "drop that override")
     extra = [f"train.tokens={tu.tokens}"] if tu.tokens is not None else []
     points = {}
 

@@ -44,11 +44,6 @@ train:
   eval_every: 5
   val_tokens: 8192
   log_every: 5
-lr_sweep:
-  variants: []
-  lrs: [1.5e-3, 3.0e-3, 6.0e-3]
-  seed: 1
-  tokens: 10240
 scale_ladder:
   models: []
   variants: [baseline, nonlinear_q]
@@ -113,6 +108,27 @@ def start_until_checkpoint(cmd: list[str], project: Path, ckpt: Path, timeout: f
     while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
     return proc
+
+
+def mlflow_runs(db: Path):
+    """(client, every run of every experiment) of the SQLite MLflow store ``db``."""
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    return client, client.search_runs([e.experiment_id for e in client.search_experiments()])
+
+
+def one_line_error(capsys) -> str:
+    """The stage's error on stderr, asserted to be one line starting ``error: ``."""
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+    return err
+
+
+def train_cmd(runs: Path, db: Path, *extra: str) -> list[str]:
+    """A ``study.train`` process long enough (163,840 tokens) to be signalled after its first checkpoint."""
+    return [sys.executable, "-m", "study.train", "variant=identity_q", "seed=4", "train.tokens=163840",
+            "trainer.progress_bar=false", f"study.runs_dir={runs}", f"study.tracking_db={db}", *extra]
 
 
 @pytest.fixture(scope="session")

@@ -36,7 +36,7 @@ def write_run(d: Path, variant: str, seed: int, loss: float, *, tokens=1000, lr=
               "data": {"tokenizer": "bpe", "corpora": list(CORPORA), "bpe_vocab_size": 512},
               "train": {"tokens": tokens, "batch_tokens": 500, "lr": 3e-3, "min_lr": 3e-4, "warmup_tokens": 0,
                         "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0, "val_tokens": 8192,
-                        "lr_from_sweep": False, "data_seed": None, "init_seed": None, **(train or {})},
+                        "data_seed": None, "init_seed": None, **(train or {})},
               "trainer": {"precision": "32-true", "progress_bar": False},
               "seed": seed, "data_digest": digest}
     (d / "config.json").write_text(json.dumps(config))

@@ -259,13 +259,14 @@ def test_curves_are_in_millions_of_tokens_from_zero(tmp_path):
 
 
 # -- the record a run leaves -------------------------------------------------------------------------
+@pytest.mark.slow  # one nano training
 def test_a_run_records_its_settings_and_data_digest(run_in, tmp_path, nano_project):
     from study.analysis.runs import read_run
 
     m = run_in("variant=nonlinear_q", "seed=1", "train.tokens=4096", "train.eval_every=1")
     d = tmp_path / "runs/nonlinear_q-s1"
     config = json.loads((d / "config.json").read_text())
-    assert not {"study", "lr_sweep", "scale_ladder", "defaults"} & set(config)
+    assert not {"study", "scale_ladder", "defaults", "arms", "tune", "tuned", "decomposition"} & set(config)
     assert config["train"]["tokens"] == 4096 and config["variant"]["name"] == "nonlinear_q" and config["seed"] == 1
     meta = nano_project / "data/tokens/meta.json"
     assert config["data_digest"] == _digest(meta)
@@ -340,7 +341,7 @@ def test_two_ladder_sizes_are_not_fitted_and_a_size_at_another_lr_is_refused(nan
     md = (tmp_path / "reports/comparison.md").read_text()
     assert "| ladder-64 | 4 x 64 |" in md and "n/a (not fitted: 2 size(s)" in md
     assert (tmp_path / "reports/figures/scale_ladder.png").exists()
-    assert not (tmp_path / "reports/figures/lr_sweep.png").exists()
+    assert not (tmp_path / "reports/figures/frontier.png").exists()  # a figure is written only where it applies
     # one ladder size trained at another lr than the other: the sizes do not pair
     write_run(runs / "scale_ladder/ladder-96/nonlinear_q-s2", "nonlinear_q", 2, 3.9, tokens=9600, params=96000,
               fpt=576000, model={"name": "ladder-96", "n_layer": 4, "n_head": 4, "n_embd": 96}, train={"lr": 1e-3})

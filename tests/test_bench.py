@@ -9,6 +9,7 @@ import pytest
 import torch
 
 
+@pytest.mark.slow  # the throughput loops
 def test_bench_prints_the_table(nano_project, monkeypatch, capsys, tmp_path):
     from study.bench import main
 

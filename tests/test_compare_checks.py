@@ -1,4 +1,4 @@
-"""What compare and the verdict stage check of a test run before they count or reuse it: the arm's lr and recipe
+"""What compare and the test_runs stage check of a test run before they count or reuse it: the arm's lr and recipe
 (compare refuses a run re-trained without them), a printed re-train command that reproduces the run it names (its
 resume key), and a reused run whose config.json is the run's key."""
 from __future__ import annotations
@@ -42,7 +42,8 @@ def _arm_run(cfg, root: Path, params: str, arm: str, seed: int, loss: float, dro
     """One finished test run of ``arm`` with the config.json study.train records for the arm's overrides (but the
     overrides in ``drop``: a run re-trained by hand without them)."""
     from study.config import load_config, run_dir
-    from study.runner.arms import run_overrides, testing_group, tuned_lr
+    from study.config.naming import testing_group
+    from study.runner.arms import run_overrides, tuned_lr
     from study.train import recorded_config
 
     over = [o for o in run_overrides(cfg, arm, seed, tuned_lr(cfg, arm), testing_group(arm))
@@ -95,7 +96,8 @@ def test_the_printed_command_re_trains_the_run_it_names(nano_project, tmp_path, 
     from study.analysis.runs import RunsError
     from study.analysis.verdict import tested_runs
     from study.config import load_config
-    from study.runner.arms import ensure_run, run_overrides, testing_group, tuned_lr
+    from study.config.naming import testing_group
+    from study.runner.arms import ensure_run, run_overrides, tuned_lr
 
     monkeypatch.chdir(nano_project)
     monkeypatch.setenv("DVC_EXP_NAME", "test")  # params.yaml holds values conf/ does not: inside `dvc exp run`
@@ -126,7 +128,8 @@ def test_a_run_whose_config_json_was_edited_is_not_reused(nano_project, tmp_path
     """record.json's key alone would reuse it, and compare would then refuse it ("re-run the odd run"): the verdict
     stage checks config.json against the key, as compare checks it, and trains the run again."""
     from study.config import load_config
-    from study.runner.arms import ensure_run, reusable, run_overrides, testing_group
+    from study.config.naming import testing_group
+    from study.runner.arms import ensure_run, reusable, run_overrides
 
     monkeypatch.chdir(nano_project)
     monkeypatch.setenv("DVC_EXP_NAME", "test")  # params.yaml holds values conf/ does not: inside `dvc exp run`

@@ -81,6 +81,7 @@ def _read_positions(path):
     return [int(r["position"]) for r in rows], [float(r["val_loss"]) for r in rows]
 
 
+@pytest.mark.slow  # one nano training
 def test_per_position_loss_against_a_hand_loop(run_in, nano_project, tmp_path):
     """A nano run's positions.csv against a hand loop over the same fixed validation windows with the run's
     final weights: each position's mean loss, their mean = val_loss, in_context_gain from them."""

@@ -1,4 +1,4 @@
-"""Reliability, round three (issue 25 items 1-2; recipe arms item 3): a diverged run is data, not a crash.
+"""A diverged run is data, not a crash.
 
 Real diverging runs (a NaN loss, a finite but absurd loss, a NaN validation batch) go through the real
 train and the real compare; the status and step they record are checked against the divergence rule
@@ -58,6 +58,7 @@ def _history(db, run_id, key="train_loss"):
     return {m.step: m.value for m in MlflowClient(tracking_uri=f"sqlite:///{db}").get_metric_history(run_id, key)}
 
 
+@pytest.mark.slow  # nano trainings
 @pytest.mark.parametrize("lr,kind", [("1e30", "nan"), ("10", "finite")])
 def test_a_diverged_run_goes_through_the_real_compare_as_a_lost_point(run_in, nano_project, tmp_path, monkeypatch,
                                                                       capsys, lr, kind):
@@ -104,6 +105,7 @@ def test_a_diverged_run_goes_through_the_real_compare_as_a_lost_point(run_in, na
     assert runs["baseline"][2]["diverged_step"] == expected and runs["baseline"][1]["val_loss"] == ok["val_loss"]
 
 
+@pytest.mark.slow  # one nano training
 def test_a_nan_validation_batch_is_a_divergence_not_dropped(run_in, tmp_path, monkeypatch):
     """Issue 25 item 2: one NaN window in the second evaluation makes it NaN (torchmetrics' default
     MeanMetric would average the finite rest), and the run stops there as diverged."""
@@ -170,3 +172,26 @@ def test_every_baseline_seed_diverged_is_still_a_report(nano_project, tmp_path, 
     summary = strict_json(tmp_path / "reports/summary.json")
     assert summary["per_corpus"] is None and set(summary["variants"]["baseline"]["diverged"]) == {"1", "2"}
     assert "baseline-s1: diverged" in (tmp_path / "reports/comparison.md").read_text()
+
+
+@pytest.mark.slow  # two nano trainings
+def test_divergence_stops_the_run_and_compare_reports_it(run_in, tmp_path, nano_project, monkeypatch):
+    from mlflow import MlflowClient
+
+    from study.analysis.summary import summarize
+    from study.config import load_config
+
+    m = run_in("variant=baseline", "seed=1", "train.lr=30", "train.min_lr=30", "train.warmup_tokens=0",
+               "train.tokens=40960", "train.divergence_nats=0.5")
+    assert m["status"] == "diverged" and m["steps"] == m["diverged_step"] <= 20
+    assert "non-finite" in m["reason"] or "consecutive" in m["reason"] or "final" in m["reason"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
+    run = client.get_run(m["mlflow_run_id"])  # a result, not a crash (issue 25): FINISHED, tagged
+    assert run.info.status == "FINISHED" and run.data.tags["diverged"] == m["reason"]
+    assert run.data.tags["status"] == "diverged" and run.data.tags["diverged_step"] == str(m["diverged_step"])
+    ok = run_in("variant=baseline", "seed=2")
+    cfg = load_config(["study.seeds=[1,2]", "study.variants=[baseline]"], nano_project)
+    runs = {"baseline": {1: {**m, "curve": []}, 2: {**ok, "curve": []}}}
+    s = summarize(cfg, runs, nano_project)["variants"]["baseline"]
+    assert s["n_seeds"] == 1 and s["val_loss_mean"] == ok["val_loss"]
+    assert s["diverged"] == {"1": {"step": m["diverged_step"], "reason": m["reason"]}}

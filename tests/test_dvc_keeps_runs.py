@@ -86,7 +86,7 @@ def test_a_stage_that_trains_depends_on_every_study_module_the_training_module_i
                 if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("study.")}
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     training = {name: s["deps"] for name, s in stages.items() if "study/modeling/lm.py" in s.get("deps", [])}
-    assert {"train", "lr_sweep", "train_tuned", "scale_ladder"} <= set(training)
+    assert {"train", "scale_ladder"} <= set(training)
     for name, deps in training.items():
         for module in imported:
             path = module.replace(".", "/")

@@ -19,6 +19,7 @@ def _numbers_only(d: dict) -> bool:
     return all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in d.values())
 
 
+@pytest.mark.slow  # one nano training
 def test_a_run_writes_numbers_to_metrics_json_and_the_rest_to_record_json(run_in, tmp_path):
     from study.analysis.runs import read_run
     from study.train import METRICS
@@ -59,6 +60,7 @@ def _synthetic_study(runs, seeds=(1, 2), missing=()):
                 write_run(runs / f"{v}-s{s}", v, s, by_seed[s])
 
 
+@pytest.mark.slow  # dvc processes
 def test_dvc_metrics_and_plots_of_the_pipeline(tmp_path, monkeypatch):
     """In a copy of the project (a git and DVC repository): compare's metric files are numbers only, one
     per variant; `dvc metrics show` lists runs and variants; `dvc plots show` draws one val_loss chart with
@@ -161,14 +163,13 @@ def test_missing_run_hint_is_a_command_that_makes_that_run(nano_project, tmp_pat
 
 
 def test_missing_profile_run_hint_carries_the_profile_settings(nano_project):
-    from study.analysis.runs import run_overrides
+    from study.analysis.runs import train_hint_overrides
     from study.config import load_config
 
     cfg = load_config([], nano_project)
-    assert run_overrides(cfg, nano_project, "tuned") == ["train.lr_from_sweep=true"]
-    ladder = run_overrides(cfg, nano_project, "scale_ladder/ladder-64")
+    ladder = train_hint_overrides(cfg, nano_project, "scale_ladder/ladder-64")
     assert ladder == ["model=ladder-64", "train.tokens_per_param=0.5", "train.warmup_tokens=2048", "train.lr_from_tuned=true",
                       "train.lr_per_size=true"]
     cfg = load_config(["model=ladder-96"], nano_project)  # the study's own model choice gives way to the size's
-    assert [o for o in run_overrides(cfg, nano_project, "scale_ladder/ladder-64") if o.startswith("model=")] == [
+    assert [o for o in train_hint_overrides(cfg, nano_project, "scale_ladder/ladder-64") if o.startswith("model=")] == [
         "model=ladder-64"]

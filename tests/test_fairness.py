@@ -13,6 +13,7 @@ import pytest
 STEPS, BATCH = 20, 32  # NANO_STUDY: batch_tokens 2048 / block_size 64 = 32 windows per optimizer step
 
 
+@pytest.mark.slow  # one nano training
 def test_each_step_reads_windows_spread_over_the_split_and_the_run_sees_the_split_mix(run_in, nano_project, tmp_path,
                                                                                       monkeypatch):
     """Record a real run's window order: the 32 windows of a step fall in ~25 of 64 equal blocks of the split
@@ -110,6 +111,7 @@ def test_prepare_writes_the_yardsticks_of_the_fixed_validation_windows(nano_proj
     assert 2.0 < y["bigram"]["all"] < y["unigram"]["all"] < math.log(meta["vocab_size"])
 
 
+@pytest.mark.slow  # one nano training
 def test_every_evaluation_logs_the_validation_loss_per_corpus(run_in, nano_project, tmp_path):
     """val_loss/CORPUS in the curve, metrics.json and MLflow; their window-weighted mean is val_loss."""
     import csv

@@ -76,6 +76,7 @@ def test_gpu_check_cpu_runs_every_phase(nano_project, tmp_path):
                              "val_loss_agrees_across_batch_sizes": True}
 
 
+@pytest.mark.slow  # an interpreter started
 def test_gpu_check_without_tokens_says_how_to_prepare(tmp_path):
     r = run_cli(Path(__file__).resolve().parent.parent, "study.gpu_check", "--cpu", "--tokens",
                 str(tmp_path / "none"), "--out", str(tmp_path / "out"))

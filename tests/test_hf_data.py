@@ -86,6 +86,7 @@ def _expected(texts: list[str]) -> np.ndarray:
     return np.asarray([t for text in texts for t in enc.encode_ordinary(text) + [50256]], dtype=np.int64)
 
 
+@pytest.mark.slow  # prepare with two workers
 def test_prepare_reads_a_local_parquet_copy_with_parallel_workers(project, owt_copy, tmp_path, capsys):
     from study.prepare import main
 

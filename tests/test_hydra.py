@@ -143,6 +143,7 @@ def test_help_lists_the_groups_and_their_options():
     assert "--cfg job" in out and "--multirun" in out and "model.n_layer=3" in out
 
 
+@pytest.mark.slow  # an interpreter started, timed
 def test_a_config_error_fails_fast_in_one_line_before_lightning_is_imported():
     code = ("import sys, time; sys.argv = ['train', 'variant=nonlinar_q']; t = time.perf_counter()\n"
             "from study.train import main\nrc = main()\n"
@@ -175,6 +176,7 @@ def test_multirun_expands_the_sweep_and_runs_each_job_in_order():
     assert run_stage(body, ["--multirun", "seed=1,-5", *NANO]) == 2 and runs == []
 
 
+@pytest.mark.slow  # interpreters started
 def test_params_yaml_is_conf_composed_as_dvc_composes_it():
     """The committed params.yaml is what DVC's Hydra mode writes for no overrides (`make params`); DVC finds
     the typed schema through hydra_plugins/ (a process that never imports study itself)."""
@@ -205,7 +207,7 @@ def test_dvc_runs_hydra_mode_and_every_stage_reads_params_yaml():
     assert "vars" not in yaml.safe_load((ROOT / "dvc.yaml").read_text())  # params.yaml's values are DVC's default vars
     assert stages.pop("check_params")["cmd"] == "python -m study.config --check"
     for name, stage in stages.items():
-        assert stage["cmd"].startswith(f"python -m study.{'train' if 'train' in name or name in ('lr_sweep', 'scale_ladder') else name} "
+        assert stage["cmd"].startswith(f"python -m study.{'train' if name in ('train', 'scale_ladder') else name} "
                                        "--params params.yaml"), (name, stage["cmd"])
         assert all(isinstance(p, str) for p in stage["params"])  # keys of params.yaml
 
@@ -261,7 +263,7 @@ def test_check_params_fails_in_one_line_when_conf_was_edited(tmp_path, monkeypat
     assert (tmp_path / "params.yaml").read_text() == (ROOT / "params.yaml").read_text()
     assert _cli(tmp_path, "study.config", "--check").returncode == 0
     study = tmp_path / "conf/study.yaml"
-    study.write_text(study.read_text().replace("tokens: 2097152", "tokens: 1048576", 1))  # train.tokens (lr_sweep.tokens is the same value)
+    study.write_text(study.read_text().replace("tokens: 2097152", "tokens: 1048576", 1))  # train.tokens
     r = _cli(tmp_path, "study.config", "--check")
     assert r.returncode == 2 and r.stderr.splitlines() == [
         "error: params.yaml is not conf/ composed (sections ['train'] differ): after editing conf/ run `make params` "

@@ -1,4 +1,4 @@
-"""study.jobs: the tune and verdict stages train their missing runs in study.train processes, several at once,
+"""study.jobs: the tune and test_runs stages train their missing runs in study.train processes, several at once,
 with the numbers of one in-process training at the same trainer.threads; failures are named together, finished
 runs reused."""
 from __future__ import annotations
@@ -24,6 +24,7 @@ def val_loss(d) -> float:
     return json.loads((d / "metrics.json").read_text())["val_loss"]
 
 
+@pytest.mark.slow  # training processes
 def test_two_processes_give_the_numbers_of_one_and_reuse_what_finished(nano_project, tmp_path, monkeypatch):
     from study.runner.arms import ensure_runs
 
@@ -42,6 +43,7 @@ def test_two_processes_give_the_numbers_of_one_and_reuse_what_finished(nano_proj
     assert [r for _, r in ensure_runs(runs, nano_project, None, jobs=2)] == [True, True]
 
 
+@pytest.mark.slow  # training processes
 def test_failed_trainings_are_named_together(nano_project, tmp_path, monkeypatch):
     from study.runner.arms import ensure_runs
 
@@ -123,17 +125,17 @@ def test_an_unwritable_path_ends_a_stage_in_one_line(nano_project, monkeypatch, 
                    "again"), err
 
 
-@pytest.mark.parametrize("stage", ["verdict", "tune"])
+@pytest.mark.parametrize("stage", ["test_runs", "tune"])
 def test_ctrl_c_ends_the_tuning_and_test_stages_in_one_line(nano_project, monkeypatch, capsys, stage):
     import study.tune
-    import study.verdict
+    import study.test_runs
 
     monkeypatch.chdir(nano_project)
 
     def stop(*args, **kwargs):
         raise KeyboardInterrupt
-    module = study.verdict if stage == "verdict" else study.tune
+    module = study.test_runs if stage == "test_runs" else study.tune
     monkeypatch.setattr(module, "run_stage", stop)  # Ctrl-C while the stage trains (its runs end KILLED first)
-    assert module.main([] if stage == "verdict" else ["--write"]) == 130
+    assert module.main([] if stage == "test_runs" else ["--write"]) == 130
     err = capsys.readouterr().err.strip()
     assert err == study.tune.INTERRUPTED.format(stage=f"study.{stage}"), err

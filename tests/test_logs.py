@@ -15,6 +15,7 @@ NOISE = ("Tip:", "litlogger", "Create an account", "Checkpoint directory", "exis
          "GPU available", "`Trainer.fit` stopped")
 
 
+@pytest.mark.slow  # a training process
 def test_training_log_shows_steps_of_the_total_and_no_noise(nano_project, tmp_path):
     args = [f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={tmp_path / 'mlruns.db'}",
             f"study.artifact_dir={tmp_path / 'mlartifacts'}", "variant=baseline", "seed=3", "trainer.threads=1",
@@ -59,6 +60,7 @@ def test_training_log_shows_steps_of_the_total_and_no_noise(nano_project, tmp_pa
         assert val == (f"{float(curve[evaluated]['val_loss']):.3f}" if evaluated else ""), (step, val)
 
 
+@pytest.mark.slow  # a prepare process
 def test_prepare_log_has_no_account_prompt(nano_project, tmp_path):
     r = run_cli(nano_project, "study.prepare", f"data.dir={tmp_path / 'tokens'}")
     assert r.returncode == 0, r.stderr[-3000:]

@@ -1,13 +1,11 @@
-"""The lr-sweep and scale-ladder profiles: run resolution, reports on synthetic runs, and a real DVC run."""
+"""The scale-ladder profile: run resolution, its report on synthetic runs, and a real DVC run."""
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 import pytest
-from scipy import stats
 
 from tests.conftest import NANO_STUDY
 from tests.synthetic_runs import write_run
@@ -16,50 +14,6 @@ from study.analysis.runs import read_result  # metrics.json and record.json of a
 
 def _write_run(d: Path, variant: str, seed: int, loss: float, **kw):
     return write_run(d, variant, seed, loss, **kw)
-
-
-def sweep_loss(variant: str, lr: float) -> float:
-    """A bowl in log lr: baseline best at 2e-3, nonlinear_q best at 4e-3 (the grid's edge)."""
-    best = {"baseline": 2e-3, "nonlinear_q": 4e-3}[variant]
-    return 4.0 + 0.1 * math.log(lr / best) ** 2 - (0.05 if variant == "nonlinear_q" else 0.0)
-
-
-def test_lr_sweep_report(nano_project, tmp_path, monkeypatch):
-    """Best lr per variant from the sweep, and both verdicts equal scipy's paired t on the same numbers."""
-    from study.compare import main
-
-    runs, lrs, seeds = tmp_path / "runs", [1e-3, 2e-3, 4e-3], [1, 2, 3]
-    noise = {1: -0.01, 2: 0.004, 3: 0.012}
-    for v in ("baseline", "nonlinear_q"):
-        for lr in lrs:
-            _write_run(runs / f"lr_sweep/lr{lr}/{v}-s1", v, 1, sweep_loss(v, lr), tokens=512, lr=lr)
-        for s in seeds:
-            _write_run(runs / f"{v}-s{s}", v, s, sweep_loss(v, 3e-3) + noise[s] * (1 + (v == "baseline")))
-            _write_run(runs / f"tuned/{v}-s{s}", v, s, sweep_loss(v, {"baseline": 2e-3, "nonlinear_q": 4e-3}[v])
-                       + noise[s] * (2 if v == "nonlinear_q" else 1), lr={"baseline": 2e-3, "nonlinear_q": 4e-3}[v])
-    monkeypatch.chdir(nano_project)
-    args = [f"study.runs_dir={runs}", f"study.reports_dir={tmp_path / 'reports'}", "study.seeds=[1,2,3]",
-            "study.variants=[baseline,nonlinear_q]", "lr_sweep.variants=[baseline,nonlinear_q]",
-            f"lr_sweep.lrs={lrs}", "lr_sweep.tokens=512", "train.batch_tokens=512", "train.tokens=20480"]
-    assert main(args) == 0
-    sw = json.loads((tmp_path / "reports/summary.json").read_text())["lr_sweep"]
-    assert sw["variants"]["baseline"]["best_lr"] == 2e-3 and not sw["variants"]["baseline"]["at_edge"]
-    assert sw["variants"]["nonlinear_q"]["best_lr"] == 4e-3 and sw["variants"]["nonlinear_q"]["at_edge"]
-    for kind, folder in (("shared", ""), ("tuned", "tuned/")):
-        loss = {v: [json.loads((runs / f"{folder}{v}-s{s}/metrics.json").read_text())["val_loss"] for s in seeds]
-                for v in ("baseline", "nonlinear_q")}
-        res = stats.ttest_rel(loss["nonlinear_q"], loss["baseline"])
-        c = sw[kind]["nonlinear_q"]
-        assert c["p_value"] == pytest.approx(res.pvalue, rel=1e-9)
-        base = np.mean(loss["baseline"])
-        assert c["pct_log_loss"] == pytest.approx(100 * (np.mean(loss["nonlinear_q"]) - base) / base, rel=1e-9)
-    md = (tmp_path / "reports/comparison.md").read_text()
-    assert "## Learning-rate sweep: shared lr against tuned lr" in md and "grid edge" in md
-    assert (tmp_path / "reports/figures/lr_sweep.png").read_bytes()[:4] == b"\x89PNG"
-
-    # a tuned run trained at an lr that is no longer the sweep's best is stale: compare refuses it
-    _write_run(runs / "lr_sweep/lr0.001/baseline-s1", "baseline", 1, 3.0, tokens=512, lr=1e-3)
-    assert main(args) == 2
 
 
 def test_scale_ladder_report(nano_project, tmp_path, monkeypatch):
@@ -103,9 +57,8 @@ def test_scale_ladder_report(nano_project, tmp_path, monkeypatch):
 
 
 def test_resolve_tokens_per_param_and_tuned_lr(nano_project, tmp_path, monkeypatch):
-    """tokens_per_param counts the baseline's non-embedding parameters; lr_from_sweep takes the sweep's best."""
+    """tokens_per_param counts the baseline's non-embedding parameters; lr_from_tuned takes the arm's lr*."""
     from study.config import load_config, peak_lr
-    from study.data import DataError
     from study.modeling.model import GPT
     from study.runner.profiles import resolve
 
@@ -116,17 +69,6 @@ def test_resolve_tokens_per_param_and_tuned_lr(nano_project, tmp_path, monkeypat
     n = sum(p.numel() for name, p in base.named_parameters() if name not in ("transformer.wte.weight",
                                                                              "transformer.wpe.weight"))
     assert cfg.train.tokens == (n // 2048) * 2048 and cfg.train.tokens > 0
-
-    runs = tmp_path / "runs"
-    args = ["variant=nonlinear_q", f"study.runs_dir={runs}", "train.lr_from_sweep=true", "lr_sweep.lrs=[1e-3,2e-3,4e-3]",
-            "lr_sweep.tokens=2048"]
-    with pytest.raises(DataError, match="lacks finished runs"):
-        resolve(load_config(args, nano_project), nano_project)
-    for lr, loss in ((1e-3, 4.2), (2e-3, 4.1), (4e-3, 4.3)):
-        _write_run(runs / f"lr_sweep/lr{lr}/nonlinear_q-s1", "nonlinear_q", 1, loss, tokens=2048, lr=lr)
-    cfg = resolve(load_config(args, nano_project), nano_project)
-    lr, min_lr = peak_lr(cfg)
-    assert lr == 2e-3 and min_lr == pytest.approx(2e-3 * 3e-4 / 3e-3)
 
     # lr_from_tuned: the variant's arm's lr* of conf/tuned.yaml, at any size (the scale ladder's transfer rule)
     import yaml
@@ -173,9 +115,6 @@ def test_resolve_tokens_per_param_and_tuned_lr(nano_project, tmp_path, monkeypat
 
 
 @pytest.mark.parametrize("override, words", [
-    (["lr_sweep.variants=[nonlinear_q]"], ["must include study.baseline"]),
-    (["lr_sweep.variants=[baseline]", "lr_sweep.lrs=[1e-3,2e-3]"], ["at least 3 distinct"]),
-    (["lr_sweep.variants=[baseline,identity_q]"], ["not in study.variants"]),
     (["scale_ladder.models=[ladder-64]"], ["at least 2 distinct"]),
     (["scale_ladder.models=[ladder-64,ladder-999]", "scale_ladder.lr_from_tuned=false"], ["unknown", "ladder-999"]),
     (["scale_ladder.models=[ladder-64,ladder-96]", "scale_ladder.variants=[nonlinear_q]"], ["must include"]),
@@ -191,7 +130,7 @@ def test_profile_config_errors(nano_project, override, words):
     assert all(w in str(e.value) for w in words), str(e.value)
 
 
-PROFILES_STUDY = NANO_STUDY.replace("lr_sweep:\n  variants: []", "lr_sweep:\n  variants: [baseline, nonlinear_q]").replace(
+PROFILES_STUDY = NANO_STUDY.replace(
     "scale_ladder:\n  models: []", "scale_ladder:\n  models: [nano, nano-64]") + (
     "tuned:\n  lr: {{baseline: 0.004, nonlinear_q: 0.006}}\n"
     "  size: {{nano: {{baseline: 0.004, nonlinear_q: 0.006}}, nano-64: {{baseline: 0.002, nonlinear_q: 0.003}}}}\n"
@@ -199,8 +138,8 @@ PROFILES_STUDY = NANO_STUDY.replace("lr_sweep:\n  variants: []", "lr_sweep:\n  v
 
 
 @pytest.mark.slow
-def test_both_profiles_through_dvc(tmp_path):
-    """`dvc repro` with both profiles on: sweep, tuned runs, ladder, one report with both verdicts."""
+def test_the_scale_ladder_through_dvc(tmp_path):
+    """`dvc repro` with the scale ladder on: every size's runs at the lr* tuned at its size, one report."""
     import subprocess
 
     from tests.conftest import copy_project, env_for, write_params
@@ -216,14 +155,8 @@ def test_both_profiles_through_dvc(tmp_path):
     res = subprocess.run(["dvc", "repro"], cwd=project, env=env, capture_output=True, text=True, timeout=3000)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     summary = json.loads((project / "reports/summary.json").read_text())
-    sw, la = summary["lr_sweep"], summary["scale_ladder"]
-    for v in ("baseline", "nonlinear_q"):
-        best = sw["variants"][v]
-        losses = {p["lr"]: p["val_loss"] for p in best["points"]}
-        assert best["best_lr"] == min(losses, key=losses.get)
-        for s in (1, 2):
-            m = read_result(project / f"runs/tuned/{v}-s{s}")
-            assert m["lr"] == best["best_lr"] and m["tokens"] == 10240
+    la = summary["scale_ladder"]
+    assert "lr_sweep" not in summary and not (project / "runs/lr_sweep").exists()
     assert [s["model"] for s in la["sizes"]] == ["nano", "nano-64"]
     toks = [s["tokens"] for s in la["sizes"]]
     assert toks[0] < toks[1]  # compute-matched budgets grow with the model
@@ -234,7 +167,7 @@ def test_both_profiles_through_dvc(tmp_path):
         for v, lr in zip(("baseline", "nonlinear_q"), size_lr):  # each variant at the lr* tuned at its size
             assert {read_result(project / f"runs/scale_ladder/{s['model']}/{v}-s{k}")["lr"] for k in (1, 2)} == {lr}
     md = (project / "reports/comparison.md").read_text()
-    assert "shared lr against tuned lr" in md and "Scale ladder" in md
+    assert "Scale ladder" in md and "Learning-rate sweep" not in md
     assert "| nonlinear_q (lr 0.006) |" in md and "| nonlinear_q (lr 0.003) |" in md  # the lr each variant trained at
     assert "the lr* tuned at its size" in md
     # nothing to do on a second repro

@@ -355,6 +355,7 @@ def test_every_arm_composes_and_validates():
 
 
 # -- end to end: a run records the probe, the schedule and the z-loss --------------------------------
+@pytest.mark.slow  # nano trainings
 def test_a_recipe_run_records_logits_schedule_and_z_loss(run_in, tmp_path):
     """nonlinear_q_ph with d2z and z-loss on the nano data: curve.csv has attn_logit_max per layer and
     ends at lr 0, record.json holds the last row's values, MLflow has diag/... and z_loss apart."""
@@ -407,6 +408,7 @@ def test_the_report_lists_final_attention_logits(nano_project, tmp_path, monkeyp
     assert "| baseline_qknorm | 2.25 | 3.25 | 3.25 |" in md
 
 
+@pytest.mark.slow  # the throughput loops
 def test_bench_measures_the_recipe_arms_beside_baseline(nano_project, monkeypatch, capsys):
     """`python -m study.bench` takes every new arm beside baseline and nonlinear_q in one run (medians of
     repeats) and prints QK-norm's cost; speed itself is never asserted."""

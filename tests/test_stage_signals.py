@@ -64,12 +64,12 @@ def test_ctrl_c_of_the_verdict_stage_at_one_job_ends_as_at_two(nano_project, tmp
     data = yaml.safe_load(params.read_text())  # both arms at a fixed lr: no tuning table needed
     data["arms"]["nlqd"]["lr"], data["tuned"] = 0.003, {"lr": {}}
     params.write_text(yaml.safe_dump(data, sort_keys=False))
-    cmd = [sys.executable, "-m", "study.verdict", "--params", str(params), "study.jobs=1", "train.tokens=409600",
+    cmd = [sys.executable, "-m", "study.test_runs", "--params", str(params), "study.jobs=1", "train.tokens=409600",
            ]
     monkeypatch.setenv("DVC_EXP_NAME", "test")
     rc, err = _ctrl_c(cmd, nano_project, tmp_path / "runs/test/nlqd/nonlinear_q-s1/checkpoints/last.ckpt", tmp_path)
     assert rc == 130, err[-3000:]
-    assert err.strip().splitlines()[-1] == INTERRUPTED.format(stage="study.verdict")
+    assert err.strip().splitlines()[-1] == INTERRUPTED.format(stage="study.test_runs")
 
 
 @pytest.mark.slow  # two nano trainings started, their stage SIGKILLed (~40 s)

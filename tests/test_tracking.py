@@ -29,6 +29,7 @@ def _study(root: Path, **over):
     return load_config([f"study.{k}={v}" for k, v in over.items()], root).study
 
 
+@pytest.mark.slow  # one nano training
 def test_run_logs_its_files_shaping_params_and_steps_of_the_curve(run_in, nano_project, tmp_path):
     from omegaconf import OmegaConf
 
@@ -86,7 +87,7 @@ def test_run_params_leave_out_what_does_not_change_a_run(nano_project):
     from study.runner.tracking import run_params
 
     base = run_params(load_config([], nano_project))
-    same = run_params(load_config(["study.variants=[baseline,nonlinear_q]", "lr_sweep.variants=[baseline]",
+    same = run_params(load_config(["study.variants=[baseline,nonlinear_q]",
                                    "scale_ladder.models=[ladder-64,ladder-96]", "scale_ladder.lr_from_tuned=false", "trainer.progress_bar=false",
                                    "study.name=other"], nano_project))
     assert same == base
@@ -94,6 +95,7 @@ def test_run_params_leave_out_what_does_not_change_a_run(nano_project):
     assert {k for k in base if base[k] != other[k]} == {"train.lr"}
 
 
+@pytest.mark.slow  # one nano training
 def test_moved_project_keeps_artifacts_readable(run_in, nano_project, tmp_path):
     """The store and artifact folder move together (as a project folder does): nothing points at the old place."""
     from study.runner.tracking import artifact_repo
@@ -138,6 +140,7 @@ def test_log_verdict_records_the_report_as_one_run(nano_project, tmp_path):
     assert got.read_text() == "# verdict, second\n"
 
 
+@pytest.mark.slow  # one nano training
 def test_mfu_comes_from_lightnings_throughput_monitor(run_in, tmp_path, monkeypatch):
     """On a GPU the ThroughputMonitor logs MFU against the datasheet peak; here its peak is given (1 TFLOP/s)
     and the monitor switched on for a CPU run: MFU = tokens/s x training FLOPs per token / peak."""

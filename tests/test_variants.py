@@ -18,6 +18,7 @@ def test_registry_has_the_paper_and_the_ablations():
             "nonlinear_v", "nonlinear_o", "no_context", "identity_q_mlp4.5", "baseline_mlp3.5", "baseline_mlp4.5", "baseline_mlp5"} <= set(VARIANTS)
 
 
+@pytest.mark.slow  # one nano training per variant
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_every_variant_trains(run_in, variant, tmp_path):
     m = run_in(f"variant={variant}", "seed=1", "train.tokens=6144", "train.eval_every=3")
@@ -58,6 +59,7 @@ def test_compare_reports_the_frontier(nano_project, tmp_path, monkeypatch):
     assert (tmp_path / "reports/figures/frontier.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow  # torch.compile and a training
 def test_compiled_model_trains_and_its_checkpoint_loads_uncompiled(run_in, tmp_path, nano_project):
     """trainer.compile compiles the inner model; checkpoints hold plain weights either way."""
     import torch

@@ -1,4 +1,4 @@
-"""Every reader of runs goes through this package: compare, both profiles' reports, the notebook.
+"""Every reader of runs goes through this package: compare, the scale ladder's report, the notebook.
 
 Imports flow one way, stages (compare, profiles, the notebook) -> analysis -> stats: each module
 below imports only modules listed after it, and none imports a stage.

@@ -21,7 +21,7 @@ PALETTE = {"baseline": "#1f77b4", "identity_q": "#2ca02c", "nonlinear_q": "#d627
            "baseline_mlp3.5": "#c5b0d5", "baseline_mlp4.5": "#c49c94", "baseline_mlp5": "#f7b6d2"}
 #: every figure this module can write (file names under the figures folder)
 ALL = ("val_loss_curves.png", "train_loss_curves.png", "final_val_loss.png", "paired_differences.png",
-       "per_corpus.png", "frontier.png", "lr_sweep.png", "scale_ladder.png", "verdict.png", "position_loss.png")
+       "per_corpus.png", "frontier.png", "scale_ladder.png", "verdict.png", "position_loss.png")
 
 
 def color(variant: str) -> str:
@@ -221,19 +221,6 @@ def frontier(summary: dict, out: Path) -> Path:
     return _save(fig, out / "frontier.png")
 
 
-def lr_sweep(summary: dict, out: Path) -> Path:
-    sw = summary["lr_sweep"]
-    fig, ax = panel()
-    for v, r in sw["variants"].items():
-        pts = [(p["lr"], p["val_loss"]) for p in r["points"] if p["status"] == "ok"]
-        ax.plot(*zip(*pts), "o-", color=color(v), label=f"{v} (best {r['best_lr']:g})")
-        ax.scatter([r["best_lr"]], [r["best_val_loss"]], color=color(v), s=160, marker="*", zorder=3)
-    ax.axvline(sw["shared_lr"], color="grey", ls=":", label=f"shared lr {sw['shared_lr']:g}")
-    finish(ax, f"lr sweep (seed {sw['seed']}, {sw['tokens']:,} tokens per point)", "final validation loss (nats)",
-           "peak learning rate", xlog=True)
-    return _save(fig, out / "lr_sweep.png")
-
-
 def scale_ladder(summary: dict, out: Path) -> Path:
     plt = _plt()
     la, base = summary["scale_ladder"], summary["baseline"]
@@ -303,8 +290,6 @@ def write_all(summary: dict, runs: dict[str, dict[int, dict]], out: Path) -> lis
         written.append(per_corpus(summary, out))
     if (summary.get("frontier") or {}).get("fitted"):
         written.append(frontier(summary, out))
-    if summary.get("lr_sweep"):
-        written.append(lr_sweep(summary, out))
     if summary.get("scale_ladder"):
         written.append(scale_ladder(summary, out))
     names = [p.name for p in written]

@@ -1,8 +1,8 @@
 """Which runs may be compared: those that agree on every setting but the variant.
 
 Runs pair when their recorded settings (``run["settings"]``, see :mod:`study.analysis.runs`)
-agree on everything but the variant section (its projections, widths and its own lr: the tuned
-profile's runs differ only there) and the seed: model shape, block size, tokens, data (the
+agree on everything but the variant section (its projections, widths and its own lr: arms tuned
+to their own lr* differ only there) and the seed: model shape, block size, tokens, data (the
 prepared-data digest), training and optimizer settings.  Runs of one seed must moreover share the
 resolved data and init seeds (``train.data_seed`` / ``train.init_seed``, None = seed), so that the
 pair sees the same batches from the same initialisation.
@@ -58,7 +58,7 @@ def check(runs: dict[str, dict[int, dict]], where: str, ignore: tuple[str, ...] 
 
     Args:
         where: how the error names the group ("the study's runs", "the runs of tuned" ...).
-        ignore: further keys (or key prefixes) that may differ, e.g. ("train.lr_from_sweep",).
+        ignore: further keys (or key prefixes) that may differ, e.g. ("model", "train.tokens") across the scale ladder's sizes.
 
     Returns: the shared comparable settings (flat dict), empty when ``runs`` is.
 

@@ -1,72 +1,19 @@
-"""The two fairness profiles' analyses (summary.json "lr_sweep" and "scale_ladder").
+"""The scale ladder's analysis (summary.json "scale_ladder").
 
-The profiles themselves (which runs exist, and how a run resolves its budget and lr) are
-:mod:`study.runner.profiles`; this module only reads their finished runs, checks that they pair, and
-computes their verdicts.
+The profile itself (which runs exist, and how a run resolves its budget and lr) is
+:mod:`study.runner.profiles`; this module only reads its finished runs, checks that they pair, and
+computes its verdicts.
 """
 from __future__ import annotations
 
 import math
 from pathlib import Path
 
-import numpy as np
-
 from study.analysis.pairing import check
-from study.analysis.runs import RunsError, final_losses, load_runs, lost_points, read_run
-from study.analysis.sweep import best_lr, sweep_results
-from study.analysis.tuning import choose, score
-from study.analysis.stats import effect_trend, fit_power_law, mean_ci, not_fitted, paired, parameter_multiplier, verdict
+from study.analysis.runs import RunsError, final_losses, load_runs, lost_points
+from study.analysis.stats import effect_trend, fit_power_law, mean_ci, not_fitted, parameter_multiplier, verdict
 
-SWEEP, TUNED, LADDER = "lr_sweep", "tuned", "scale_ladder"
-
-
-def lr_sweep_report(cfg, root: Path, main_runs: dict[str, dict[int, dict]]) -> dict | None:
-    """The lr-sweep profile's part of summary.json (None while the profile is off).
-
-    Returns: {"lrs", "seed", "tokens", "shared_lr", "variants": {v: {"points": [{lr, val_loss, status}],
-    "best_lr", "best_val_loss", "at_edge", "grid_status", "lr_star", "lr_star_source", "fit" (the tuning rule of
-    study/analysis/tuning.py on the same grid), "shared_val_loss_mean", "tuned_val_loss_mean", "tuning_gain"
-    (tuned - shared, paired by seed)}}, "shared": verdict at train.lr, "tuned": verdict at each
-    variant's best lr}.
-
-    Raises:
-        RunsError: a sweep point or tuned run is missing, or a tuned run used another lr than the
-            sweep's current best (stale: re-run ``dvc repro``).
-        PairingError: the sweep points, or the tuned runs and the study's runs, differ in a setting
-            other than the variant and its lr.
-    """
-    sw, base = cfg.lr_sweep, cfg.study.baseline
-    if not sw.variants:
-        return None
-    tuned_runs = load_runs(cfg, root, list(sw.variants), list(cfg.study.seeds), TUNED)
-    both = {f"{v} ({kind})": r for kind, runs in (("shared lr", main_runs), ("tuned lr", tuned_runs))
-            for v, r in runs.items() if v in sw.variants}
-    check(both, "the tuned runs and the study's runs", ignore=("train.lr_from_sweep",))
-    shared_ok = final_losses({v: main_runs[v] for v in sw.variants})
-    tuned_ok = final_losses(tuned_runs)
-    variants, points_runs = {}, {}
-    for v in sw.variants:
-        points = sweep_results(cfg, root, v)
-        points_runs.update({f"{v} (lr {p['lr']:g})": {sw.seed: read_run(Path(p["run"]), root)} for p in points})
-        best = best_lr(points)
-        used = {m["lr"] for m in tuned_runs[v].values()}
-        if any(not math.isclose(x, best["lr"], rel_tol=1e-9) for x in used):
-            raise RunsError(f"the tuned runs of {v!r} used lr {sorted(used)} but the sweep's best is now {best['lr']}: "
-                            f"they are stale; re-run `dvc repro`")
-        rule = choose([p["lr"] for p in points], [score([p["val_loss"] if p["status"] == "ok" else None])
-                                                  for p in points], len(points), "vertex")
-        variants[v] = {"points": [{k: p[k] for k in ("lr", "val_loss", "status")} for p in points],
-                       "best_lr": best["lr"], "best_val_loss": best["val_loss"], "at_edge": best["at_edge"],
-                       # the tuning rule's reading of the same grid (study/analysis/tuning.py): bracketed or not,
-                       # and lr* (the quadratic's vertex where defined), beside the best point the tuned runs use
-                       "grid_status": rule["status"], "lr_star": rule["lr_star"], "lr_star_source": rule["source"],
-                       "fit": rule["fit"],
-                       "shared_val_loss_mean": float(np.mean(list(shared_ok[v].values()))) if shared_ok[v] else None,
-                       "tuned_val_loss_mean": float(np.mean(list(tuned_ok[v].values()))) if tuned_ok[v] else None,
-                       "tuning_gain": paired(tuned_ok[v], shared_ok[v])}
-    check(points_runs, "the lr sweep's runs")
-    return {"lrs": [float(x) for x in sw.lrs], "seed": sw.seed, "tokens": sw.tokens, "shared_lr": cfg.train.lr,
-            "variants": variants, "shared": verdict(shared_ok, base), "tuned": verdict(tuned_ok, base)}
+LADDER = "scale_ladder"
 
 
 def _trend(sizes: list[dict], variant: str, base: str) -> dict:

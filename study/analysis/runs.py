@@ -1,6 +1,6 @@
 """Load finished runs and the settings they recorded, from run folders or from the MLflow store.
 
-A run, as every reader of runs (compare, both profiles, the notebook) sees it, is one dict:
+A run, as every reader of runs (compare, the scale ladder, the notebook) sees it, is one dict:
 the run's ``metrics.json`` (numbers only, the DVC metric: ``val_loss`` in nats, ``val_perplexity``,
 ``in_context_gain`` (nats, study.modeling.lm.in_context_gain), ``tokens``, ``tokens_per_s``; None where the file has no value, as for a diverged run's loss) and its
 ``record.json`` (``status`` "ok"/"diverged", ``reason``, ``diverged_step``, ``variant``, ``seed``, ``lr``,
@@ -13,7 +13,7 @@ dict, plus
   "position_loss"  [nats at position 1, 2, ... block_size] of the final evaluation (positions.csv), None for
               a diverged run or a run folder written before runs recorded it
   "settings"  the resolved config the run trained with, flattened ({"model.n_layer": 4, ...}, the
-              study/lr_sweep/scale_ladder/defaults sections left out) plus "data_digest" (sha256 of
+              study/scale_ladder/defaults sections left out) plus "data_digest" (sha256 of
               the prepared data's meta.json, 16 hex)
   "name"      where it came from: the run folder relative to the project, or the MLflow run name.
 
@@ -34,7 +34,7 @@ from study.data.records import MISSING, json_kind
 from study.runner.run_state import METRICS, REPLACED
 
 #: sections of the resolved config that say which runs exist, not how one run trained
-NOT_SETTINGS = ("study", "lr_sweep", "scale_ladder", "defaults", *VERDICT_SECTIONS)
+NOT_SETTINGS = ("study", "scale_ladder", "defaults", *VERDICT_SECTIONS)
 
 
 class RunsError(DataError):
@@ -74,12 +74,13 @@ def _composed(overrides: list[str], root: Path):
         return cfg
 
 
-def run_overrides(cfg, root: Path, group: str = "") -> list[str]:
+def train_hint_overrides(cfg, root: Path, group: str = "") -> list[str]:
     """The overrides that make ``study.train`` train a run of ``group`` under ``cfg``: the group choices
     (``model=NAME`` ...) and fields where ``cfg`` differs from the project's default composition (as
     ``compare model=nano train.tokens=...`` was given them), then the group's own settings, as the
-    profile stages of dvc.yaml give them (lr_sweep/lrLR: the lr and the sweep's tokens; tuned: the
-    swept lr; scale_ladder/MODEL: the model and the compute-matched budget)."""
+    stages give them (test/ARM: the arm's lr and recipe; scale_ladder/MODEL: the model and the
+    compute-matched budget).  For the one line that names the command training a missing run
+    (:func:`train_command`)."""
     from study.config import load_config, to_dict
 
     out, picks = [], []
@@ -97,16 +98,12 @@ def run_overrides(cfg, root: Path, group: str = "") -> list[str]:
                        and not k.endswith(".name") and v != was.get(k)]
     except Exception:  # noqa: BLE001  (a hint never hides the error it belongs to)
         out = out or picks
-    if group.startswith("lr_sweep/lr"):
-        out += [f"variant.lr={group.removeprefix('lr_sweep/lr')}", f"train.tokens={cfg.lr_sweep.tokens}"]
-    elif group.startswith("test/") and group.split("/", 1)[1] in getattr(cfg, "arms", {}):
-        # a test run: the arm's peak lr (fixed, else tuned.lr) and its recipe overrides, as the verdict stage gives them
+    if group.startswith("test/") and group.split("/", 1)[1] in getattr(cfg, "arms", {}):
+        # a test run: the arm's peak lr (fixed, else tuned.lr) and its recipe overrides, as the test_runs stage gives them
         name = group.split("/", 1)[1]
         arm = cfg.arms[name]
         lr = arm.lr if arm.lr is not None else cfg.tuned.lr.get(name)
         out += ([f"variant.lr={float(lr)!r}"] if lr is not None else []) + [str(o) for o in arm.overrides]
-    elif group == "tuned":
-        out += ["train.lr_from_sweep=true"]
     elif group.startswith("scale_ladder/"):
         out = [o for o in out if not o.startswith("model=")]
         out += [f"model={group.split('/', 1)[1]}", f"train.tokens_per_param={cfg.scale_ladder.tokens_per_param}",
@@ -326,7 +323,7 @@ def load_runs(cfg, root: Path, variants=None, seeds=None, group: str = "", pair:
         for seed in (cfg.study.seeds if seeds is None else seeds):
             d = run_dir(root, cfg, variant, seed, group)
             if not (d / "metrics.json").is_file():
-                overrides = run_overrides(cfg, root, group) if overrides is None else overrides
+                overrides = train_hint_overrides(cfg, root, group) if overrides is None else overrides
                 missing.append(train_command(variant, seed, group, overrides))
                 if (d / REPLACED / "metrics.json").is_file():  # a start killed before its Trainer was built
                     aside.append(str((d / REPLACED).relative_to(root)) if (d / REPLACED).is_relative_to(root)
@@ -335,7 +332,7 @@ def load_runs(cfg, root: Path, variants=None, seeds=None, group: str = "", pair:
             try:
                 runs.setdefault(variant, {})[seed] = read_run(d, root)
             except RunsError:  # again, with the overrides this run needs in the advice (computed only now)
-                overrides = run_overrides(cfg, root, group) if overrides is None else overrides
+                overrides = train_hint_overrides(cfg, root, group) if overrides is None else overrides
                 read_run(d, root, train_command(variant, seed, group, overrides))
                 raise
     if missing:

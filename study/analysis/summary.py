@@ -40,7 +40,7 @@ def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path, profiles_too: b
     mean nats} or None, "attn_logit_max" (:func:`attn_logit_max`), "diverged" {seed: {"step", "reason"}} (the lost points: left out of every mean and
     test, listed in the report)}}, "vs_baseline" (:func:`verdict`: paired t, BH,
     power), "frontier" (:func:`frontier`), "yardsticks" (:func:`yardsticks`), "per_corpus"
-    (:func:`per_corpus`), "lr_sweep", "scale_ladder" (the profiles, read from their run folders; None
+    (:func:`per_corpus`), "scale_ladder" (the profile, read from its run folders; None
     while off or with ``profiles_too=False``), "verdict" (the decided verdict of study.arms,
     :func:`study.analysis.verdict.verdict_report`; None while study.arms is empty)}.
     """
@@ -70,7 +70,6 @@ def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path, profiles_too: b
             "frontier": frontier(base_name, ok, variants),
             "yardsticks": yardsticks(root / cfg.data.dir / "meta.json", settings),
             "per_corpus": per_corpus(runs, base_name),
-            "lr_sweep": profiles.lr_sweep_report(cfg, root, runs) if profiles_too else None,
             "scale_ladder": profiles.ladder_report(cfg, root) if profiles_too else None,
             "verdict": decided(cfg, root) if profiles_too else None}
 

@@ -174,36 +174,6 @@ def frontier_section(summary: dict) -> list[str]:
     return lines
 
 
-def lr_sweep_section(sw: dict, base: str) -> list[str]:
-    lines = ["", "## Learning-rate sweep: shared lr against tuned lr", "",
-             f"Each variant was trained once (seed {sw['seed']}, {sw['tokens']:,} tokens) at every peak lr of the "
-             f"grid; min_lr keeps the schedule's ratio. Final val loss (nats), best marked *:", "",
-             "| variant | " + " | ".join(f"lr {x:g}" for x in sw["lrs"]) + " | best lr |",
-             "|---|" + "---|" * (len(sw["lrs"]) + 1)]
-    for v, r in sw["variants"].items():
-        cells = [("*" if p["lr"] == r["best_lr"] else "") + (fmt(p["val_loss"]) if p["status"] == "ok" else "diverged")
-                 for p in r["points"]]
-        edge = " (grid edge: the optimum may lie outside)" if r["at_edge"] else ""
-        star = (f"; tuning rule: {r['grid_status']}, lr* {fmt(r['lr_star'], '.3g')} ({r['lr_star_source']})"
-                if r.get("grid_status") else "")
-        lines.append(f"| {v} | " + " | ".join(cells) + f" | {r['best_lr']:g}{edge}{star} |")
-    lines += ["", f"The two verdicts against `{base}`, each over all study seeds, paired by seed: percent log-loss "
-              f"change with its 95% interval, p (paired t). Shared: every variant at train.lr = {sw['shared_lr']:g}. "
-              f"Tuned: every variant, the baseline included, at its own best lr.", "",
-              "| variant | shared lr: change [95% CI] | p | tuned lr | tuned: change [95% CI] | p | "
-              "tuned: detectable at 80% power | tuning gain of the variant itself |", "|---|---|---|---|---|---|---|---|"]
-    for v, c in sw["shared"].items():
-        t, r = sw["tuned"][v], sw["variants"][v]
-        lines.append(f"| {v} | {pct_ci(c)} | {p_text(c)} | {r['best_lr']:g} (baseline "
-                     f"{sw['variants'][base]['best_lr']:g}) | {pct_ci(t)} | {p_text(t)} | {detectable(t)} | "
-                     f"{pct_ci(r['tuning_gain'])} |")
-    lines += ["", "What tuning alone changed, per variant (its tuned-lr runs against its shared-lr runs, paired by "
-              "seed; identical runs where the best lr is the shared one):", ""]
-    lines += [f"- {v}: lr {sw['shared_lr']:g} -> {r['best_lr']:g}: {pct_ci(r['tuning_gain'])}"
-              for v, r in sw["variants"].items()]
-    return lines
-
-
 def _lrs(r: dict) -> str:
     """" (lr 0.00434)" after a ladder variant's name: the peak lr its runs trained at."""
     return f" (lr {', '.join(format(x, '.3g') for x in r.get('lr') or [])})" if r.get("lr") else ""
@@ -284,8 +254,6 @@ def markdown(summary: dict, figures: list[str] = ()) -> str:
         lines += diverged_section(summary)
     else:  # the decided verdict alone (study.variants empty): its runs' settings and the yardsticks
         lines += yardstick_lines(summary)
-    if summary.get("lr_sweep"):
-        lines += lr_sweep_section(summary["lr_sweep"], summary["baseline"])
     if summary.get("scale_ladder"):
         lines += ladder_section(summary["scale_ladder"], summary["baseline"])
     if summary.get("verdict"):

@@ -28,24 +28,13 @@ import math
 
 import numpy as np
 
+from study.config.naming import lr_key
+
 #: the lr* rules: "vertex" (the quadratic's vertex where it is defined, else the best point), "best"
 RULES = ("vertex", "best")
 #: grid statuses
 BRACKETED, EXTEND, NOT_BRACKETED = "bracketed", "extend", "optimum not bracketed"
 LOST = "lost"
-
-
-#: the settings an lr* depends on beyond the arm itself, recorded beside it (tuned.recipe) by `make tune`
-RECIPE = {"model": ("name", "n_layer", "n_head", "n_embd", "block_size", "vocab_size"),
-          "data": ("tokenizer", "bpe_vocab_size"),
-          "train": ("tokens", "batch_tokens", "warmup_tokens", "min_lr", "weight_decay", "schedule")}
-#: the same, flat ("model.name", ..., "train.schedule"): a test run must have recorded the study's values of these
-RECIPE_KEYS = tuple(f"{sec}.{k}" for sec, keys in RECIPE.items() for k in keys)
-
-
-def lr_key(lr: float) -> str:
-    """The canonical text of a learning rate (folder names, table keys): 6 significant digits, ``%g``."""
-    return f"{float(lr):.6g}"
 
 
 def canonical(lr: float) -> float:

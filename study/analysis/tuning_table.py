@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from study.analysis.tuning import lr_key
+from study.config.naming import lr_key
 from study.config import StudyError
 
 

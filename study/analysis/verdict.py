@@ -1,5 +1,5 @@
 """The decided verdict's part of summary.json ("verdict"): the test runs of every arm of ``study.arms`` (each at
-its lr*, ``runs/test/ARM/VARIANT-sSEED``, trained by ``python -m study.verdict``), each arm's own seed sd, every
+its lr*, ``runs/test/ARM/VARIANT-sSEED``, trained by ``python -m study.test_runs``), each arm's own seed sd, every
 comparison arm - reference paired by seed with Stein's interval, TOST and the paired t test, BH over all
 comparisons, one word each, and the recipe decomposition (statistics: :mod:`study.analysis.decision`).
 """
@@ -15,10 +15,10 @@ from study.analysis.decision import compare_pair, decide, decomposition, seed_li
 from study.analysis.pairing import check
 from study.analysis.runs import RunsError, final_losses, load_runs
 from study.analysis.stats import mean_ci
+from study.config.naming import TEST_GROUP, testing_group
 
 #: the test stage's plan, under runs_dir/test: which seeds each arm needs (Stein's N from the first stage)
 PLAN = "plan.json"
-TEST_GROUP = "test"
 
 
 def no_context_arms(runs: dict[str, dict[int, dict]]) -> list[str]:
@@ -104,7 +104,7 @@ def read_plan(cfg, root: Path) -> dict:
         return json.loads(p.read_text())
     except (OSError, ValueError):
         raise RunsError(f"{p} is missing or unreadable: run the test stage (`dvc repro`, or "
-                        f"`python -m study.verdict --params params.yaml`)") from None
+                        f"`python -m study.test_runs --params params.yaml`)") from None
 
 
 def tested_runs(cfg, root: Path) -> dict[str, dict[int, dict]]:
@@ -124,7 +124,7 @@ def tested_runs(cfg, root: Path) -> dict[str, dict[int, dict]]:
         if seeds is None:
             raise RunsError(f"{root / s.runs_dir / TEST_GROUP / PLAN} plans no seeds for arm {a!r}: re-run the test "
                             f"stage (`dvc repro`)")
-        runs[a] = load_runs(cfg, root, [arm.variant], seeds, group=f"{TEST_GROUP}/{a}", pair=False)[arm.variant]
+        runs[a] = load_runs(cfg, root, [arm.variant], seeds, group=testing_group(a), pair=False)[arm.variant]
         for seed, run in runs[a].items():
             check_arm_run(cfg, root, a, seed, run)
     check(runs, "the test runs", ignore=tuple(sorted(ignore)))
@@ -147,8 +147,8 @@ def _same(a, b) -> bool:
 def arm_settings(cfg, name: str) -> dict:
     """{flat key: value} a test run of arm ``name`` must have recorded: ``lr`` (its peak lr: the arm's fixed lr, else
     tuned.lr[NAME]; absent when it has neither), the recipe fields (``model.*``/``train.*`` of
-    :data:`study.analysis.tuning.RECIPE_KEYS`, the study's values) and every key its overrides set (their values)."""
-    from study.analysis.tuning import RECIPE_KEYS
+    :data:`study.config.naming.RECIPE_KEYS`, the study's values) and every key its overrides set (their values)."""
+    from study.config.naming import RECIPE_KEYS
 
     arm = cfg.arms[name]
     want = {k: cfg[k.split(".")[0]][k.split(".")[1]] for k in RECIPE_KEYS}
@@ -169,15 +169,15 @@ def check_arm_run(cfg, root: Path, name: str, seed: int, run: dict) -> None:
     Raises:
         RunsError: one line naming the run, the first setting that differs and the command that re-trains it.
     """
-    from study.analysis.runs import run_overrides, train_command
+    from study.analysis.runs import train_command, train_hint_overrides
 
     got = {**run["settings"], "lr": run.get("lr")}
     for key, want in arm_settings(cfg, name).items():
         if key != "lr" and key not in run["settings"]:
             continue  # a key runs of this code do not record: nothing to compare
         if not _same(got.get(key), want):
-            group = f"{TEST_GROUP}/{name}"
-            cmd = train_command(cfg.arms[name].variant, seed, group, run_overrides(cfg, root, group))
+            group = testing_group(name)
+            cmd = train_command(cfg.arms[name].variant, seed, group, train_hint_overrides(cfg, root, group))
             what = "peak lr" if key == "lr" else key
             raise RunsError(f"{run['name']} was trained at {what} {got.get(key)!r}, but arm {name!r} trains at "
                             f"{want!r}: it is not the arm's run (trained by hand without the arm's settings?); re-run "

@@ -19,7 +19,7 @@ from .naming import (NOT_IN_RESUME_KEY, config_hash, diff_keys, flatten, resume_
 from .schedule import (SCHEDULE_FUNCTIONS, cosine_lr, d2z_lr, lr_at, max_steps, micro_batches, peak_lr, run_seeds,
                        wsd_lr)
 from .schema import (ACTIVATIONS, CONTEXTS, GROUPS, PRECISIONS, PROJECTION_MODES, QK_NORMS, SCHEDULES, SCHEMA_NAME, TOKENIZERS, VERDICT_SECTIONS,
-                     ConfigError, DataConfig, LrSweepConfig, ModelConfig, RunConfig, ScaleLadderConfig, StudyConfig, StudyError,
+                     ConfigError, DataConfig, ModelConfig, RunConfig, ScaleLadderConfig, StudyConfig, StudyError,
                      TrainConfig, TrainerConfig, VariantConfig, register)
 from .stage import run_stage
 from .schema import ArmConfig, DecompositionConfig, TuneConfig, TunedConfig

@@ -332,7 +332,6 @@ def _check(cfg: RunConfig, root: Path) -> None:
     validate(cfg)
     validate_paths(cfg, root)
     for key, group, names in (("study.variants", "variant", cfg.study.variants),
-                              ("lr_sweep.variants", "variant", cfg.lr_sweep.variants),
                               ("scale_ladder.variants", "variant", cfg.scale_ladder.variants),
                               ("scale_ladder.models", "model", cfg.scale_ladder.models),
                               ("the arms in use (arms.NAME.variant)", "variant", [cfg.arms[a].variant for a in used_arms(cfg)])):

@@ -25,11 +25,33 @@ def run_dir(root: Path, cfg: RunConfig, variant: str, seed: int, group: str | No
     return (base / group if group else base) / run_name(variant, seed)
 
 
+#: where the test runs go, under study.runs_dir (study.group=test/ARM: ``runs/test/ARM/VARIANT-sSEED``)
+TEST_GROUP = "test"
+
+
+def testing_group(arm: str) -> str:
+    """``test/ARM``: the study.group of arm ``arm``'s test runs."""
+    return f"{TEST_GROUP}/{arm}"
+
+
 def run_label(cfg: RunConfig) -> str:
     """The MLflow run name: ``[group/]VARIANT-sSEED``."""
     name = run_name(cfg.variant.name, cfg.seed)
     return f"{cfg.study.group}/{name}" if cfg.study.group else name
 
+
+
+def lr_key(lr: float) -> str:
+    """The canonical text of a learning rate (folder names, table keys): 6 significant digits, ``%g``."""
+    return f"{float(lr):.6g}"
+
+
+#: the settings an lr* depends on beyond the arm itself, recorded beside it (tuned.recipe) by `make tune`
+RECIPE = {"model": ("name", "n_layer", "n_head", "n_embd", "block_size", "vocab_size"),
+          "data": ("tokenizer", "bpe_vocab_size"),
+          "train": ("tokens", "batch_tokens", "warmup_tokens", "min_lr", "weight_decay", "schedule")}
+#: the same, flat ("model.name", ..., "train.schedule"): a test run must have recorded the study's values of these
+RECIPE_KEYS = tuple(f"{sec}.{k}" for sec, keys in RECIPE.items() for k in keys)
 
 
 def to_dict(cfg: RunConfig) -> dict:
@@ -41,7 +63,7 @@ def to_dict(cfg: RunConfig) -> dict:
 # The micro-batch splits the same global batch of windows differently (like the world size does): it
 # changes the order of float sums only, as devices, threads and compile do.
 NOT_IN_RESUME_KEY = (
-    "study", "lr_sweep", "scale_ladder",
+    "study", "scale_ladder",
     "trainer.name", "trainer.devices", "trainer.num_nodes", "trainer.strategy", "trainer.threads",
     "trainer.compile", "trainer.progress_bar",
     "train.micro_batch_size", "train.log_every", "train.val_micro_batch_size", "train.overwrite",
@@ -57,7 +79,7 @@ def resume_config(cfg: RunConfig) -> dict[str, Any]:
 
     Everything in the config except :data:`NOT_IN_RESUME_KEY` (devices, nodes, strategy, threads,
     compile, logging cadence, validation micro-batch, the study's run list and folders).  A checkpoint
-    resumes only under the same resume config (see ``study.train.run_digest``)."""
+    resumes only under the same resume config (see :func:`study.runner.run_state.run_digest`)."""
     return resume_part(flatten(to_dict(cfg)))
 
 

@@ -18,7 +18,7 @@ from typing import Any, Dict, Optional
 SCHEMA_NAME = "run_config"  # the ConfigStore name of RunConfig, first in conf/study.yaml's defaults list
 GROUPS = ("model", "variant", "data", "trainer")
 #: sections that say which runs exist and how they are judged, not how one run trains: left out of a run's
-#: config.json, its resume key and the settings runs pair on (like study, lr_sweep and scale_ladder)
+#: config.json, its resume key and the settings runs pair on (like study and scale_ladder)
 VERDICT_SECTIONS = ("arms", "tune", "tuned", "decomposition")
 PROJECTION_MODES = ("linear", "identity", "residual_linear", "nonlinear")
 ACTIVATIONS = ("gelu", "relu2", "silu", "identity")
@@ -142,7 +142,6 @@ class TrainConfig:
     decay_fraction: float = 0.2  # wsd: the last fraction of the steps, decayed linearly to zero
     z_loss: float = 0.0  # coefficient of mean(logsumexp(logits)^2), added to the training loss only (0: off)
     tokens_per_param: Optional[float] = None  # set: tokens = this x the baseline's non-embedding params (scale ladder)
-    lr_from_sweep: bool = False  # true: the peak lr is the best of this variant's lr sweep (runs/lr_sweep)
     lr_from_tuned: bool = False  # true: the peak lr is tuned.lr[VARIANT] (conf/tuned.yaml), at any size (scale ladder)
     lr_per_size: bool = False  # with lr_from_tuned: tuned.size[MODEL][VARIANT] instead, the lr* tuned at this size
     overwrite: bool = False  # true: a hand-started run may replace a finished run of other settings in its folder
@@ -177,7 +176,7 @@ class StudyConfig:
     reports_dir: str = "reports"
     tracking_db: str = "mlruns.db"  # SQLite MLflow store, relative to the project root
     artifact_dir: str = "mlartifacts"
-    group: str = ""  # sub-folder of runs_dir for one run (profiles: "lr_sweep/lr0.003", "tuned", ...)
+    group: str = ""  # sub-folder of runs_dir for one run (the stages set it: "test/ARM", "scale_ladder/MODEL", ...)
     # the decided verdict (docs/verdict.md; off while arms is empty): every arm at its lr* on the test
     # seeds (study.seeds: Stein's first stage, at least 5), more seeds up to max_seeds until decided
     arms: list = field(default_factory=list)  # arms (names in the arms section) of the test stage
@@ -186,23 +185,7 @@ class StudyConfig:
     target_halfwidth: float = 0.5  # Stein's half-width d of the interval, % log-loss of the reference
     max_seeds: int = 20  # most test seeds per arm; a comparison needing more is "undecided (N seeds needed)"
     equivalence_margin: float = 1.0  # +-delta of the equivalence test (TOST), % log-loss of the reference
-    jobs: int = 1  # trainings the tune and verdict stages run at once, each its own process (needs trainer.threads)
-
-
-@dataclass
-class LrSweepConfig:
-    """The lr-sweep profile (off while ``variants`` is empty).
-
-    Each listed variant is trained once (seed ``seed``, ``tokens`` tokens) at every
-    peak lr of ``lrs`` (min_lr keeps the ratio train.min_lr / train.lr); the best lr
-    by final val_loss is then used for a full comparison of those variants over
-    study.seeds (runs/tuned), reported beside the shared-lr comparison.
-    """
-
-    variants: list = field(default_factory=list)
-    lrs: list = field(default_factory=lambda: [7.5e-4, 1.5e-3, 3.0e-3, 6.0e-3, 1.2e-2])
-    seed: int = 1
-    tokens: int = 524_288
+    jobs: int = 1  # trainings the tune and test_runs stages run at once, each its own process (needs trainer.threads)
 
 
 @dataclass
@@ -280,7 +263,6 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    lr_sweep: LrSweepConfig = field(default_factory=LrSweepConfig)
     scale_ladder: ScaleLadderConfig = field(default_factory=ScaleLadderConfig)
     arms: Dict[str, ArmConfig] = field(default_factory=dict)
     tune: TuneConfig = field(default_factory=TuneConfig)

@@ -80,7 +80,7 @@ def validate(cfg: RunConfig) -> None:
                           f"{sorted(PRECISIONS)}")
     if c.accelerator == "cpu" and str(c.precision) in ("16", "16-mixed"):  # Lightning swaps in bf16-mixed on CPU
         raise ConfigError(f"trainer.precision={c.precision} with trainer.accelerator=cpu: Lightning would run bf16 "
-                          f"autocast instead while config.json records fp16; use 32-true (the CPU profile) or "
+                          f"autocast instead while config.json records fp16; use 32-true (conf/trainer/cpu.yaml) or "
                           f"bf16-mixed")
     if t.tokens < t.batch_tokens:
         raise ConfigError(f"train.tokens={t.tokens} is less than one step of train.batch_tokens="
@@ -139,7 +139,7 @@ def validate(cfg: RunConfig) -> None:
 
 
 #: Lightning's accelerator names (``AcceleratorRegistry`` and its aliases ``gpu``, ``auto``); written out
-#: so that a config is checked before Lightning is imported (tests/test_robustness.py keeps them in sync)
+#: so that a config is checked before Lightning is imported (tests/test_bad_input.py keeps them in sync)
 ACCELERATORS = ("auto", "cpu", "gpu", "cuda", "mps", "tpu")
 #: Lightning's strategy names: ``auto`` and ``StrategyRegistry.available_strategies()`` of Lightning 2.6
 STRATEGIES = ("auto", "ddp", "ddp_find_unused_parameters_false", "ddp_find_unused_parameters_true", "ddp_fork",
@@ -257,22 +257,7 @@ def _validate_hf(d: DataConfig) -> None:
 
 
 def _validate_profiles(cfg: RunConfig) -> None:
-    s, sw, la = cfg.study, cfg.lr_sweep, cfg.scale_ladder
-    if sw.variants:
-        lrs = list(sw.lrs)
-        if len(lrs) < 3 or len(set(lrs)) != len(lrs) or not all(isinstance(x, (int, float)) and x > 0 for x in lrs):
-            raise ConfigError(f"lr_sweep.lrs={lrs} must hold at least 3 distinct positive learning rates "
-                              f"(e.g. [7.5e-4, 1.5e-3, 3e-3, 6e-3, 1.2e-2])")
-        if s.baseline not in sw.variants:
-            raise ConfigError(f"lr_sweep.variants={list(sw.variants)} must include study.baseline={s.baseline!r} "
-                              f"(the tuned verdict compares against the tuned baseline)")
-        missing = [v for v in sw.variants if v not in s.variants]
-        if missing:
-            raise ConfigError(f"lr_sweep.variants {missing} are not in study.variants={list(s.variants)}: add them "
-                              f"(the shared-lr verdict comes from the study's own runs)")
-        if sw.tokens < cfg.train.batch_tokens:
-            raise ConfigError(f"lr_sweep.tokens={sw.tokens} is less than one step of train.batch_tokens="
-                              f"{cfg.train.batch_tokens}: raise it")
+    s, la = cfg.study, cfg.scale_ladder
     if la.models:
         if len(set(la.models)) < 2:
             raise ConfigError(f"scale_ladder.models={list(la.models)} needs at least 2 distinct model sizes "
@@ -289,8 +274,6 @@ def _validate_profiles(cfg: RunConfig) -> None:
                                        "default size's lr*) or scale_ladder.lr_from_tuned=false (train.lr)", model=m)
     if cfg.train.lr_from_tuned:
         check_transferable(cfg, cfg.variant.name, "train.lr_from_tuned=true: variant", "set train.lr_from_tuned=false")
-    if cfg.train.lr_from_tuned and cfg.train.lr_from_sweep:
-        raise ConfigError("train.lr_from_tuned and train.lr_from_sweep are both true: choose one source of the peak lr")
     if cfg.train.tokens_per_param is not None and not cfg.train.tokens_per_param > 0:
         raise ConfigError(f"train.tokens_per_param={cfg.train.tokens_per_param} must be > 0 (or null)")
     if s.group and (s.group.startswith("/") or ".." in s.group.split("/")):

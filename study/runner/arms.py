@@ -18,11 +18,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from study.analysis.tuning import RECIPE, lr_key  # noqa: F401 (RECIPE: public here too)
 from study.config import ConfigError, StudyError, load_config, run_dir
-
-#: where the test runs go, under study.runs_dir (study.group=test/ARM)
-TEST_GROUP = "test"
+from study.config.naming import RECIPE, lr_key
 
 
 def arm_of(cfg, name: str):
@@ -120,10 +117,6 @@ def run_overrides(cfg, name: str, seed: int, lr: float, group: str, runs_dir: st
 
 def tune_group(name: str, lr: float) -> str:
     return f"{name}/lr{lr_key(lr)}"
-
-
-def testing_group(name: str) -> str:
-    return f"{TEST_GROUP}/{name}"
 
 
 def _train(cfg, root: Path) -> dict:

@@ -117,7 +117,7 @@ def terminate_as_exception():
         signal.signal(signal.SIGTERM, previous)
 
 
-#: the one line of a stage stopped by Ctrl-C (study.train, study.tune, study.verdict), exit status 130
+#: the one line of a stage stopped by Ctrl-C (study.train, study.tune, study.test_runs), exit status 130
 INTERRUPTED = ("error: {stage} interrupted (Ctrl-C): run the same command again to go on (finished runs are reused, "
                "a started run resumes from its last checkpoint)")
 

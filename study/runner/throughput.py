@@ -23,7 +23,7 @@ def _batches(cfg, n: int, seed: int = 0) -> list[torch.Tensor]:
 
 
 def bench_device(cfg) -> str:
-    """"cuda" for the gpu/ddp/fsdp trainer profiles, else "cpu" (one device: the bench is per device)."""
+    """"cuda" for the gpu/ddp/fsdp trainers, else "cpu" (one device: the bench is per device)."""
     return "cuda" if cfg.trainer.accelerator in ("gpu", "cuda") else "cpu"
 
 

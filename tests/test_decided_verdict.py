@@ -1,5 +1,5 @@
 """The tuning and test stages end to end on synthetic runs: study.tune (grid, extension, lost points, reuse,
-byte-stable table and figure, conf/tuned.yaml), study.verdict (Stein's second stage) and compare's decided verdict
+byte-stable table and figure, conf/tuned.yaml), study.test_runs (Stein's second stage) and compare's decided verdict
 (comparison.md, summary.json, MLflow).  Runs are faked (study.runner.arms.TRAIN) with losses from a known bowl in ln lr."""
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ def test_tune_then_test_then_compare(nano_project, tmp_path, monkeypatch, fake_t
     from study.compare import main as compare
     from study.config import load_config
     from study.tune import main as tune, write_table
-    from study.verdict import main as verdict
+    from study.test_runs import main as verdict
 
     monkeypatch.chdir(nano_project)
     monkeypatch.setenv("DVC_EXP_NAME", "test")  # params.yaml is DVC's composition, as inside `dvc exp run`
@@ -270,14 +270,14 @@ def test_make_tune_through_dvc(tmp_path):
     r = dvc("repro", "tune@base")
     assert r.returncode == 0 and "didn't change" in r.stdout, r.stdout[-2000:]
     r = dvc("dag", "--md", "compare")
-    assert r.returncode == 0 and "tune@" not in r.stdout and "verdict" in r.stdout
+    assert r.returncode == 0 and "tune@" not in r.stdout and "test_runs" in r.stdout
 
 
 def test_the_verdict_alone_is_the_report(nano_project, tmp_path, monkeypatch, fake_train):
     """study.variants=[] (the default study): no shared-lr runs, the report is the decided verdict: its tables,
     metrics/ARM.json, the test runs' curves and the verdict figure."""
     from study.compare import main as compare
-    from study.verdict import main as verdict
+    from study.test_runs import main as verdict
 
     params, data, tuned_all = tuned_params(nano_project, tmp_path, monkeypatch)
     tuned = tuned_all["lr"]
@@ -317,7 +317,7 @@ def test_study_pairs_pick_the_comparisons_and_only_their_arms_get_more_seeds(nan
     and base only (Stein's N by hand), the unpaired reference stays at the first stage's five."""
     from study.compare import main as compare
     from study.config import ConfigError, load_config
-    from study.verdict import main as verdict
+    from study.test_runs import main as verdict
 
     params, data, tuned_all = tuned_params(nano_project, tmp_path, monkeypatch)
     data["study"].update(variants=[], references=["base", "today"], pairs=[["nlq", "base"]])
@@ -343,7 +343,7 @@ def test_study_pairs_pick_the_comparisons_and_only_their_arms_get_more_seeds(nan
 
 def test_an_arm_that_diverges_on_every_seed_is_named_in_its_verdict(nano_project, tmp_path, monkeypatch, fake_train):
     from study.compare import main as compare
-    from study.verdict import main as verdict
+    from study.test_runs import main as verdict
 
     monkeypatch.chdir(nano_project)
     monkeypatch.setenv("DVC_EXP_NAME", "test")

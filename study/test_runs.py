@@ -1,4 +1,4 @@
-"""The test stage, ``python -m study.verdict --params params.yaml`` (DVC stage ``verdict``): every arm of
+"""The test stage, ``python -m study.test_runs --params params.yaml`` (DVC stage ``test_runs``): every arm of
 ``study.arms`` at its lr* on the test seeds, with seeds added until the verdict is decided (Stein's two-stage
 procedure, study/analysis/decision.py).
 
@@ -24,10 +24,11 @@ from pathlib import Path
 
 from study.analysis.decision import seed_list, seeds_to_train
 from study.analysis.summary import finite_or_null
-from study.analysis.verdict import PLAN, TEST_GROUP, all_seeds, compare_all, comparisons_of, comparison_name
-from study.runner.arms import arm_of, testing_group, tuned_lr
-from study.tune import INTERRUPTED, arm_losses, check_tuned
+from study.analysis.verdict import PLAN, all_seeds, compare_all, comparisons_of, comparison_name
 from study.config import run_stage
+from study.config.naming import TEST_GROUP, testing_group
+from study.runner.arms import arm_of, tuned_lr
+from study.tune import INTERRUPTED, arm_losses, check_tuned
 
 
 def _losses(cfg, root: Path, seeds_of: dict[str, list[int]], lrs: dict[str, float], params: str | None,
@@ -94,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_stage(body, argv)
     except KeyboardInterrupt:  # every training it started was stopped and marked KILLED, its lock released
-        print(INTERRUPTED.format(stage="study.verdict"), file=sys.stderr)
+        print(INTERRUPTED.format(stage="study.test_runs"), file=sys.stderr)
         return 130
 
 

@@ -1,0 +1,65 @@
+"""The same inputs give the same bytes: one seed gives identical curves, prepare twice identical data, compare
+twice identical reports."""
+from __future__ import annotations
+
+import filecmp
+import json
+
+import pytest
+
+from conftest import run_cli
+
+
+# -- one seed, one curve --------------------------------------------------------------------------------
+@pytest.mark.slow  # three nano trainings
+def test_same_seed_gives_identical_curves(run_in, tmp_path):
+    a = run_in("variant=nonlinear_q", "seed=3", f"study.runs_dir={tmp_path / 'a'}")
+    b = run_in("variant=nonlinear_q", "seed=3", f"study.runs_dir={tmp_path / 'b'}")
+    assert (tmp_path / "a/nonlinear_q-s3/curve.csv").read_text() == (tmp_path / "b/nonlinear_q-s3/curve.csv").read_text()
+    assert a["val_loss"] == b["val_loss"]
+    c = run_in("variant=nonlinear_q", "seed=4", f"study.runs_dir={tmp_path / 'c'}")
+    assert c["val_loss"] != a["val_loss"]  # the seed matters
+
+
+# -- byte-identical prepare outputs ---------------------------------------------------------------
+@pytest.mark.slow  # two prepare processes
+def test_prepare_twice_gives_byte_identical_data(nano_project, tmp_path):
+    from study.config import load_config
+    from study.runner.run_state import run_digest
+
+    small = ["model=nano", "data.corpora=[sotu]", "data.max_docs_per_corpus=7", "data.val_every=3",
+             "data.bpe_vocab_size=300"]
+    for name in ("a", "b"):
+        r = run_cli(nano_project, "study.prepare", *small, f"data.dir={tmp_path / name}", timeout=600)
+        assert r.returncode == 0, r.stderr[-2000:]
+    a, b = tmp_path / "a", tmp_path / "b"
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    assert {str(f) for f in files} >= {"meta.json", "tokenizer.json", "train/index.json", "val/index.json"}
+    assert sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file()) == files
+    _, mismatch, errors = filecmp.cmpfiles(a, b, [str(f) for f in files], shallow=False)
+    assert mismatch == [] and errors == []
+    assert "seconds" not in json.loads((a / "meta.json").read_text())
+    assert json.loads((tmp_path / "a-timing.json").read_text())["seconds"] > 0  # timing beside, not inside
+    cfg = load_config(small, nano_project)
+    assert run_digest(cfg, a) == run_digest(cfg, b)
+
+
+def test_compare_twice_gives_byte_identical_reports(nano_project, tmp_path, monkeypatch):
+    """The same runs give the same report, summary and figures, byte for byte (no dates, no timings)."""
+    from study.compare import main
+
+    from tests.synthetic_runs import write_run
+
+    runs = tmp_path / "runs"
+    for seed, off in ((1, -0.01), (2, 0.0), (3, 0.013)):
+        for v, n in {"baseline": 1.2e5, "baseline_mlp5": 1.6e5, "nonlinear_q": 1.0e5}.items():
+            write_run(runs / f"{v}-s{seed}", v, seed, 10 * n ** -0.1 + off * (1 + len(v) / 10), params=int(n),
+                      fpt=6 * int(n), per_corpus={"sotu": 4.0 + off, "kjv": 3.0 - off})
+    monkeypatch.chdir(nano_project)
+    for out in ("a", "b"):
+        assert main([f"study.runs_dir={runs}", f"study.reports_dir={tmp_path / out}", "study.seeds=[1,2,3]",
+                     "study.variants=[baseline,baseline_mlp5,nonlinear_q]"]) == 0
+    files = sorted(str(p.relative_to(tmp_path / "a")) for p in (tmp_path / "a").rglob("*") if p.is_file())
+    assert {"comparison.md", "summary.json"} <= set(files) and sum(f.endswith(".png") for f in files) >= 2
+    assert sorted(str(p.relative_to(tmp_path / "b")) for p in (tmp_path / "b").rglob("*") if p.is_file()) == files
+    assert filecmp.cmpfiles(tmp_path / "a", tmp_path / "b", files, shallow=False)[1:] == ([], [])

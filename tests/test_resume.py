@@ -1,0 +1,308 @@
+"""Resume: the resume key covers exactly what changes the numbers, a killed or failed run resumes to the
+uninterrupted result (on another world size too), a finished run is never overwritten silently, an unreadable
+checkpoint is refused and kept."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from study.analysis.runs import read_result
+from conftest import env_for, mlflow_runs, one_line_error, start_until_checkpoint, train_cmd
+
+
+# -- the resume key ------------------------------------------------------------------------------
+NOT_NUMBERS = ["trainer.devices=2", "trainer.num_nodes=2", "trainer.strategy=ddp", "trainer.threads=1",
+               "trainer.compile=true", "trainer.progress_bar=false", "train.micro_batch_size=8", "train.log_every=7",
+               "train.val_micro_batch_size=8", "study.name=other", "study.group=g", "study.seeds=[5]",
+               "study.runs_dir=elsewhere", "scale_ladder.tokens_per_param=2.0",
+               "data.num_proc=3", "data.hf_cache_dir=/tmp/hf", "data.dir=data/copy", "train.overwrite=true"]
+
+
+NUMBERS = ["train.lr=1e-3", "seed=2", "model.n_layer=3", "trainer.precision=bf16-mixed", "train.batch_tokens=4096",
+           "train.eval_every=7", "train.val_tokens=4096", "variant=nonlinear_q", "data.val_every=7",
+           "trainer.accelerator=gpu", "model.dropout=0.1", "data.chunk_bytes=1MB"]
+
+
+def test_resume_key_covers_exactly_what_changes_the_numbers(nano_project):
+    from study.config import config_hash, load_config
+
+    base = config_hash(load_config([], nano_project))
+    for o in NOT_NUMBERS:
+        assert config_hash(load_config([o], nano_project)) == base, o
+    hashes = {o: config_hash(load_config([o], nano_project)) for o in NUMBERS}
+    assert base not in hashes.values() and len(set(hashes.values())) == len(NUMBERS)
+    # one GPU, DDP over a node, FSDP: the same run (bf16, same batches), so one checkpoint serves all three
+    assert len({config_hash(load_config([f"trainer={t}"], nano_project)) for t in ("gpu", "ddp", "fsdp")}) == 1
+    # where the peak lr came from is not a setting: the lr it resolves to (variant.lr) is, so runs finished before
+    # train.lr_from_tuned existed keep their key
+    from study.config import resume_config
+    key = resume_config(load_config([], nano_project))
+    assert "train.lr_from_tuned" not in key and "variant.lr" in key
+
+
+def test_run_digest_ignores_volatile_bytes(nano_project, tmp_path):
+    from study.config import load_config
+    from study.runner.run_state import run_digest
+
+    cfg = load_config([], nano_project)
+    copy = shutil.copytree(nano_project / "data/tokens", tmp_path / "tokens")
+    meta = json.loads((copy / "meta.json").read_text())
+    (copy / "meta.json").write_text(json.dumps({**meta, "seconds": 12.3}, indent=4))  # older prepares' timing
+    assert run_digest(cfg, copy) == run_digest(cfg, nano_project / "data/tokens")
+    (copy / "meta.json").write_text(json.dumps({**meta, "val_documents": meta["val_documents"][1:]}))
+    assert run_digest(cfg, copy) != run_digest(cfg, nano_project / "data/tokens")
+
+
+def _fail_at(monkeypatch, step: int):
+    from study.modeling.lm import GPTModule
+
+    original = GPTModule.on_train_batch_end
+
+    def failing(self, outputs, batch, batch_idx):
+        original(self, outputs, batch, batch_idx)
+        if self.trainer.global_step >= step:
+            raise RuntimeError(f"injected failure at step {self.trainer.global_step}")
+    monkeypatch.setattr(GPTModule, "on_train_batch_end", failing)
+    return original
+
+
+@pytest.mark.slow  # nano trainings
+def test_failed_run_resumes_on_other_settings_and_a_finished_run_is_not_overwritten(
+        run_in, nano_project, tmp_path, monkeypatch, capsys):
+    """Exception -> FAILED with an end time; the same run with other devices/threads/logging resumes it
+    (one MLflow run, honouring MLFLOW_TRACKING_URI); a hand-started run with another lr is refused while
+    the finished run is there, and replaces it only with train.overwrite=true."""
+    from study.modeling.lm import GPTModule
+    from study.train import main
+
+    env_db = tmp_path / "env.db"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{env_db}")
+    original = _fail_at(monkeypatch, 7)
+    with pytest.raises(RuntimeError, match="injected failure at step 7"):
+        run_in()
+    client, runs = mlflow_runs(env_db)
+    assert [(r.info.status, r.info.end_time is not None) for r in runs] == [("FAILED", True)]
+    failed_id = runs[0].info.run_id
+    run = tmp_path / "runs/baseline-s1"
+    state = json.loads((run / "checkpoints/run.json").read_text())
+    assert state["mlflow_run_id"] == failed_id and state["resume"]["train.lr"] == 0.003
+    assert not (run / "metrics.json").exists()
+
+    monkeypatch.setattr(GPTModule, "on_train_batch_end", original)
+    capsys.readouterr()
+    m = run_in("trainer.threads=1", "train.log_every=3", "train.val_micro_batch_size=16", "trainer.name=other")
+    assert "baseline-s1: resuming from step 5" in capsys.readouterr().out
+    client, runs = mlflow_runs(env_db)
+    assert [(r.info.run_id, r.info.status) for r in runs] == [(failed_id, "FINISHED")] == [(m["mlflow_run_id"],
+                                                                                           "FINISHED")]
+    assert m["steps"] == 10 and [int(r.split(",")[0]) for r in (run / "curve.csv").read_text().splitlines()[1:]] \
+        == [5, 10]
+    assert not (tmp_path / "mlruns.db").exists()  # the env store, not study.tracking_db
+    assert os.environ["MLFLOW_TRACKING_URI"] == f"sqlite:///{env_db}"
+
+    finished = (run / "metrics.json").read_bytes()
+    rc = main([f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={tmp_path / 'mlruns.db'}",
+               "trainer.progress_bar=false", "train.lr=1e-3"])
+    err = one_line_error(capsys)
+    assert rc == 2 and "holds a finished run" in err and "train.lr: 0.003 -> 0.001" in err
+    assert "study.group=NAME" in err and "train.overwrite=true" in err
+    assert (run / "metrics.json").read_bytes() == finished and len(mlflow_runs(env_db)[1]) == 1
+
+    again = run_in("train.lr=1e-3", "train.overwrite=true")
+    assert again["lr"] == 1e-3 and again["mlflow_run_id"] != failed_id
+    assert sorted(r.info.status for r in mlflow_runs(env_db)[1]) == ["FINISHED", "FINISHED"]
+
+
+@pytest.mark.slow  # one nano training
+def test_an_unreadable_checkpoint_or_run_json_is_refused_in_one_line_and_kept(
+        run_in, nano_project, tmp_path, monkeypatch, capsys):
+    """A checkpoint cut short (SIGKILL while saving, a full disk) used to raise `PytorchStreamReader failed
+    reading zip archive` on every start; a run.json that is not an object, an AttributeError."""
+    from study.train import main
+
+    db = tmp_path / "mlruns.db"
+    original = _fail_at(monkeypatch, 7)
+    with pytest.raises(RuntimeError, match="injected failure at step 7"):
+        run_in()
+    monkeypatch.setattr(__import__("study.modeling.lm", fromlist=["GPTModule"]).GPTModule, "on_train_batch_end", original)
+    ckpts = tmp_path / "runs/baseline-s1/checkpoints"
+    before = [(r.info.run_id, r.info.status) for r in mlflow_runs(db)[1]]
+    argv = [f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={db}",
+            f"study.artifact_dir={tmp_path / 'mlartifacts'}", "trainer.progress_bar=false"]
+    with open(ckpts / "last.ckpt", "r+b") as f:
+        f.truncate(1000)
+    capsys.readouterr()
+    for _ in range(2):  # every start says so; nothing is deleted or changed
+        assert main(argv) == 2
+        err = one_line_error(capsys)
+        assert f"{ckpts / 'last.ckpt'} is unreadable (" in err and f"delete {ckpts} to start the run afresh" in err
+        assert (ckpts / "last.ckpt").stat().st_size == 1000 and (ckpts / "run.json").is_file()
+        assert [(r.info.run_id, r.info.status) for r in mlflow_runs(db)[1]] == before
+        assert sorted(p.name for p in ckpts.parent.iterdir() if p.name != ".lock") == ["checkpoints"]
+    state = (ckpts / "run.json").read_text()
+    (ckpts / "run.json").write_text("[1]")
+    assert main(argv) == 2
+    err = one_line_error(capsys)
+    assert f"{ckpts / 'run.json'} holds list [1], not a JSON object" in err and f"delete {ckpts}" in err
+    (ckpts / "run.json").write_text(state)
+    shutil.rmtree(ckpts)  # as the message says: the run starts afresh and finishes
+    assert run_in()["steps"] == 10
+
+
+@pytest.mark.slow  # ~120 s: a DDP run (2 interpreters) and two in-process runs
+def test_a_checkpoint_resumes_on_another_world_size_in_the_same_mlflow_run(run_in, nano_project, tmp_path,
+                                                                           monkeypatch):
+    """Fail a 1-process run after its step-5 checkpoint; the same run on 2 DDP processes resumes it (one
+    MLflow run, FINISHED) and ends where an uninterrupted 1-process run ends."""
+    import torch
+
+    from study.modeling.lm import GPTModule
+
+    tokens, threads = f"train.tokens={20 * 32 * 64}", torch.get_num_threads()
+    ref = run_in(tokens, "trainer.threads=1", f"study.runs_dir={tmp_path / 'ref'}")
+    original = _fail_at(monkeypatch, 7)
+    with pytest.raises(RuntimeError):
+        run_in(tokens, "trainer.threads=1")
+    monkeypatch.setattr(GPTModule, "on_train_batch_end", original)
+    torch.set_num_threads(threads)
+    env = {k: v for k, v in env_for(nano_project).items() if k not in ("RANK", "LOCAL_RANK", "NODE_RANK",
+                                                                        "WORLD_SIZE", "SLURM_PROCID")}
+    cmd = [sys.executable, "-m", "study.train", tokens, "trainer.threads=1", "trainer.progress_bar=false",
+           "trainer.devices=2", "trainer.strategy=ddp", "train.micro_batch_size=8",
+           f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={tmp_path / 'mlruns.db'}",
+           f"study.artifact_dir={tmp_path / 'mlartifacts'}"]
+    with open(tmp_path / "ddp.out", "w") as out, open(tmp_path / "ddp.err", "w") as err:
+        proc = subprocess.Popen(cmd, cwd=nano_project, env=env, stdout=out, stderr=err, start_new_session=True)
+        try:
+            proc.wait(timeout=600)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    assert proc.returncode == 0, (tmp_path / "ddp.err").read_text()[-3000:]
+    assert (tmp_path / "ddp.out").read_text().count("baseline-s1: resuming from step 5") == 1
+    got = read_result(tmp_path / "runs/baseline-s1")
+    assert got["steps"] == ref["steps"] == 20
+    # steps and evaluations where the uninterrupted run had them (Lightning's loop counters re-expressed in
+    # the new micro-batches), the same losses: every step trained on the same global batch
+    rows, ref_rows = ([[float(x) for x in line.split(",")] for line in path.read_text().split()[1:]]
+                      for path in (tmp_path / "runs/baseline-s1/curve.csv", tmp_path / "ref/baseline-s1/curve.csv"))
+    assert [r[0] for r in rows] == [r[0] for r in ref_rows] == [5, 10, 15, 20]
+    for r, q in zip(rows, ref_rows):
+        assert abs(r[2] - q[2]) < 1e-4 and abs(r[3] - q[3]) < 1e-5, (r, q)
+    _, runs = mlflow_runs(tmp_path / "mlruns.db")
+    mine = [r for r in runs if r.info.run_id != ref["mlflow_run_id"]]
+    assert [(r.info.run_id, r.info.status) for r in mine] == [(got["mlflow_run_id"], "FINISHED")]
+
+
+def test_loop_state_is_rescaled_to_the_new_accumulation():
+    """Step 5 of a run with 1 micro-batch per step, resumed with 2 (and back): Lightning's micro-batch
+    counters become steps x accumulation, so the next step and evaluation fall where they did."""
+    from study.runner.run_state import rescale_loop_state
+
+    def ckpt(total, current, steps):
+        return {"global_step": steps, "loops": {"fit_loop": {"epoch_loop.batch_progress": {
+            "total": dict.fromkeys(("ready", "completed", "started", "processed"), total),
+            "current": dict.fromkeys(("ready", "completed", "started", "processed"), current)}}}}
+
+    c = ckpt(5, 5, 5)
+    rescale_loop_state(c, 2)
+    bp = c["loops"]["fit_loop"]["epoch_loop.batch_progress"]
+    assert set(bp["total"].values()) == {10} and set(bp["current"].values()) == {10}
+    c = ckpt(36, 12, 9)  # accumulation 4; 3 steps in this epoch -> accumulation 1
+    rescale_loop_state(c, 1)
+    bp = c["loops"]["fit_loop"]["epoch_loop.batch_progress"]
+    assert set(bp["total"].values()) == {9} and set(bp["current"].values()) == {3}
+    c = ckpt(36, 12, 9)
+    rescale_loop_state(c, 4)
+    assert c == ckpt(36, 12, 9)  # same accumulation: untouched
+
+
+@pytest.mark.slow  # ~75 s: two training processes killed, one run in-process
+def test_killed_runs_end_killed_never_running(nano_project, tmp_path, monkeypatch, capsys):
+    from filelock import FileLock
+
+    from study.train import main
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    runs, db = tmp_path / "runs", tmp_path / "m.db"
+    folder = runs / "identity_q-s4"
+    ckpt = folder / "checkpoints/last.ckpt"
+    proc = start_until_checkpoint(train_cmd(runs, db), nano_project, ckpt)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=120) == 128 + signal.SIGTERM
+    client, killed = mlflow_runs(db)
+    assert [(r.info.status, r.info.end_time is not None) for r in killed] == [("KILLED", True)]
+    assert not (folder / "metrics.json").exists()
+    FileLock(str(folder / ".lock"), timeout=0).acquire()  # released by the dead process (raises if not)
+
+    # the same command resumes the KILLED run (RUNNING again); SIGKILL leaves it RUNNING ...
+    proc = subprocess.Popen(train_cmd(runs, db), cwd=nano_project, env=env_for(nano_project),
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()
+    assert "identity_q-s4: resuming from step" in line, line
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert client.get_run(killed[0].info.run_id).info.status == "RUNNING"
+    # ... until the next start in that folder, here with other settings: it starts afresh and says why
+    monkeypatch.chdir(nano_project)
+    capsys.readouterr()
+    assert main(train_cmd(runs, db, "train.lr=1e-3", "train.tokens=20480")[3:]) == 0
+    out = capsys.readouterr().out
+    line = next(x for x in out.splitlines() if "starting afresh" in x)
+    assert "train.lr: 0.003 -> 0.001" in line and "train.tokens: 163840 -> 20480" in line
+    assert "trainer" not in line and "code:" not in line  # only what differs
+    assert "MLFLOW_TRACKING_URI" not in os.environ  # MLflow exported it during the run; not left behind
+    old = client.get_run(killed[0].info.run_id).info
+    assert old.status == "KILLED" and old.end_time is not None
+    assert sorted(r.info.status for r in mlflow_runs(db)[1]) == ["FINISHED", "KILLED"]
+
+
+# -- kill and resume --------------------------------------------------------------------------------
+def _nonlinear_q_cmd(runs: Path, db: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "study.train", "variant=nonlinear_q", "seed=2", "train.tokens=163840",
+            "trainer.progress_bar=false", f"study.runs_dir={runs}", f"study.tracking_db={db}", *extra]
+
+
+@pytest.mark.slow  # three training processes of 163,840 tokens
+def test_killed_run_resumes_exactly(nano_project, tmp_path):
+    """SIGKILL a real training process mid-run; the same command resumes to the uninterrupted result."""
+    from mlflow import MlflowClient
+
+    ref = subprocess.run(_nonlinear_q_cmd(tmp_path / "ref", tmp_path / "ref.db"), cwd=nano_project,
+                         env=env_for(nano_project), capture_output=True, text=True, timeout=600)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    runs, db = tmp_path / "runs", tmp_path / "m.db"
+    ckpt = runs / "nonlinear_q-s2/checkpoints/last.ckpt"
+    proc = start_until_checkpoint(_nonlinear_q_cmd(runs, db), nano_project, ckpt)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert ckpt.exists(), "no checkpoint before the kill"
+    import torch
+    killed_at = torch.load(ckpt, map_location="cpu", weights_only=False)["global_step"]
+    assert 0 < killed_at < 80, killed_at  # really mid-run (80 steps in all)
+    assert not (runs / "nonlinear_q-s2/metrics.json").exists()
+    again = subprocess.run(_nonlinear_q_cmd(runs, db), cwd=nano_project, env=env_for(nano_project),
+                           capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    ref_m = read_result(tmp_path / "ref/nonlinear_q-s2")
+    got_m = read_result(runs / "nonlinear_q-s2")
+    assert got_m["steps"] == ref_m["steps"] == 80
+    assert abs(got_m["val_loss"] - ref_m["val_loss"]) < 1e-6
+    ref_rows = (tmp_path / "ref/nonlinear_q-s2/curve.csv").read_text().splitlines()
+    got_rows = (runs / "nonlinear_q-s2/curve.csv").read_text().splitlines()
+    assert len(got_rows) == len(ref_rows) == 1 + 80 // 5
+    for r, g in zip(ref_rows[1:], got_rows[1:]):
+        rv, gv = [float(x) for x in r.split(",")], [float(x) for x in g.split(",")]
+        assert all(abs(a - b) < 1e-6 for a, b in zip(rv, gv)), (r, g)
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    runs_in_store = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    assert len(runs_in_store) == 1 and runs_in_store[0].info.status == "FINISHED"  # continued, not a second run
+    assert runs_in_store[0].info.run_id == got_m["mlflow_run_id"]
