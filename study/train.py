@@ -121,10 +121,10 @@ def recorded_config(cfg, data_digest: str) -> dict:
     """config.json of a run: the resolved config it trained with (without the study, lr_sweep,
     scale_ladder and defaults sections, which say which runs exist) plus the prepared data's digest;
     compare pairs only runs whose config.json agree on everything but the variant."""
-    from study.config import VERDICT_SECTIONS
+    from study.config import LAUNCH_SECTIONS, VERDICT_SECTIONS
 
     d = {k: v for k, v in to_dict(cfg).items()
-         if k not in ("study", "lr_sweep", "scale_ladder", "defaults", *VERDICT_SECTIONS)}
+         if k not in ("study", "lr_sweep", "scale_ladder", "defaults", *VERDICT_SECTIONS, *LAUNCH_SECTIONS)}
     return {**d, "data_digest": data_digest}
 
 
