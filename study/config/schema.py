@@ -299,7 +299,7 @@ class LauncherConfig:
     additional: Dict[str, Any] = field(default_factory=dict)  # any other sbatch option, e.g. {reservation: x}
     poll_s: float = 5.0  # seconds between two looks at the queue while a stage waits
     mfu: float = 0.4  # assumed model FLOPs utilisation of the --dry-run estimate
-    peak_tflops: float = 989.0  # one GPU's peak (dense bf16 TFLOP/s, H100 SXM) of the --dry-run estimate
+    peak_tflops: float = 989.4  # one GPU's peak (dense bf16 TFLOP/s, H100 or H200 SXM) of the --dry-run estimate
 
 
 @dataclass
