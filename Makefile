@@ -26,13 +26,26 @@ $(STAMP): pyproject.toml
 	$(PY) -c "import torch, lightning, litdata, mlflow, torchmetrics, datasets; print('installed: torch', torch.__version__, 'lightning', lightning.__version__, 'litdata', litdata.__version__)"
 	touch $(STAMP)
 
+# Where the tuning and test stages train (docs/scaling.md): LAUNCHER=local (default: study.jobs at once here) or
+# LAUNCHER=slurm (one SLURM job array per batch, from a login node; conf/launcher/slurm.yaml, or LAUNCH='launcher.partition=gpu ...').
+# DRY_RUN=1 with `make tune`, `make study` or `make full`: print the arrays they would submit (runs, resources,
+# estimated GPU-hours) and train nothing.
+LAUNCHER ?=
+LAUNCH ?=
+DRY_RUN ?=
+LAUNCH_OVERRIDES = $(if $(LAUNCHER),launcher=$(LAUNCHER)) $(LAUNCH)
+
 # params.yaml: conf/ composed by Hydra, what dvc.yaml's stages read (= what `dvc exp run` writes there)
 params: $(STAMP)
-	$(PY) -m study.config
+	$(PY) -m study.config $(LAUNCH_OVERRIDES)
 
 # every stage but tune@ARM (compare's upstream and check_params): the study tests at conf/tuned.yaml's lr*, never tunes
 study: params
+ifeq ($(DRY_RUN),)
 	.venv/bin/dvc repro check_params compare
+else
+	$(PY) -m study.test_runs --params params.yaml --dry-run
+endif
 
 # The CPU default until 2026-12-03 (model=cpu-bpe2048: BPE 2048, where attention carries 0.34 nats), its four arms
 # at the lr* tuned there (conf/tuning/cpu-bpe2048/table.md) and QK-norm at scale 1: its verdict, reproduced.
@@ -52,9 +65,14 @@ FULL_ARMS ?= [baseline_today,baseline,baseline_d2z,baseline_qknorm,nonlinear_q,n
 FULL_TUNE_ARMS ?= [baseline,baseline_d2z,baseline_qknorm,nonlinear_q,nonlinear_q_ph,nonlinear_q_linear]
 FULL_MAX_SEEDS ?= 5
 full: params
+ifeq ($(DRY_RUN),)
 	$(MAKE) tune TUNE_ARMS='$(FULL_TUNE_ARMS)'
 	.venv/bin/dvc exp run compare -S 'study.arms=$(FULL_ARMS)' -S 'study.pairs=[]' -S 'decomposition.rows=$(FULL_ARMS)' \
-	  -S 'study.max_seeds=$(FULL_MAX_SEEDS)'
+	  -S 'study.max_seeds=$(FULL_MAX_SEEDS)' $(foreach o,$(LAUNCH_OVERRIDES),-S '$(o)')
+else
+	$(PY) -m study.test_runs --params params.yaml --dry-run 'study.arms=$(FULL_ARMS)' 'study.pairs=[]' \
+	  'decomposition.rows=$(FULL_ARMS)' 'study.max_seeds=$(FULL_MAX_SEEDS)'
+endif
 
 # Tuning by one rule (docs/verdict.md): the DVC stages tune@ARM of tune.arms (each arm's grid, every
 # finished run reused), then the table, figure and conf/tuned.yaml from their results, then params.yaml again.
@@ -62,10 +80,15 @@ full: params
 # TUNE_ARMS='[a,b]' tunes those arms instead of tune.arms; arms tuned before keep their lr* and row.
 TUNE_ARMS ?=
 tune: $(STAMP)
-	$(PY) -m study.config $(if $(TUNE_ARMS),'tune.arms=$(TUNE_ARMS)')
+	$(PY) -m study.config $(if $(TUNE_ARMS),'tune.arms=$(TUNE_ARMS)') $(LAUNCH_OVERRIDES)
+ifeq ($(DRY_RUN),)
 	$(PY) -m study.tune --targets --params params.yaml | xargs -r .venv/bin/dvc repro
 	$(PY) -m study.tune --write --params params.yaml
-	$(PY) -m study.config
+	$(PY) -m study.config $(LAUNCH_OVERRIDES)
+else
+	for t in $$($(PY) -m study.tune --targets --params params.yaml); do \
+	  $(PY) -m study.tune --arm $${t#tune@} --params params.yaml --dry-run || exit 1; done
+endif
 
 # The experiments in a terminal: every run's metrics.json and every param is a column of `dvc exp show`,
 # so keep the verdict (% log-loss of each arm against each reference, or of each variant against the
@@ -114,7 +137,10 @@ ladder-tune: params
 	  $(PY) -m study.config || exit 1; \
 	done
 
+# The SLURM tests start a one-node SLURM (tests/slurm_cluster.py): as root on Debian, slurm-wlm and munge are installed
+# first (apt-get); elsewhere those tests are skipped, each with its one-line reason (-rs).
 test: $(STAMP)
+	$(PY) -m tests.slurm_cluster --install
 	$(PY) -m pytest -q -rs
 
 # The fast subset: every test but those marked slow (they train a model, prepare data, or start interpreters or DVC);

@@ -1,4 +1,4 @@
-"""The test stage, ``python -m study.test_runs --params params.yaml`` (DVC stage ``test_runs``): every arm of
+"""The test stage, ``python -m study.test_runs --params params.yaml [--dry-run]`` (DVC stage ``test_runs``): every arm of
 ``study.arms`` at its lr* on the test seeds, with seeds added until the verdict is decided (Stein's two-stage
 procedure, study/analysis/decision.py).
 
@@ -32,15 +32,17 @@ from study.tune import INTERRUPTED, arm_losses, check_tuned
 
 
 def _losses(cfg, root: Path, seeds_of: dict[str, list[int]], lrs: dict[str, float], params: str | None,
-            base: list[str] = ()) -> dict[str, dict[int, float]]:
+            base: list[str] = (), dry: bool = False) -> dict[str, dict[int, float]]:
     """{arm: {seed: final val loss}} of the test runs of each arm of ``seeds_of`` that finished (diverged ones
-    left out: lost points); the missing runs of all arms share the ``study.jobs`` trainings at once."""
-    got = arm_losses(cfg, root, [(a, lrs[a], testing_group(a), f"test {a}: ") for a in seeds_of], seeds_of, params, base)
+    left out: lost points); the missing runs of all arms go out in one batch on the launcher."""
+    got = arm_losses(cfg, root, [(a, lrs[a], testing_group(a), f"test {a}: ") for a in seeds_of], seeds_of, params, base,
+                     stage="test", dry=dry)
     return {a: {s: v for s, v in losses.items() if v is not None} for a, losses in got.items()}
 
 
-def run_tests(cfg, root: Path, params: str | None, base: list[str] = ()) -> dict:
-    """Train (or reuse) the test runs by Stein's two stages; write and return the plan.
+def run_tests(cfg, root: Path, params: str | None, base: list[str] = (), dry: bool = False) -> dict:
+    """Train (or reuse) the test runs by Stein's two stages; write and return the plan.  ``dry``: print the first
+    stage's array (runs, resources, GPU-hours) and the most the second may add; train and write nothing ({}).
 
     Args:
         params: the composed config the runs start from (params.yaml under DVC; None: conf/ composed).
@@ -48,6 +50,9 @@ def run_tests(cfg, root: Path, params: str | None, base: list[str] = ()) -> dict
     """
     s = cfg.study
     folder = root / s.runs_dir / TEST_GROUP
+    if not s.arms and dry:
+        print("study.arms is empty: no test stage, nothing to submit")
+        return {}
     folder.mkdir(parents=True, exist_ok=True)
     if not s.arms:
         print("study.arms is empty: no test stage (docs/verdict.md)")
@@ -59,6 +64,11 @@ def run_tests(cfg, root: Path, params: str | None, base: list[str] = ()) -> dict
         arm_of(cfg, a)
     n0 = len(s.seeds)
     first = list(s.seeds)
+    if dry:
+        _losses(cfg, root, {a: first for a in s.arms}, lrs, params, base, dry=True)
+        print(f"test: then Stein's second stage: up to {max(0, s.max_seeds - n0)} more seed(s) per arm "
+              f"(study.max_seeds={s.max_seeds}), in one more batch, as the first stage's spread asks")
+        return {}
     ok = _losses(cfg, root, {a: first for a in s.arms}, lrs, params, base)
     stage_one = compare_all(cfg, ok)
     need = {a: n0 for a in s.arms}
@@ -82,6 +92,8 @@ def run_tests(cfg, root: Path, params: str | None, base: list[str] = ()) -> dict
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    dry = "--dry-run" in argv
+    argv = [a for a in argv if a != "--dry-run"]
     params = None
     if "--params" in argv and argv.index("--params") + 1 < len(argv):
         params = argv[argv.index("--params") + 1]
@@ -90,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     base = [r for i, r in enumerate(argv) if not r.startswith("-") and not (i and argv[i - 1] == "--params")]
 
     def body(cfg, root: Path) -> int:
-        run_tests(cfg, root, params, base)
+        run_tests(cfg, root, params, base, dry=dry)
         return 0
     try:
         return run_stage(body, argv)

@@ -56,7 +56,7 @@ from study.data import DataError
 from study.data.records import check_prepared
 from study.data.records import data_digest as prepared_data_digest
 from study.data.windows import check_train_windows
-from study.runner.launch import build_trainer, check_multi_node, launch_rank, make_strategy, world_size
+from study.runner.launch import build_trainer, check_multi_node, die_with_parent, launch_rank, make_strategy, world_size
 from study.runner.run_state import (METRICS, end_status, hold_run_lock, loop_state_callback, open_run_folder,  # noqa: F401
                              read_resume_checkpoint, restore_env, settle_previous_run, split_result,
                              RUN_FOLDER_TAG, end_orphaned_runs, run_folder_tag,
@@ -121,10 +121,10 @@ def recorded_config(cfg, data_digest: str) -> dict:
     """config.json of a run: the resolved config it trained with (without the study,
     scale_ladder and defaults sections, which say which runs exist) plus the prepared data's digest;
     compare pairs only runs whose config.json agree on everything but the variant."""
-    from study.config import VERDICT_SECTIONS
+    from study.config import LAUNCH_SECTIONS, VERDICT_SECTIONS
 
     d = {k: v for k, v in to_dict(cfg).items()
-         if k not in ("study", "scale_ladder", "defaults", *VERDICT_SECTIONS)}
+         if k not in ("study", "scale_ladder", "defaults", *VERDICT_SECTIONS, *LAUNCH_SECTIONS)}
     return {**d, "data_digest": data_digest}
 
 
@@ -360,6 +360,7 @@ def _report(cfg, root: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    die_with_parent()  # started by a stage's local launcher: end with it
     try:
         return run_stage(_report, argv)
     except KeyboardInterrupt:  # the run was marked KILLED and its lock released; as study.tune and study.test_runs do

@@ -1,6 +1,7 @@
 """Tuning by one rule, ``make tune``: every arm of ``tune.arms`` on the same x2 lr grid, on the tuning seeds.
 
     python -m study.tune --arm NAME [--params params.yaml] [overrides]   tune one arm (DVC stage tune@NAME)
+    python -m study.tune --arm NAME --dry-run [...]                      print its first array (runs, GPU-hours); train nothing
     python -m study.tune --write [--params params.yaml] [overrides]      the table, figure and conf/tuned.yaml
     python -m study.tune --targets [--params params.yaml]                the DVC stages of tune.arms, one a line
     python -m study.tune --ladder MODEL [--params params.yaml]            the scale ladder's lr transfer, checked
@@ -35,9 +36,10 @@ import sys
 from pathlib import Path
 
 from study.analysis.tuned_file import _read_tuned, tuned_sizes, tuned_yaml  # noqa: F401 (tuned_yaml: public here too)
-from study.analysis.tuning import choose, score, tune_arm
+from study.analysis.tuning import choose, initial_grid, score, tune_arm
 from study.analysis.tuning_table import check_result, figure, table_markdown  # noqa: F401 (public here too)
-from study.runner.arms import _plain, arm_of, ensure_runs, recipe, recipe_difference, run_overrides, tune_group
+from study.orchestration.runs import dry_run, ensure_runs
+from study.runner.arms import _plain, arm_of, recipe, recipe_difference, run_overrides, tune_group
 from study.config import ConfigError, StudyError, run_stage
 from study.config.naming import lr_key
 from study.runner.run_state import INTERRUPTED  # noqa: F401 (public here too)
@@ -52,7 +54,7 @@ def _finite(x):
 
 def seed_losses(cfg, root: Path, name: str, lr: float, seeds, group: str, params: str | None, base=(),
                 runs_dir: str | None = None, extra=(), label: str = "") -> dict[int, float | None]:
-    """Train (or reuse, :func:`study.runner.arms.ensure_runs`) arm ``name`` at peak ``lr`` on each of ``seeds``
+    """Train (or reuse, :func:`study.orchestration.runs.ensure_runs`) arm ``name`` at peak ``lr`` on each of ``seeds``
     in run group ``group``, ``study.jobs`` at once; the tuning and the test stage both use it.
 
     Returns: {seed: final validation loss (nats), None for a diverged run (a lost point)}; prints one line per
@@ -64,17 +66,24 @@ def seed_losses(cfg, root: Path, name: str, lr: float, seeds, group: str, params
 
 
 def arm_losses(cfg, root: Path, arms: list[tuple[str, float, str, str]], seeds_of: dict[str, list[int]],
-               params: str | None, base=(), runs_dir: str | None = None, extra=()) -> dict[str, dict[int, float | None]]:
+               params: str | None, base=(), runs_dir: str | None = None, extra=(), stage: str = "",
+               dry: bool = False) -> dict[str, dict[int, float | None]]:
     """:func:`seed_losses` for several arms at once: ``arms`` = [(name, lr, group, label)], each on
-    ``seeds_of[name]``; every missing run of all of them shares the ``study.jobs`` trainings at once.
+    ``seeds_of[name]``; every missing run of all of them goes out in one batch on the launcher (``study.jobs``
+    trainings at once here, or one SLURM job array), ``stage`` naming it on the live line.  ``dry``: print the batch
+    (study.orchestration.runs.dry_run) and train nothing ({} returned).
 
     Returns: {name: {seed: final validation loss (nats), None for a diverged run}}.
     """
     from study.analysis.runs import read_result
 
     todo = [(name, lr, group, label, int(seed)) for name, lr, group, label in arms for seed in seeds_of[name]]
-    done = ensure_runs([[*base, *run_overrides(cfg, n, seed, lr, g, runs_dir), *extra] for n, lr, g, _, seed in todo],
-                       root, params, cfg.study.jobs)
+    runs = [[*base, *run_overrides(cfg, n, seed, lr, g, runs_dir), *extra] for n, lr, g, _, seed in todo]
+    stage = stage or (arms[0][3].strip() if len(arms) == 1 else "runs")
+    if dry:
+        dry_run(runs, root, params, stage, cfg.study.jobs)
+        return {}
+    done = ensure_runs(runs, root, params, cfg.study.jobs, label=stage)
     out: dict[str, dict[int, float | None]] = {name: {} for name, *_ in arms}
     for (name, _, _, label, seed), (d, reused) in zip(todo, done):
         r = read_result(d)
@@ -84,8 +93,11 @@ def arm_losses(cfg, root: Path, arms: list[tuple[str, float, str, str]], seeds_o
     return out
 
 
-def tune_one(cfg, root: Path, name: str, params: str | None, base: list[str] = ()) -> dict:
+def tune_one(cfg, root: Path, name: str, params: str | None, base: list[str] = (), dry: bool = False) -> dict:
     """Tune arm ``name`` (see the module docstring); returns and writes its tuning.json content.
+
+    Under ``launcher=slurm`` the whole initial grid goes out as one job array first (each extension then one more);
+    ``dry``: print that array (runs, resources, GPU-hours) and what may follow, train nothing, return {}.
 
     Args:
         params: the composed config the runs start from (params.yaml under DVC; None: conf/ composed).
@@ -99,6 +111,14 @@ def tune_one(cfg, root: Path, name: str, params: str | None, base: list[str] = (
                           "drop that override")
     extra = [f"train.tokens={tu.tokens}"] if tu.tokens is not None else []
     points = {}
+    if dry or cfg.launcher.executor != "local":  # the initial grid in one batch: on a cluster, one array
+        grid = initial_grid(tu.centre, min(tu.points, tu.max_points))
+        arm_losses(cfg, root, [(name, lr, tune_group(name, lr), f"tune {name}: lr {lr_key(lr)} ") for lr in grid],
+                   {name: list(tu.seeds)}, params, base, tu.runs_dir, extra, stage=f"tune {name}", dry=dry)
+        if dry:
+            print(f"tune {name}: then up to {tu.max_points - len(grid)} more lr point(s) of {len(tu.seeds)} run(s) "
+                  f"each, one batch per extension, until the optimum is bracketed (tune.max_points={tu.max_points})")
+            return {}
 
     def evaluate(lr: float) -> float:
         losses = seed_losses(cfg, root, name, lr, tu.seeds, tune_group(name, lr), params, base, tu.runs_dir, extra,
@@ -328,7 +348,7 @@ def targets(cfg) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    mode, arm, rest = None, None, []
+    mode, arm, rest, dry = None, None, [], False
     it = iter(argv)
     for a in it:
         if a == "--arm" or a.startswith("--arm="):
@@ -342,6 +362,8 @@ def main(argv: list[str] | None = None) -> int:
             mode = "ladder"
         elif a in ("--write", "--targets"):
             mode = a[2:]
+        elif a == "--dry-run":
+            dry = True
         else:
             rest.append(a)
     if any(a in ("-h", "--help") for a in rest) or mode is None:
@@ -362,7 +384,10 @@ def main(argv: list[str] | None = None) -> int:
 
     def body(cfg, root: Path) -> int:
         if mode == "arm":
-            tune_one(cfg, root, arm, params, base)
+            tune_one(cfg, root, arm, params, base, dry=dry)
+        elif dry:
+            print("error: --dry-run goes with --arm NAME (the arrays that arm's tuning would submit)", file=sys.stderr)
+            return 2
         elif mode == "ladder":
             tune_ladder(cfg, root, arm, params, base)
         elif mode == "write":

@@ -22,6 +22,7 @@ defaults:
   - variant: baseline
   - data: default
   - trainer: cpu
+  - launcher: local
   - _self_
 study:
   name: {name}

@@ -1,4 +1,5 @@
-"""study.jobs: the tune and test_runs stages train their missing runs in study.train processes, several at once,
+"""study.jobs: the tune and test_runs stages train their missing runs in study.train processes, several at once (the local
+launcher, study/orchestration/launch.py),
 with the numbers of one in-process training at the same trainer.threads; failures are named together, finished
 runs reused."""
 from __future__ import annotations
@@ -26,7 +27,7 @@ def val_loss(d) -> float:
 
 @pytest.mark.slow  # training processes
 def test_two_processes_give_the_numbers_of_one_and_reuse_what_finished(nano_project, tmp_path, monkeypatch):
-    from study.runner.arms import ensure_runs
+    from study.orchestration.runs import ensure_runs
 
     monkeypatch.chdir(nano_project)
     runs = [overrides(tmp_path, s, "par") for s in (1, 2)]
@@ -45,12 +46,14 @@ def test_two_processes_give_the_numbers_of_one_and_reuse_what_finished(nano_proj
 
 @pytest.mark.slow  # training processes
 def test_failed_trainings_are_named_together(nano_project, tmp_path, monkeypatch):
-    from study.runner.arms import ensure_runs
+    from study.orchestration.runs import ensure_runs
 
     monkeypatch.chdir(nano_project)
     monkeypatch.setattr(sys, "executable", shutil.which("false"))  # every training process exits 1
-    with pytest.raises(StudyError, match=r"2 run\(s\) failed: .*baseline-s1 \(exit 1\), .*baseline-s2 \(exit 1\)"):
+    with pytest.raises(StudyError, match=r"2 run\(s\) failed: .*baseline-s1 \(exit 1, log .*baseline-s1.log: empty\), "
+                                         r".*baseline-s2 \(exit 1, log .*baseline-s2.log: empty\)") as e:
         ensure_runs([overrides(tmp_path, s, "bad") for s in (1, 2)], nano_project, None, jobs=2)
+    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize("over, message", [

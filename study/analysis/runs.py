@@ -28,13 +28,13 @@ import math
 from pathlib import Path
 
 from study.analysis.pairing import check
-from study.config import VERDICT_SECTIONS, flatten, run_dir
+from study.config import LAUNCH_SECTIONS, VERDICT_SECTIONS, flatten, run_dir
 from study.data import DataError
 from study.data.records import MISSING, json_kind
 from study.runner.run_state import METRICS, REPLACED
 
 #: sections of the resolved config that say which runs exist, not how one run trained
-NOT_SETTINGS = ("study", "scale_ladder", "defaults", *VERDICT_SECTIONS)
+NOT_SETTINGS = ("study", "scale_ladder", "defaults", *VERDICT_SECTIONS, *LAUNCH_SECTIONS)
 
 
 class RunsError(DataError):

@@ -22,7 +22,7 @@ from .schema import (ACTIVATIONS, CONTEXTS, GROUPS, PRECISIONS, PROJECTION_MODES
                      ConfigError, DataConfig, ModelConfig, RunConfig, ScaleLadderConfig, StudyConfig, StudyError,
                      TrainConfig, TrainerConfig, VariantConfig, register)
 from .stage import run_stage
-from .schema import ArmConfig, DecompositionConfig, TuneConfig, TunedConfig
+from .schema import EXECUTORS, LAUNCH_SECTIONS, ArmConfig, DecompositionConfig, LauncherConfig, TuneConfig, TunedConfig
 from .validation import validate
 
 __all__ = [n for n in dir() if not n.startswith("_")]

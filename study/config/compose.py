@@ -40,7 +40,7 @@ from .hydra_errors import _first, _hydra_error, _key_hint, _yaml_error, schema_k
 from .schema import GROUPS, SCHEMA_NAME, ConfigError, RunConfig, StudyError, register
 from .validation import used_arms, validate, validate_paths
 
-NAMED_GROUPS = ("model", "variant", "trainer")  # groups whose section records its file as ``name``
+NAMED_GROUPS = ("model", "variant", "trainer", "launcher")  # groups whose section records its file as ``name``
 PARAMS_FILE = "params.yaml"  # DVC's Hydra output (ParamsDependency.DEFAULT_PARAMS_FILE)
 
 
@@ -214,7 +214,7 @@ def stale_sections(root: Path, params: DictConfig, study_file: Path | None = Non
 
 
 # What params.yaml may hold that no stage reads: {section: None (all of it) or the one key of it}.
-NOT_STAGE_INPUTS = {"variant": None, "tune": "arms"}
+NOT_STAGE_INPUTS = {"variant": None, "tune": "arms", "launcher": None}  # launcher: where the runs train, not what
 
 
 def _stage_inputs(cfg: DictConfig) -> dict:

@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from .schema import VERDICT_SECTIONS, RunConfig
+from .schema import LAUNCH_SECTIONS, VERDICT_SECTIONS, RunConfig
 
 
 def run_name(variant: str, seed: int) -> str:
@@ -70,7 +70,7 @@ NOT_IN_RESUME_KEY = (
     "train.lr_from_tuned", "train.lr_per_size",  # where the peak lr came from: the lr itself (variant.lr, set before hashing) is in the key
     "data.num_proc", "data.hf_cache_dir", "data.dir",  # how/where prepare runs; the data's own digest is checked
     "variant.description",
-    *VERDICT_SECTIONS,
+    *VERDICT_SECTIONS, *LAUNCH_SECTIONS,
 )
 
 

@@ -16,10 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 SCHEMA_NAME = "run_config"  # the ConfigStore name of RunConfig, first in conf/study.yaml's defaults list
-GROUPS = ("model", "variant", "data", "trainer")
+GROUPS = ("model", "variant", "data", "trainer", "launcher")
 #: sections that say which runs exist and how they are judged, not how one run trains: left out of a run's
 #: config.json, its resume key and the settings runs pair on (like study and scale_ladder)
 VERDICT_SECTIONS = ("arms", "tune", "tuned", "decomposition")
+#: where and how the trainings of a stage are launched (this machine, SLURM job arrays): never a run's setting, so
+#: left out of config.json, the resume key, the settings runs pair on and the stages' inputs (same numbers on both)
+LAUNCH_SECTIONS = ("launcher",)
+EXECUTORS = ("local", "slurm")
 PROJECTION_MODES = ("linear", "identity", "residual_linear", "nonlinear")
 ACTIVATIONS = ("gelu", "relu2", "silu", "identity")
 CONTEXTS = ("causal", "self")  # what a position attends to (study.modeling.model.CausalSelfAttention)
@@ -254,6 +258,34 @@ class DecompositionConfig:
 
 
 @dataclass
+class LauncherConfig:
+    """Where the tuning and test stages train their missing runs (conf/launcher/; study/orchestration/launch.py):
+    ``local``: ``study.jobs`` trainings at once on this machine; ``slurm``: one SLURM job array per batch of
+    missing runs, through submitit, one training per job (docs/scaling.md)."""
+
+    name: str = "local"  # the conf/launcher file
+    executor: str = "local"  # "local" or "slurm"
+    log_dir: str = "logs/launcher"  # each training's log (local: RUN.log; slurm: submitit's JOBID_TASK_log.out/.err)
+    partition: Optional[str] = None  # sbatch --partition (None: the cluster's default)
+    account: Optional[str] = None  # --account
+    qos: Optional[str] = None  # --qos
+    constraint: Optional[str] = None  # --constraint, e.g. "h100"
+    nodes: Optional[int] = None  # nodes per job (None: trainer.num_nodes)
+    gpus_per_node: int = 0  # --gpus-per-node (0: a CPU job)
+    tasks_per_node: Optional[int] = None  # None: trainer.devices under a multi-device strategy (ddp, fsdp), else 1
+    cpus_per_task: int = 2  # --cpus-per-task
+    mem_gb: Optional[float] = None  # --mem per node, GB (None: the partition's default)
+    timeout_min: int = 60  # --time, minutes; a job at its limit is checkpointed and requeued (submitit)
+    max_requeues: int = 3  # requeues at the time limit before the job counts as failed (submitit's max_num_timeout)
+    array_parallelism: int = 64  # jobs of one array that run at once (--array=...%N)
+    setup: list = field(default_factory=list)  # shell lines run in each job before the training (module load ...)
+    additional: Dict[str, Any] = field(default_factory=dict)  # any other sbatch option, e.g. {reservation: x}
+    poll_s: float = 5.0  # seconds between two looks at the queue while a stage waits
+    mfu: float = 0.4  # assumed model FLOPs utilisation of the --dry-run estimate
+    peak_tflops: float = 989.4  # one GPU's peak (dense bf16 TFLOP/s, H100 or H200 SXM) of the --dry-run estimate
+
+
+@dataclass
 class RunConfig:
     """Everything one training run needs; ``seed`` fixes init and data order (see :func:`run_seeds`)."""
 
@@ -268,6 +300,7 @@ class RunConfig:
     tune: TuneConfig = field(default_factory=TuneConfig)
     tuned: TunedConfig = field(default_factory=TunedConfig)
     decomposition: DecompositionConfig = field(default_factory=DecompositionConfig)
+    launcher: LauncherConfig = field(default_factory=LauncherConfig)
     seed: int = 1
 
 

@@ -8,6 +8,7 @@ import re
 from .schedule import batch_tokens_message, max_steps, peak_lr, wsd_decay_steps
 from .schema import (ACTIVATIONS, CONTEXTS, PRECISIONS, PROJECTION_MODES, QK_NORMS, SCHEDULES, TOKENIZERS, ConfigError,
                      DataConfig, RunConfig)
+from .launcher import resolve_launcher
 from .transfer import check_transferable, transferred_lr  # noqa: F401 (the ladder's lr, re-exported)
 from .verdict_checks import used_arms, validate_verdict  # noqa: F401 (used_arms: re-exported)
 
@@ -135,6 +136,7 @@ def validate(cfg: RunConfig) -> None:
     _validate_profiles(cfg)
     validate_verdict(cfg)
     _validate_trainer(cfg.trainer)
+    resolve_launcher(cfg)  # the launcher against the trainer it runs (study/config/launcher.py)
     _validate_chunk_bytes(d.chunk_bytes)
 
 

@@ -10,8 +10,8 @@ A run of an arm is ``study.train`` with ``variant=VARIANT seed=SEED variant.lr=L
 its own folder (``study.group``): tuning runs under ``tune.runs_dir/ARM/lrLR/VARIANT-sSEED``, test runs under
 ``runs/test/ARM/VARIANT-sSEED``.  :func:`ensure_run` reuses a finished run trained under the same resume key
 (settings, code and data) and trains it otherwise, in this process (replacing a finished run of another key, as
-DVC replaces a stage's outputs when its dependencies change).  :func:`ensure_runs` does the same for a list of runs,
-``study.jobs`` of them at once, each in its own ``study.train`` process.
+DVC replaces a stage's outputs when its dependencies change).  study.orchestration.runs.ensure_runs does the same for a
+list of runs through the study's launcher (``study.jobs`` processes here, or SLURM job arrays).
 """
 from __future__ import annotations
 
@@ -177,104 +177,21 @@ def wait_while_trained(d: Path, poll_s: float = 1.0) -> None:
     lock.release()
 
 
-def _die_with_parent():
-    """A ``preexec_fn`` for a training process: on Linux it gets SIGTERM when the stage that started it dies, even by
-    SIGKILL (prctl PR_SET_PDEATHSIG), and so marks its run KILLED and frees its lock instead of training on as an
-    orphan; if the stage is already gone, at once.  None elsewhere (no such call: a killed stage's trainings go on)."""
-    import os
-    import signal
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return None
-    import ctypes
-
-    prctl, parent = ctypes.CDLL(None, use_errno=True).prctl, os.getpid()  # loaded here: nothing imported after fork
-    pr_set_pdeathsig = 1
-
-    def arm() -> None:
-        prctl(pr_set_pdeathsig, int(signal.SIGTERM))
-        if os.getppid() != parent:  # the stage died between fork and prctl
-            os.kill(os.getpid(), signal.SIGTERM)
-    return arm
-
-
-def _pending(overrides: list[str], root: Path, params: str | None):
+def pending(overrides: list[str], root: Path, params: str | None, wait: bool = True):
     """(the run folder, the overrides to train it with (None when a finished run there is reusable), its config,
-    with ``train.overwrite`` set when it replaces a finished run of other settings)."""
+    with ``train.overwrite`` set when it replaces a finished run of other settings).  ``wait``: first wait while
+    another process trains that run (:func:`wait_while_trained`)."""
     cfg = load_config(overrides, root, params=params)
     d = run_dir(root, cfg, cfg.variant.name, cfg.seed)
-    wait_while_trained(d)
+    if wait:
+        wait_while_trained(d)
     if reusable(cfg, root, d):
         return d, None, cfg
-    if (d / "metrics.json").is_file():
+    if (d / "metrics.json").is_file() and wait:
         print(f"{d}: the finished run there was trained under other settings, code or data: replacing it", flush=True)
         cfg.train.overwrite = True
         return d, [*overrides, "train.overwrite=true"], cfg
     return d, list(overrides), cfg
-
-
-def ensure_runs(runs: list[list[str]], root: Path, params: str | None, jobs: int = 1) -> list[tuple[Path, bool]]:
-    """:func:`ensure_run` for each override list of ``runs``, ``jobs`` trainings at once.
-
-    With ``jobs`` > 1 each run to train is its own ``python -m study.train`` process (the same command DVC runs,
-    same overrides, so the same numbers as in this process at the same ``trainer.threads``), its progress in
-    lines that carry the run's name (``trainer.progress_bar=false``: two bars would share one terminal line).  A
-    run that fails does not stop the others; once all have ended, the failures are raised together (finished runs
-    are kept and reused by the next start).
-
-    Returns: [(run folder, whether it was reused)], in the order of ``runs``.
-
-    Raises:
-        StudyError: a training process exited non-zero (names each run and its exit status).
-    """
-    if jobs <= 1:
-        return [ensure_run(o, root, params) for o in runs]
-    pending = [_pending(o, root, params) for o in runs]
-    todo = [(d, o) for d, o, _ in pending if o is not None]
-    failed = _train_processes(todo, root, params, jobs)
-    if failed:
-        raise StudyError(f"{len(failed)} run(s) failed: {', '.join(f'{d} (exit {rc})' for d, rc in failed)}: see their "
-                         f"output above; fix the cause and re-run (finished runs are reused)")
-    return [(d, o is None) for d, o, _ in pending]
-
-
-def _train_processes(todo: list[tuple[Path, list[str]]], root: Path, params: str | None,
-                     jobs: int) -> list[tuple[Path, int]]:
-    """Run ``study.train`` for each (folder, overrides), ``jobs`` at once; [(folder, exit status)] of failures.
-    Ctrl-C or SIGTERM of this process terminates the trainings it started (each marks its run KILLED); so does its
-    death by SIGKILL on Linux (:func:`_die_with_parent`)."""
-    import subprocess
-    import sys
-    import time
-
-    from study.runner.run_state import terminate_as_exception
-
-    queue, live, failed = list(todo), [], []
-    base = [sys.executable, "-m", "study.train", *(["--params", str(params)] if params else [])]
-    die_with_parent = _die_with_parent()
-    try:
-        with terminate_as_exception():
-            while queue or live:
-                while queue and len(live) < jobs:
-                    d, o = queue.pop(0)
-                    live.append((d, subprocess.Popen([*base, *o, "trainer.progress_bar=false"], cwd=root,
-                                                     preexec_fn=die_with_parent)))
-                time.sleep(0.2)
-                for d, proc in [x for x in live if x[1].poll() is not None]:
-                    live.remove((d, proc))
-                    if proc.returncode:
-                        failed.append((d, proc.returncode))
-    finally:
-        for _, proc in live:
-            proc.terminate()
-        for _, proc in live:
-            try:  # each marks its run KILLED and releases its lock; one that hangs is killed
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-    return failed
 
 
 def ensure_run(overrides: list[str], root: Path, params: str | None) -> tuple[Path, bool]:
@@ -286,7 +203,7 @@ def ensure_run(overrides: list[str], root: Path, params: str | None) -> tuple[Pa
 
     Returns: (the run folder, whether it was reused).
     """
-    d, todo, cfg = _pending(overrides, root, params)
+    d, todo, cfg = pending(overrides, root, params)
     if todo is None:
         return d, True
     TRAIN(cfg, root)

@@ -100,6 +100,37 @@ def missing_package(e: ImportError, what: str) -> ConfigError:
                        f"other trainer settings (conf/trainer, trainer.accelerator/strategy/precision)")
 
 
+def die_with_parent(env=None) -> bool:
+    """Arm PR_SET_PDEATHSIG (Linux) when the stage that started this training named itself in STUDY_PARENT_PID
+    (study.orchestration.launch's local launcher): SIGTERM when that stage dies, even by SIGKILL, so that the run is
+    marked KILLED and its lock freed instead of training on as an orphan; at once if the stage is gone already.
+    Armed here, in the training, not in a preexec_fn (the stage starts its trainings from a thread pool).
+    Returns whether it was armed."""
+    import signal
+    import sys
+
+    env = os.environ if env is None else env
+    parent = env.pop("STUDY_PARENT_PID", "")  # not inherited: a training's own processes (DDP ranks) have it as parent
+    if not parent.isdigit() or not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+    if os.getppid() != int(parent):  # the stage died before the prctl
+        os.kill(os.getpid(), signal.SIGTERM)
+    return True
+
+
+def slurm_plugins() -> list:
+    """Inside a SLURM job: Lightning's SLURM environment (ranks from srun's SLURM_PROCID/LOCALID/NODEID) without its
+    auto-requeue.  submitit requeues (USR2, study.orchestration.job); Lightning's own SIGUSR1 handler would save
+    ``hpc_ckpt_*.ckpt`` mid-interval and a later ``fit(ckpt_path=None)`` would resume from it, past the run's resume
+    key: one requeue only.  [] outside SLURM."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
+
+
 def build_trainer(**kwargs):
     """``lightning.pytorch.Trainer(**kwargs)``; the settings Lightning refuses (an accelerator this machine
     lacks, devices or a strategy it cannot use) become one :class:`ConfigError` line.
@@ -123,6 +154,9 @@ def build_trainer(**kwargs):
                 # not under SLURM: Lightning's hint that srun exists on this machine but is not used (every run, on a
                 # machine with SLURM installed) says nothing about this run
                 warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system")
+            plugins = slurm_plugins()
+            if plugins and "plugins" not in kwargs:
+                kwargs["plugins"] = plugins
             return pl.Trainer(**kwargs)
     except ImportError as e:  # ModuleNotFoundError: tpu/xla without torch_xla, transformer-engine precision, ...
         raise missing_package(e, f"the trainer ({shown})") from e

@@ -1,0 +1,117 @@
+"""The launcher group without a cluster: the slurm launcher resolved against the trainer (one task per device under
+ddp, refused in one line when they disagree), submitit's parameters, the stage's live line, and --dry-run (the
+arrays a stage would submit, with GPU-hours, and nothing trained)."""
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, env_for
+from study.config import ConfigError, load_config
+
+
+def test_the_local_launcher_is_the_default_and_keeps_study_jobs(monkeypatch):
+    from study.config.launcher import resolve_launcher
+
+    monkeypatch.chdir(ROOT)
+    cfg = load_config([], ROOT)
+    res = resolve_launcher(cfg)
+    assert (cfg.launcher.name, res["executor"], res["tasks_per_node"], cfg.study.jobs) == ("local", "local", 1, 2)
+
+
+def test_ddp_on_slurm_gives_one_task_per_gpu(monkeypatch):
+    from study.config.launcher import resolve_launcher
+    from study.orchestration.launch import slurm_parameters
+
+    monkeypatch.chdir(ROOT)
+    cfg = load_config(["launcher=slurm", "trainer=ddp", "launcher.gpus_per_node=8", "launcher.partition=gpu",
+                       "launcher.mem_gb=64", "launcher.setup=[module load cuda]"], ROOT)
+    res = resolve_launcher(cfg)
+    assert (res["tasks_per_node"], res["gpus_per_node"], res["devices"], res["nodes"]) == (8, 8, 8, 1)
+    p = slurm_parameters(res, ROOT, "study-test")
+    assert (p["ntasks_per_node"], p["gpus_per_node"], p["partition"], p["mem"], p["time"]) == (8, 8, "gpu", "65536M", 60)
+    assert p["setup"][0] == f"cd {ROOT}" and p["setup"][-1] == "module load cuda"
+    two_nodes = resolve_launcher(load_config(["launcher=slurm", "trainer=ddp", "launcher.gpus_per_node=4",
+                                              "trainer.num_nodes=2"], ROOT))
+    assert (two_nodes["nodes"], two_nodes["tasks_per_node"]) == (2, 4)
+
+
+@pytest.mark.parametrize("over, message", [
+    (["trainer=ddp", "launcher.gpus_per_node=8", "launcher.tasks_per_node=4"],
+     r"^launcher.tasks_per_node=4 disagrees with trainer.devices=-1 \(strategy ddp\): Lightning's SLURM environment "
+     r"runs one task per device under ddp: set launcher.tasks_per_node=8 \(or null\)$"),
+    (["trainer=ddp"], r"^trainer.devices=-1 \(every GPU\) under launcher=slurm needs the GPUs of one job: set "
+                      r"launcher.gpus_per_node"),
+    (["trainer=ddp", "trainer.devices=4", "launcher.gpus_per_node=8"],
+     r"^launcher.gpus_per_node=8 disagrees with trainer.devices=4: 4 GPU\(s\) per job would idle"),
+    (["trainer=gpu", "launcher.gpus_per_node=0"], r"needs launcher.gpus_per_node >= 1, got 0"),
+    (["trainer=ddp", "launcher.gpus_per_node=8", "launcher.nodes=2"], r"^launcher.nodes=2 disagrees with trainer.num_nodes=1"),
+    (["launcher.timeout_min=0"], r"^launcher.timeout_min=0 must be >= 1$"),
+    (["launcher.mfu=1.5"], r"^launcher.mfu=1.5 must be in \(0, 1\]"),
+    (["launcher.executor=pbs"], r"^launcher.executor='pbs': choose one of \['local', 'slurm'\]"),
+    (["trainer.threads=4", "launcher.cpus_per_task=2"], r"^trainer.threads=4 is more than launcher.cpus_per_task=2"),
+])
+def test_a_launcher_that_disagrees_with_its_trainer_is_refused_in_one_line(monkeypatch, over, message):
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(ConfigError, match=message) as e:
+        load_config(["launcher=slurm", *over], ROOT)
+    assert "\n" not in str(e.value)
+
+
+def test_the_launcher_is_no_setting_of_a_run(monkeypatch):
+    """Same resume key and config.json on either launcher: a run trained here is reused on the cluster."""
+    from study.config import resume_config
+    from study.train import recorded_config
+
+    monkeypatch.chdir(ROOT)
+    here, there = load_config([], ROOT), load_config(["launcher=slurm", "launcher.partition=gpu"], ROOT)
+    assert resume_config(here) == resume_config(there)
+    assert recorded_config(here, "d") == recorded_config(there, "d") and "launcher" not in recorded_config(here, "d")
+
+
+def test_the_live_line_counts_runs_lost_points_and_time_left(tmp_path):
+    from study.orchestration.progress import StageLine
+
+    runs = [tmp_path / f"r{i}" for i in range(4)]
+    for d, status in zip(runs[:3], ("ok", "diverged", "ok")):
+        d.mkdir()
+        (d / "metrics.json").write_text("{}")
+        (d / "record.json").write_text(json.dumps({"status": status}))
+    out = io.StringIO()
+    line = StageLine("test", runs, reused=1, stream=out, tty=False)
+    line.t0 -= 100  # 100 s ago; two runs finished since: 50 s each, one left
+    text = line.update("slurm array 7: 1 running")
+    assert text.startswith("test: 3/4 runs (1 lost), 01:40 elapsed, ~00:50 left | slurm array 7: 1 running"), text
+    assert out.getvalue().strip() == text
+    tty = io.StringIO()
+    StageLine("test", runs, reused=3, stream=tty, tty=True).update("local: 1 running")
+    assert tty.getvalue().startswith("\r\033[Ktest: 3/4 runs (1 lost), 00:00 elapsed, ~? left | local: 1 running")
+
+
+def test_dry_run_prints_the_array_and_its_gpu_hours_and_trains_nothing(nano_project, tmp_path):
+    from tests.test_compare_checks import study_params
+
+    import yaml
+
+    params = study_params(nano_project, tmp_path)
+    data = yaml.safe_load(params.read_text())
+    data["arms"]["nlqd"]["lr"], data["tuned"] = 0.003, {"lr": {}}
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    got = subprocess.run([sys.executable, "-m", "study.test_runs", "--params", str(params), "--dry-run",
+                          "launcher=slurm", "launcher.partition=gpu", "launcher.cpus_per_task=1", "study.max_seeds=7"],
+                         cwd=nano_project, env=env_for(nano_project), capture_output=True, text=True, timeout=600)
+    assert got.returncode == 0, got.stderr[-2000:]
+    lines = got.stdout.splitlines()
+    assert lines[0].startswith("test: would submit 1 SLURM job array of 10 run(s) (0 finished, reused): partition gpu; "
+                               "each job 1 node(s) x 1 task(s), 0 GPU(s)/node, 1 CPU(s)/task, default memory, 60 min"), lines
+    runs = [x for x in lines if x.startswith("  ")]
+    assert len(runs) == 10 and all(" FLOP/token x 9,557 tokens = " in x for x in runs), runs  # 4 steps + 5 evals / 3
+    total = [x for x in lines if " FLOP in all = " in x][0]
+    assert total.endswith("GPU-hours at 40% MFU of 989.4 TFLOP/s per GPU"), total
+    assert lines[-1] == ("test: then Stein's second stage: up to 2 more seed(s) per arm (study.max_seeds=7), in one "
+                         "more batch, as the first stage's spread asks")
+    assert not (tmp_path / "runs").exists()
