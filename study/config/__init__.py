@@ -22,7 +22,8 @@ from .schema import (ACTIVATIONS, CONTEXTS, GROUPS, PRECISIONS, PROJECTION_MODES
                      ConfigError, DataConfig, LrSweepConfig, ModelConfig, RunConfig, ScaleLadderConfig, StudyConfig, StudyError,
                      TrainConfig, TrainerConfig, VariantConfig, register)
 from .stage import run_stage
-from .schema import ArmConfig, DecompositionConfig, TuneConfig, TunedConfig
+from .schema import TASKS, ArmConfig, DecompositionConfig, TaskConfig, TuneConfig, TunedConfig
+from .task import apply_task, mqar_seq_len, mqar_spec, task_data_dir, validate_task
 from .validation import validate
 
 __all__ = [n for n in dir() if not n.startswith("_")]

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from study.analysis.tuning import RECIPE, lr_key  # noqa: F401 (RECIPE: public here too)
-from study.config import ConfigError, StudyError, load_config, run_dir
+from study.config import ConfigError, StudyError, load_config, run_dir, task_data_dir
 
 #: where the test runs go, under study.runs_dir (study.group=test/ARM)
 TEST_GROUP = "test"
@@ -155,8 +155,9 @@ def reusable(cfg, root: Path, d: Path) -> bool:
 
     try:  # hashed as study.train hashes it: after the run's derived settings (compute-matched tokens ...)
         resolved = resolve(copy.deepcopy(cfg), root)
-        key = resume_record(resolved, root / cfg.data.dir)
-        if record.get("config_hash") != run_digest(resolved, root / cfg.data.dir, key):
+        data_dir = task_data_dir(cfg, root)  # the task's data (mqar: its kept test set)
+        key = resume_record(resolved, data_dir)
+        if record.get("config_hash") != run_digest(resolved, data_dir, key):
             return False
     except StudyError:
         return False

@@ -29,7 +29,7 @@ STUDY = Path(__file__).resolve().parent.parent  # the study package
 
 #: the keys of a run's result that go to metrics.json (the DVC metric: numbers, few enough that
 #: ``dvc metrics show`` fits a terminal); every other key goes to record.json
-METRICS = ("val_loss", "val_perplexity", "in_context_gain", "tokens", "tokens_per_s")
+METRICS = ("val_loss", "val_perplexity", "in_context_gain", "tokens", "tokens_per_s", "val_accuracy")
 
 
 def split_result(result: dict) -> tuple[dict, dict]:
@@ -42,8 +42,10 @@ def split_result(result: dict) -> tuple[dict, dict]:
 
 def code_files() -> list[str]:
     """The training code a checkpoint depends on, relative to study/: modeling/model.py, modeling/lm.py,
-    modeling/diagnostics.py (what curve.csv's diagnostics mean: one definition per run) and every module of the data package (``data/*.py``, sorted), so that the resume key is the same on every machine."""
-    return ["modeling/model.py", "modeling/lm.py", "modeling/diagnostics.py", *sorted(p.relative_to(STUDY).as_posix() for p in (STUDY / "data").glob("*.py"))]
+    modeling/diagnostics.py (what curve.csv's diagnostics mean: one definition per run) and every module of the data and
+    tasks packages (``data/*.py``, ``tasks/*.py``, sorted), so that the resume key is the same on every machine."""
+    return ["modeling/model.py", "modeling/lm.py", "modeling/diagnostics.py",
+            *sorted(p.relative_to(STUDY).as_posix() for pkg in ("data", "tasks") for p in (STUDY / pkg).glob("*.py"))]
 
 
 def resume_record(cfg, data_dir: Path) -> dict:
