@@ -8,7 +8,7 @@ export DO_NOT_TRACK := true
 export TIKTOKEN_CACHE_DIR := $(CURDIR)/.tiktoken
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install params study full tune exps levers lr-sweep scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
+.PHONY: install params study tasks full tune exps levers lr-sweep scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
 
 install: $(STAMP)
 
@@ -33,6 +33,20 @@ params: $(STAMP)
 # every stage but tune@ARM (compare's upstream and check_params): the study tests at conf/tuned.yaml's lr*, never tunes
 study: params
 	.venv/bin/dvc repro check_params compare
+
+# The three tasks' verdicts (docs/tasks.md), each with its own runs, MLflow experiment, lr* and report, never pooled:
+# lm is `make study`; each task of TASKS tunes tune.arms by the same rule (finished runs reused), writes its lr* into
+# conf/tuned.yaml (tuned.task.TASK) and conf/tuning/TASK/, then runs its verdict and its report (reports/TASK/).
+TASKS ?= mlm mqar
+tasks: study
+	for t in $(TASKS); do \
+	  for a in $$($(PY) -m study.tune --targets --params params.yaml task=$$t | sed 's/^tune@//'); do \
+	    $(PY) -m study.tune --arm $$a --params params.yaml task=$$t || exit 1; done; \
+	  $(PY) -m study.tune --write --params params.yaml task=$$t || exit 1; \
+	  $(PY) -m study.config || exit 1; \
+	  $(PY) -m study.verdict --params params.yaml task=$$t || exit 1; \
+	  $(PY) -m study.compare --params params.yaml task=$$t || exit 1; \
+	done
 
 # The full study (docs/verdict.md): the recipe decomposition's seven arms, each at its lr* in conf/tuned.yaml (the
 # six of FULL_TUNE_ARMS are tracked there like the default's four, so `make full` does not tune; `make tune

@@ -153,7 +153,8 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
-    from study.tasks import get_task, val_count
+    from study.tasks import get_task
+    from study.tasks.common import val_count
     from study.modeling.lm import GPTModule, throughput_monitor, wants_throughput_monitor
     from study.modeling.diagnostics import final_diagnostics
     from study.runner.progress import progress_callback, quiet_logs

@@ -8,6 +8,7 @@ key                    lm                             task T
 =====================  =============================  ==========================================
 study.runs_dir         runs                           runs/T
 study.name             nonlinear-queries (MLflow)     nonlinear-queries-T (its own experiment)
+study.reports_dir      reports                        reports/T (its verdict in its own words)
 tune.runs_dir          runs_tune                      runs_tune/T
 tune.table_dir         conf/tuning                    conf/tuning/T
 tuned.lr, .recipe      tuned.lr, tuned.recipe         tuned.task.T.lr, tuned.task.T.recipe
@@ -36,6 +37,7 @@ def apply_task(cfg: RunConfig) -> RunConfig:
         return cfg
     cfg.study.runs_dir = _suffixed(str(cfg.study.runs_dir).rstrip("/"), f"/{t}")
     cfg.study.name = _suffixed(cfg.study.name, f"-{t}")
+    cfg.study.reports_dir = _suffixed(str(cfg.study.reports_dir).rstrip("/"), f"/{t}")
     cfg.tune.runs_dir = _suffixed(str(cfg.tune.runs_dir).rstrip("/"), f"/{t}")
     cfg.tune.table_dir = _suffixed(str(cfg.tune.table_dir).rstrip("/"), f"/{t}")
     own = cfg.tuned.task.get(t) or {}

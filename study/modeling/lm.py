@@ -28,7 +28,8 @@ from torchmetrics.aggregation import MeanMetric
 from study.config import RunConfig, lr_at, peak_lr, run_seeds
 from study.modeling.diagnostics import curve_diagnostics, diagnostics
 from study.modeling.model import GPT, flops_per_token, param_counts
-from study.tasks import get_task, scored
+from study.tasks import get_task
+from study.tasks.common import scored
 
 
 #: positions (1-based) whose mean loss is the start of :func:`in_context_gain`: 1-4 tokens of context

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from study.data.datamodule import TokenDataModule
-from study.tasks import IGNORE, keyed_generator
+from study.tasks.common import IGNORE, keyed_generator
 from study.tasks import lm
 
 CAUSAL = False

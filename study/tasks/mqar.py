@@ -32,7 +32,7 @@ import lightning.pytorch as pl
 from study.config import mqar_spec, task_data_dir  # noqa: F401 (task_data_dir: where check_data writes)
 from study.data import DataError
 from study.data.loader import ORDER_VERSION, WindowSampler
-from study.tasks import IGNORE
+from study.tasks.common import IGNORE
 
 CAUSAL = True
 LABELLED = True
