@@ -231,7 +231,7 @@ def test_query_position_loss_and_accuracy_against_a_hand_loop():
     inputs, targets = (torch.from_numpy(a) for a in mqar.generate(6, 16, 32, 3, 0.01, True, mqar.rng("h")))
     with torch.no_grad():
         logits = module.model(inputs)[0]
-        module.validation_step([inputs, targets], 0)
+        module.validation_step([inputs, targets], 1)  # not the first batch: no diagnostics batch kept
         train_loss = module._loss([inputs, targets])[0]
     losses, hits = [], []
     for b in range(6):
@@ -267,7 +267,7 @@ def test_output_projection_arm_parameter_count():
 
 # -- config: one place, one line ------------------------------------------------------------------------------
 def test_tasks_have_their_own_runs_experiment_and_lr():
-    lm_cfg, mlm_cfg = load_config([]), load_config(["task=mlm", "task=mlm"])
+    lm_cfg, mlm_cfg = load_config([]), load_config(["task=mlm"])
     assert (lm_cfg.study.runs_dir, lm_cfg.study.name) == ("runs", "nonlinear-queries")
     assert (mlm_cfg.study.runs_dir, mlm_cfg.study.name) == ("runs/mlm", "nonlinear-queries-mlm")
     assert (mlm_cfg.tune.runs_dir, mlm_cfg.tune.table_dir) == ("runs_tune/mlm", "conf/tuning/mlm")

@@ -271,6 +271,8 @@ class GPTModule(pl.LightningModule):
             n = mask.sum()
             self.val_loss.update(losses.sum() / n, weight=n)
             self.val_accuracy.update(correct.sum() / n, weight=n)
+            if batch_idx == 0 and not self.trainer.sanity_checking:
+                self._diag_batch = inputs  # (B, T): the diagnostics of on_validation_epoch_end
             return
         tokens, corpus = batch if isinstance(batch, (list, tuple)) else (batch, None)
         self._batch_tokens = tokens.shape[0] * (tokens.shape[1] - 1)  # for flops_per_batch

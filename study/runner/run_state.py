@@ -29,15 +29,17 @@ STUDY = Path(__file__).resolve().parent.parent  # the study package
 
 #: the keys of a run's result that go to metrics.json (the DVC metric: numbers, few enough that
 #: ``dvc metrics show`` fits a terminal); every other key goes to record.json
-METRICS = ("val_loss", "val_perplexity", "in_context_gain", "tokens", "tokens_per_s", "val_accuracy")
+METRICS = ("val_loss", "val_perplexity", "in_context_gain", "tokens", "tokens_per_s")
+#: what the mlm and mqar tasks add to metrics.json (study/tasks/): accuracy at the scored positions
+TASK_METRICS = ("val_accuracy",)
 
 
 def split_result(result: dict) -> tuple[dict, dict]:
-    """A run's result -> (metrics.json, record.json): :data:`METRICS` with a numeric value (None and
-    non-finite values left out: DVC shows them as '-'), and everything else."""
-    metrics = {k: result[k] for k in METRICS
-               if isinstance(result.get(k), (int, float)) and math.isfinite(result[k])}
-    return metrics, {k: v for k, v in result.items() if k not in METRICS}
+    """A run's result -> (metrics.json, record.json): :data:`METRICS` and :data:`TASK_METRICS` with a numeric value
+    (None and non-finite values left out: DVC shows them as '-'), and everything else."""
+    keys = METRICS + TASK_METRICS
+    metrics = {k: result[k] for k in keys if isinstance(result.get(k), (int, float)) and math.isfinite(result[k])}
+    return metrics, {k: v for k, v in result.items() if k not in keys}
 
 
 def code_files() -> list[str]:
