@@ -22,6 +22,7 @@ defaults:
   - variant: baseline
   - data: default
   - trainer: cpu
+  - task: lm
   - _self_
 study:
   name: {name}

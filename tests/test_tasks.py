@@ -15,6 +15,33 @@ from study.modeling.model import GPT, describe
 from study.tasks import IGNORE, get_task, scored
 from study.tasks import mlm, mqar
 
+@pytest.fixture(scope="module")
+def nano_project(tmp_path_factory):
+    """The nano study's project with its token data prepared (as conftest's, with a longer allowance for a busy
+    machine)."""
+    from tests.conftest import copy_project, run_cli
+
+    project = copy_project(tmp_path_factory.mktemp("tasks_project"))
+    r = run_cli(project, "study.prepare", timeout=3000)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return project
+
+
+@pytest.fixture
+def run_in(nano_project, tmp_path, monkeypatch):
+    """Train in-process on this module's nano data; runs/ and the MLflow store go to tmp_path."""
+    from study.train import train
+
+    monkeypatch.chdir(nano_project)
+
+    def _run(*overrides: str):
+        cfg = load_config([f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={tmp_path / 'mlruns.db'}",
+                           f"study.artifact_dir={tmp_path / 'mlartifacts'}", "trainer.progress_bar=false",
+                           *overrides], nano_project)
+        return train(cfg, nano_project)
+    return _run
+
+
 NANO = ModelConfig(name="nano", n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64)
 
 
@@ -206,7 +233,8 @@ def test_mqar_gaps_follow_the_power_law():
 def test_the_test_set_is_kept_with_the_data_and_the_training_set_follows_the_data_seed(tmp_path):
     from study.config import task_data_dir
 
-    cfg = load_config(["task=mqar", "model=nano", "task.test_examples=50", "task.train_examples=64"])
+    cfg = load_config(["task=mqar", "model=nano", "data.bpe_vocab_size=512", "task.test_examples=50",
+                       "task.train_examples=64"])
     meta = mqar.check_data(cfg, tmp_path)
     folder = task_data_dir(cfg, tmp_path)
     assert folder.parent == tmp_path / "data" / "mqar" and meta["spec"]["test_examples"] == 50
@@ -226,7 +254,8 @@ def test_query_position_loss_and_accuracy_against_a_hand_loop():
     """The module's validation (val_loss, val_accuracy) and training loss are means over the query positions only."""
     from study.modeling.lm import GPTModule
 
-    cfg = load_config(["task=mqar", "model=nano", "task.vocab_size=32", "task.seq_len=16", "task.num_kv_pairs=3"])
+    cfg = load_config(["task=mqar", "model=nano", "data.bpe_vocab_size=512", "task.vocab_size=32", "task.seq_len=16",
+                       "task.num_kv_pairs=3"])
     module = GPTModule(cfg, vocab_size=32).eval()
     inputs, targets = (torch.from_numpy(a) for a in mqar.generate(6, 16, 32, 3, 0.01, True, mqar.rng("h")))
     with torch.no_grad():
@@ -259,6 +288,9 @@ def test_output_projection_arm_parameter_count():
     want_base = L * (4 * C * C + 2 * C * int(C * 4.0) + 2 * C) + C  # attn 4C^2, MLP 8C^2, two LN gains; ln_f
     assert describe(base.model, base.variant)["non_embedding_params"] == want_base == 197_184
     assert got == want_base + L * 2 * C == 197_696
+    for name in ("nonlinear_k", "nonlinear_v", "nonlinear_q"):  # the K and V rows: the same map, the same count
+        other = load_config([f"variant={name}"])
+        assert describe(other.model, other.variant)["non_embedding_params"] == want_base + L * 2 * C
     for causal in (True, False):
         model = GPT(cfg.model, cfg.variant, causal=causal)
         n = sum(p.numel() for name, p in model.named_parameters() if ".attn.proj.o." in name)
