@@ -8,7 +8,7 @@ export DO_NOT_TRACK := true
 export TIKTOKEN_CACHE_DIR := $(CURDIR)/.tiktoken
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install params study study-bpe2048 full tune exps levers scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
+.PHONY: install params study study-bpe2048 tasks full tune exps levers scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
 
 install: $(STAMP)
 
@@ -55,6 +55,20 @@ study-bpe2048: params
 	.venv/bin/dvc exp run compare -S model=cpu-bpe2048 -S data.bpe_vocab_size=2048 -S tune.arms=[] \
 	  -S 'study.arms=[baseline,baseline_qknorm,nonlinear_q,nonlinear_q_ph]' $(BPE2048_LR) \
 	  -S 'arms.baseline_qknorm.overrides=["train.schedule=d2z"]' -S 'arms.nonlinear_q_ph.overrides=["train.schedule=d2z"]'
+
+# The three tasks' verdicts (docs/tasks.md), each with its own runs, MLflow experiment, lr* and report, never pooled:
+# lm is `make study`; each task of TASKS tunes tune.arms by the same rule (finished runs reused), writes its lr* into
+# conf/tuned.yaml (tuned.task.TASK) and conf/tuning/TASK/, then runs its verdict and its report (reports/TASK/).
+TASKS ?= mlm mqar
+tasks: study
+	for t in $(TASKS); do \
+	  for a in $$($(PY) -m study.tune --targets --params params.yaml task=$$t | sed 's/^tune@//'); do \
+	    $(PY) -m study.tune --arm $$a --params params.yaml task=$$t || exit 1; done; \
+	  $(PY) -m study.tune --write --params params.yaml task=$$t || exit 1; \
+	  $(PY) -m study.config || exit 1; \
+	  $(PY) -m study.test_runs --params params.yaml task=$$t || exit 1; \
+	  $(PY) -m study.compare --params params.yaml task=$$t || exit 1; \
+	done
 
 # The full study (docs/verdict.md): the recipe decomposition's seven arms, each at its lr* in conf/tuned.yaml, on
 # Stein's first-stage seeds (FULL_MAX_SEEDS=10 adds his second stage).  The arms of FULL_TUNE_ARMS that

@@ -52,8 +52,8 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from study.config import max_steps, micro_batches, peak_lr, run_dir, run_label, run_seeds, run_stage, to_dict
+from study.config import task_data_dir
 from study.data import DataError
-from study.data.records import check_prepared
 from study.data.records import data_digest as prepared_data_digest
 from study.data.windows import check_train_windows
 from study.runner.launch import build_trainer, check_multi_node, die_with_parent, launch_rank, make_strategy, world_size
@@ -70,7 +70,8 @@ def write_curve(path: Path, rows: list[dict]) -> None:
     from study.modeling.diagnostics import CURVE_DIAGNOSTICS, layer_order
 
     tmp = path.with_suffix(".tmp")
-    extra = sorted({k for r in rows for k in r if k.startswith("val_loss/")})
+    extra = ["val_accuracy"] if any("val_accuracy" in r for r in rows) else []  # the mlm and mqar tasks
+    extra += sorted({k for r in rows for k in r if k.startswith("val_loss/")})
     extra += sorted({k for r in rows for k in r if k.split("/")[0] in CURVE_DIAGNOSTICS}, key=layer_order)
     with open(tmp, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=["step", "tokens", "train_loss", "val_loss", "lr", "in_context_gain", *extra], restval="nan")
@@ -153,7 +154,8 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
     import torch
     from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
-    from study.data.datamodule import TokenDataModule
+    from study.tasks import get_task
+    from study.tasks.common import val_count
     from study.modeling.lm import GPTModule, throughput_monitor, wants_throughput_monitor
     from study.modeling.diagnostics import final_diagnostics
     from study.runner.progress import progress_callback, quiet_logs
@@ -168,17 +170,17 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
     name = run_label(cfg)
     out_dir = run_dir(root, cfg, cfg.variant.name, cfg.seed)
     ckpt_dir = out_dir / "checkpoints"
-    data_dir = root / cfg.data.dir
+    task = get_task(cfg.task.name)  # its data, objective and metric (study/tasks/)
+    data_dir = task_data_dir(cfg, root)  # lm, mlm: data.dir; mqar: its kept test set
     uri = tracking_uri(root, cfg.study)  # an unsupported MLFLOW_TRACKING_URI is refused here
-    meta = check_prepared(data_dir, cfg)
+    meta = task.check_data(cfg, root)  # lm: before Lightning, a loader without one step would spin forever
     steps = max_steps(cfg)
     ws = world_size(cfg.trainer)
     micro, accum = micro_batches(cfg, ws)
-    check_train_windows(data_dir, cfg)  # before Lightning: a loader without one step would spin forever
     # every rank runs this function; files are written by global rank 0 only (checkpoints: see ModelCheckpoint)
     from lightning.fabric.utilities.rank_zero import rank_zero_only
     rank_zero_only.rank = rank = launch_rank(cfg.trainer)  # MLflow: one run, created by rank 0 only
-    n_val = cfg.train.val_tokens // cfg.model.block_size
+    n_val = val_count(cfg)
     val_micro = min(cfg.train.val_micro_batch_size, n_val)
     while n_val % val_micro:
         val_micro -= 1
@@ -228,9 +230,9 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
                 write_json(state_path, state)
         data_seed, _ = run_seeds(cfg)  # the order of the windows; the init seed goes to GPTModule
         pl.seed_everything(cfg.seed, workers=True, verbose=False)  # anything else random (dropout)
-        dm = TokenDataModule(data_dir, cfg.model.block_size, micro, data_seed, n_val, val_micro,
+        dm = task.datamodule(cfg, root, meta, micro, data_seed, n_val, val_micro,
                              global_batch=micro * accum * ws)  # the same windows per step on any world size
-        module = GPTModule(cfg, corpora=dm.corpora)
+        module = GPTModule(cfg, corpora=dm.corpora, vocab_size=task.model_vocab(cfg, meta))
         logger.log_metrics({"non_embedding_params": module.counts["non_embedding_params"],
                             "flops_per_token": module.counts["flops_per_token"]}, step=0)
         # saved (atomically, by Lightning) at the end of every evaluation: the curve row is in it
@@ -313,6 +315,10 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
         "config_hash": digest,
         "mlflow_run_id": state["mlflow_run_id"],
     }
+    if cfg.task.name != "lm":  # its metric beside the loss, and what chance or a count model scores
+        acc = final.get("val_accuracy", float("nan")) if ok else float("nan")
+        metrics.update(task=cfg.task.name, val_accuracy=acc if math.isfinite(acc) else None,
+                       yardsticks=task.yardsticks(cfg, root, meta))
     if trainer.is_global_zero:
         client = logger.experiment
         if ok:
@@ -354,7 +360,8 @@ def _report(cfg, root: Path) -> int:
     if metrics["status"] != "ok":
         print(f"{name}: DIVERGED at step {metrics['diverged_step']}: {metrics['reason']}", file=sys.stderr)
         return 0  # a diverged run is a result, reported by compare
-    print(f"{name}: val_loss {metrics['val_loss']:.4f} nats after {metrics['tokens']:,} tokens "
+    acc = f", val_accuracy {metrics['val_accuracy']:.4f}" if metrics.get("val_accuracy") is not None else ""
+    print(f"{name}: val_loss {metrics['val_loss']:.4f} nats{acc} after {metrics['tokens']:,} tokens "
           f"in {metrics['wall_time_s']:.0f} s ({metrics['tokens_per_s']:,.0f} tokens/s)")
     return 0
 

@@ -35,7 +35,7 @@ import math
 import sys
 from pathlib import Path
 
-from study.analysis.tuned_file import _read_tuned, tuned_sizes, tuned_yaml  # noqa: F401 (tuned_yaml: public here too)
+from study.analysis.tuned_file import _read_tuned, task_section, tuned_sizes, tuned_tasks, tuned_yaml  # noqa: F401 (tuned_yaml: public here too)
 from study.analysis.tuning import choose, initial_grid, score, tune_arm
 from study.analysis.tuning_table import check_result, figure, table_markdown  # noqa: F401 (public here too)
 from study.orchestration.runs import dry_run, ensure_runs
@@ -194,13 +194,19 @@ def write_table(cfg, root: Path, tuned_file: Path | None | bool = None) -> dict:
     files = {out / TABLE_JSON: json.dumps(table, indent=1, sort_keys=True) + "\n", out / TABLE_MD: table_markdown(table)}
     if tuned_file is not False:
         tuned_file = root / TUNED_FILE if tuned_file is None else tuned_file
-        others = sorted(k for k in _read_tuned(tuned_file) if k not in table["arms"] and k not in before)
+        task = cfg.task.name  # lm: tuned.lr; another task: its own tuned.task.TASK (never pooled)
+        mine = _read_tuned(tuned_file) if task == "lm" else (tuned_tasks(tuned_file).get(task) or {}).get("lr") or {}
+        others = sorted(k for k in mine if k not in table["arms"] and k not in before)
         if others:  # tuned into another table (another tune.table_dir): this table cannot carry them
             raise StudyError(f"{tuned_file} holds the lr* of {others}, which {out / TABLE_JSON} does not (they were "
                              f"tuned into another tune.table_dir): writing this table would drop them from "
                              f"{tuned_file.name}; write into the tune.table_dir they came from (default conf/tuning), "
                              f"or add them to tune.arms")
-        files[tuned_file] = tuned_yaml(table, tuned_sizes(tuned_file))
+        tasks = tuned_tasks(tuned_file)
+        if task != "lm":
+            tasks[task] = task_section(table)
+            table_lm = {"arms": _read_tuned(tuned_file)}  # lm's lr* as they are
+        files[tuned_file] = tuned_yaml(table if task == "lm" else table_lm, tuned_sizes(tuned_file), tasks)
     out.mkdir(parents=True, exist_ok=True)
     made = []
     try:

@@ -23,6 +23,7 @@ defaults:
   - data: default
   - trainer: cpu
   - launcher: local
+  - task: lm
   - _self_
 study:
   name: {name}

@@ -6,9 +6,10 @@ import json
 from pathlib import Path
 
 
-def tuned_yaml(table: dict, size: dict | None = None) -> str:
+def tuned_yaml(table: dict, size: dict | None = None, tasks: dict | None = None) -> str:
     """conf/tuned.yaml's text: every arm's lr* (repr: the exact float of table.json) and the recipe it was tuned at,
-    then ``size`` ({model: {variant: lr*}}, the scale ladder's sizes tuned by ``--ladder``)."""
+    then ``size`` ({model: {variant: lr*}}, the scale ladder's sizes tuned by ``--ladder``), then ``tasks``
+    ({task: {"lr": {arm: lr*}, "recipe": {arm: ...}}}: each task but lm tuned apart, ``tuned.task``)."""
     lines = ["# Each arm's tuned peak lr (lr*), written by `make tune` from the tuning table beside it "
              "(conf/tuning/table.json,", "# table.md, tuning.png): tracked, so a fresh `make study` tests at these "
              "values without tuning again.", "# Edit only through `make tune`: tests/test_tuning.py fails when this "
@@ -21,7 +22,25 @@ def tuned_yaml(table: dict, size: dict | None = None) -> str:
     if size:  # the ladder's sizes, each tuned by the same rule (scale_ladder.lr_per_size)
         lines += ["  size:"] + [f"    {m}: {json.dumps({v: float(x) for v, x in size[m].items()}, sort_keys=True)}"
                                 for m in sorted(size)]
+    if tasks:  # the other tasks' lr*, never lent across tasks (study.config.task.apply_task reads them)
+        lines += ["  task:"] + [f"    {t}: {json.dumps(tasks[t], sort_keys=True)}" for t in sorted(tasks)]
     return "\n".join(lines) + "\n"
+
+
+def task_section(table: dict) -> dict:
+    """A tuning table as one task's ``tuned.task`` entry: {"lr": {arm: lr*}, "recipe": {arm: recipe}}."""
+    lrs = {k: float(a["lr_star"]) for k, a in table["arms"].items() if a["lr_star"] is not None}
+    return {"lr": lrs, "recipe": {k: table["arms"][k]["recipe"] for k in lrs if table["arms"][k].get("recipe")}}
+
+
+def tuned_tasks(path: Path) -> dict:
+    """``tuned.task`` of the tuned file at ``path`` ({} when the file or the section is missing)."""
+    import yaml
+
+    try:
+        return dict((yaml.safe_load(path.read_text()) or {}).get("tuned", {}).get("task") or {})
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return {}
 
 
 def _read_tuned(path: Path) -> dict:

@@ -22,7 +22,8 @@ from .schema import (ACTIVATIONS, CONTEXTS, GROUPS, PRECISIONS, PROJECTION_MODES
                      ConfigError, DataConfig, ModelConfig, RunConfig, ScaleLadderConfig, StudyConfig, StudyError,
                      TrainConfig, TrainerConfig, VariantConfig, register)
 from .stage import run_stage
-from .schema import EXECUTORS, LAUNCH_SECTIONS, ArmConfig, DecompositionConfig, LauncherConfig, TuneConfig, TunedConfig
+from .schema import EXECUTORS, LAUNCH_SECTIONS, TASKS, ArmConfig, DecompositionConfig, LauncherConfig, TaskConfig, TuneConfig, TunedConfig
+from .task import apply_task, mqar_seq_len, mqar_spec, task_data_dir, validate_task
 from .validation import validate
 
 __all__ = [n for n in dir() if not n.startswith("_")]

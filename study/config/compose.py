@@ -38,9 +38,10 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .hydra_errors import _first, _hydra_error, _key_hint, _yaml_error, schema_keys
 from .schema import GROUPS, SCHEMA_NAME, ConfigError, RunConfig, StudyError, register
+from .task import apply_task, validate_task
 from .validation import used_arms, validate, validate_paths
 
-NAMED_GROUPS = ("model", "variant", "trainer", "launcher")  # groups whose section records its file as ``name``
+NAMED_GROUPS = ("model", "variant", "trainer", "launcher", "task")  # groups whose section records its file as ``name``
 PARAMS_FILE = "params.yaml"  # DVC's Hydra output (ParamsDependency.DEFAULT_PARAMS_FILE)
 
 
@@ -329,6 +330,8 @@ def _check(cfg: RunConfig, root: Path) -> None:
     """:func:`validate`, and every variant and model that the study's lists name is a file of conf/ that
     states its own name.  Interpolations (``${...}``) are resolved first: one that fails is refused in one line."""
     _resolve_check(cfg)
+    apply_task(cfg)  # the task's own runs folder, experiment and lr* (idempotent: params.yaml may hold them)
+    validate_task(cfg)
     validate(cfg)
     validate_paths(cfg, root)
     for key, group, names in (("study.variants", "variant", cfg.study.variants),

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
 SCHEMA_NAME = "run_config"  # the ConfigStore name of RunConfig, first in conf/study.yaml's defaults list
-GROUPS = ("model", "variant", "data", "trainer", "launcher")
+GROUPS = ("model", "variant", "data", "trainer", "launcher", "task")
+TASKS = ("lm", "mlm", "mqar")  # conf/task/NAME.yaml, one module each in study/tasks/
 #: sections that say which runs exist and how they are judged, not how one run trains: left out of a run's
 #: config.json, its resume key and the settings runs pair on (like study and scale_ladder)
 VERDICT_SECTIONS = ("arms", "tune", "tuned", "decomposition")
@@ -121,6 +122,33 @@ class DataConfig:
     num_proc: Optional[int] = None  # tokenising processes for source "hf"; None = min(8, CPU count)
     dir: str = "data/tokens"
     chunk_bytes: str = "16MB"
+
+
+@dataclass
+class TaskConfig:
+    """What a run learns (conf/task/NAME.yaml; one module per task in ``study/tasks/``, resolved by
+    ``study.config.task.apply_task``).
+
+    ``lm``: next-token prediction on the prepared corpus (the study's default).  ``mlm``: masked language
+    modelling on the same windows with bidirectional attention (BERT, arXiv 1810.04805): ``mask_fraction`` of
+    each window's tokens chosen, each replaced by the mask token with probability ``mask_token_fraction``, by a
+    random token with ``random_token_fraction``, else kept; the loss on chosen tokens only.  ``mqar``:
+    multi-query associative recall (Zoology, arXiv 2312.04927), sizes below; loss and accuracy at the query
+    positions only.  The fields of the other tasks are unused.
+    """
+
+    name: str = "lm"
+    mask_fraction: float = 0.15  # mlm: tokens chosen per window (round(fraction x block_size) of them)
+    mask_token_fraction: float = 0.8  # mlm: of the chosen, replaced by the mask token
+    random_token_fraction: float = 0.1  # mlm: of the chosen, replaced by a uniform random token (the rest kept)
+    vocab_size: int = 256  # mqar: token ids; keys from [1, V/2), values from [V/2, V); the model's vocabulary
+    seq_len: Optional[int] = None  # mqar: tokens per example (None: model.block_size)
+    num_kv_pairs: int = 8  # mqar: key-value pairs per example, each key queried once
+    power_a: float = 0.01  # mqar: query gaps ~ a g^(a-1) (Zoology's power law)
+    random_non_queries: bool = True  # mqar: the filler between queries is random tokens (Zoology's default)
+    train_examples: int = 100_000  # mqar: the training set, a function of the data seed
+    test_examples: int = 1_000  # mqar: the fixed test set (the validation of every run), kept with the data
+    test_seed: int = 0  # mqar: the test set's seed (its generator is keyed "test", the training set's "train")
 
 
 @dataclass
@@ -245,6 +273,7 @@ class TunedConfig:
     lr: Dict[str, float] = field(default_factory=dict)  # arm -> lr*
     recipe: Dict[str, Any] = field(default_factory=dict)  # arm -> {model: {...}, train: {...}} it was tuned at
     size: Dict[str, Any] = field(default_factory=dict)  # model -> {variant: lr*} tuned at that size (the scale ladder)
+    task: Dict[str, Any] = field(default_factory=dict)  # task (not lm) -> {lr: {arm: lr*}, recipe: {...}}: its own lr*
 
 
 @dataclass
@@ -301,6 +330,7 @@ class RunConfig:
     tuned: TunedConfig = field(default_factory=TunedConfig)
     decomposition: DecompositionConfig = field(default_factory=DecompositionConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
+    task: TaskConfig = field(default_factory=TaskConfig)
     seed: int = 1
 
 

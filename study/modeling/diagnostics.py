@@ -43,10 +43,12 @@ def diagnostics(model: GPT, idx: torch.Tensor) -> dict[str, float]:
     B, T = idx.size()
     pos = torch.arange(T, device=idx.device)
     x = model.transformer.wte(idx) + model.transformer.wpe(pos)  # (B, T, C)
-    causal = torch.ones(T, T, dtype=torch.bool, device=idx.device).tril()
+    full = torch.ones(T, T, dtype=torch.bool, device=idx.device)
+    causal = full.tril()
     for i, block in enumerate(model.transformer.h):
         attn = block.attn
-        mask = torch.eye(T, dtype=torch.bool, device=idx.device) if attn.self_only else causal  # what it attends to
+        # what it attends to: itself (context: self), s <= t (causal), or every s (bidirectional, the mlm task)
+        mask = torch.eye(T, dtype=torch.bool, device=idx.device) if attn.self_only else (causal if attn.causal else full)
         h = block.ln_1(x)
         for name, proj in attn.proj.items():
             if name in "qkv" and isinstance(proj, NonlinearProjection):  # the output map ("o") reads y, not x

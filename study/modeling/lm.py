@@ -16,6 +16,7 @@ all validation windows, so ``val_loss`` is the same on every rank and world size
 """
 from __future__ import annotations
 
+import copy
 import math
 import time
 
@@ -27,6 +28,8 @@ from torchmetrics.aggregation import MeanMetric
 from study.config import RunConfig, lr_at, peak_lr, run_seeds
 from study.modeling.diagnostics import curve_diagnostics, diagnostics
 from study.modeling.model import GPT, flops_per_token, param_counts
+from study.tasks import get_task
+from study.tasks.common import scored
 
 
 #: positions (1-based) whose mean loss is the start of :func:`in_context_gain`: 1-4 tokens of context
@@ -135,16 +138,22 @@ class GPTModule(pl.LightningModule):
     confirm or clear it) has no result to report and is diverged as well.
     """
 
-    def __init__(self, cfg: RunConfig, corpora: list[str] | None = None):
+    def __init__(self, cfg: RunConfig, corpora: list[str] | None = None, vocab_size: int | None = None):
         super().__init__()
         self.cfg = cfg
         self.corpora = list(corpora or [])  # names of the validation batches' corpus indices
-        self.model = GPT(cfg.model, cfg.variant, init_seed=run_seeds(cfg)[1])
+        self.task = get_task(cfg.task.name)  # its objective (split), mask (CAUSAL) and scored positions (LABELLED)
+        shape = cfg.model
+        if vocab_size is not None and vocab_size != cfg.model.vocab_size:  # the task's rows (mlm: + a mask token)
+            shape = copy.deepcopy(cfg.model)
+            shape.vocab_size = vocab_size
+        self.model = GPT(shape, cfg.variant, init_seed=run_seeds(cfg)[1], causal=self.task.CAUSAL)
         counts = param_counts(self.model)  # counted on the model just built, not a second copy
         self.counts = {"total_params": counts["total"], "non_embedding_params": counts["non_embedding"],
                        "flops_per_token": flops_per_token(self.model)}
         self.lr, self.min_lr = peak_lr(cfg)
         self.val_loss = MeanMetric(nan_strategy="disable")  # a NaN window makes val_loss NaN: a divergence
+        self.val_accuracy = MeanMetric(nan_strategy="disable")  # LABELLED tasks: argmax = target, scored positions
         # per-corpus validation loss of the current evaluation: summed window losses and window counts,
         # (n_corpora,) each; every rank evaluates all windows, so no reduction across ranks is needed
         self._corpus_sum: torch.Tensor | None = None
@@ -160,7 +169,7 @@ class GPTModule(pl.LightningModule):
         self._step_loss: torch.Tensor | None = None  # sum of this optimizer step's micro-batch losses, on device
         self._step_micro = 0
         self._last_step: int | None = None
-        self._best_val = math.log(cfg.model.vocab_size)  # nats: the untrained model's loss (see the class docstring)
+        self._best_val = math.log(shape.vocab_size)  # nats: the untrained model's loss (see the class docstring)
         self._above: list[tuple[int, float]] = []  # (step, val_loss) of the evaluations since the last one within bounds
         self._t_last: float | None = None
         self._tokens_since = 0
@@ -177,9 +186,9 @@ class GPTModule(pl.LightningModule):
         The z-loss term is ``train.z_loss`` x mean over tokens of logsumexp(logits)^2 (the softmax's
         log-normaliser; PaLM, arXiv 2204.02311, section 5; arXiv 2309.14322, section 3.2), None while
         ``train.z_loss`` is 0; the training objective is their sum (:meth:`training_step`)."""
-        batch = batch.long()  # (B, block_size + 1)
+        inputs, targets = self.task.split(batch)  # lm: (B, block_size + 1) -> its first and last block_size
         model = self._compiled if self._compiled is not None else self.model
-        logits, loss = model(batch[:, :-1], batch[:, 1:])  # (B, T, V), scalar
+        logits, loss = model(inputs, targets)  # (B, T, V), scalar: the mean over the scored positions
         z = self.cfg.train.z_loss
         if not z:
             return loss, None
@@ -192,7 +201,7 @@ class GPTModule(pl.LightningModule):
         # kept on the device: read once per optimizer step (on_train_batch_end), not per micro-batch
         self._step_loss = loss.detach() if self._step_loss is None else self._step_loss + loss.detach()
         self._step_micro += 1
-        self._batch_tokens = batch.shape[0] * (batch.shape[1] - 1)
+        self._batch_tokens = self.task.tokens(batch)
         self._tokens_since += self._batch_tokens * self.trainer.world_size
         return loss if z_term is None else loss + z_term
 
@@ -253,7 +262,18 @@ class GPTModule(pl.LightningModule):
         return F.cross_entropy(logits.float().transpose(1, 2), batch[:, 1:], reduction="none")
 
     def validation_step(self, batch, batch_idx: int) -> None:
-        """``batch`` = (tokens (B, block_size + 1), corpus index (B,)), or tokens alone."""
+        """``batch`` = (tokens (B, block_size + 1), corpus index (B,)), or tokens alone; a LABELLED task's
+        [inputs (B, T), targets (B, T), ...]: val_loss and val_accuracy are means over its scored positions."""
+        if self.task.LABELLED:
+            inputs, targets = self.task.split(batch)
+            model = self._compiled if self._compiled is not None else self.model
+            losses, mask, correct = scored(model(inputs)[0], targets)  # (B, T) each
+            n = mask.sum()
+            self.val_loss.update(losses.sum() / n, weight=n)
+            self.val_accuracy.update(correct.sum() / n, weight=n)
+            if batch_idx == 0 and not self.trainer.sanity_checking:
+                self._diag_batch = inputs  # (B, T): the diagnostics of on_validation_epoch_end
+            return
         tokens, corpus = batch if isinstance(batch, (list, tuple)) else (batch, None)
         self._batch_tokens = tokens.shape[0] * (tokens.shape[1] - 1)  # for flops_per_batch
         token_losses = self._token_losses(tokens)  # (B, T)
@@ -296,6 +316,8 @@ class GPTModule(pl.LightningModule):
     def on_validation_epoch_end(self) -> None:
         val_loss = self.val_loss.compute().item()
         self.val_loss.reset()
+        accuracy = {"val_accuracy": self.val_accuracy.compute().item()} if self.task.LABELLED else {}
+        self.val_accuracy.reset()
         per_corpus = {}
         if self._corpus_sum is not None:
             sums, counts = self._corpus_sum.tolist(), self._corpus_n.tolist()
@@ -304,7 +326,7 @@ class GPTModule(pl.LightningModule):
         if self._position_sum is not None:  # (T,) mean over windows; its mean over positions is val_loss
             self.position_loss = (self._position_sum.double() / self._position_n).tolist()
         self._position_sum, self._position_n = None, 0
-        self.log_dict({"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50.0)), **per_corpus},
+        self.log_dict({"val_loss": val_loss, "val_perplexity": math.exp(min(val_loss, 50.0)), **per_corpus, **accuracy},
                       sync_dist=False)
         diag = self._diagnostics()
         if diag and self.logger is not None:
@@ -318,6 +340,7 @@ class GPTModule(pl.LightningModule):
             "tokens": step * self.cfg.train.batch_tokens,
             "train_loss": sum(train) / len(train) if train else float("nan"),
             "val_loss": val_loss,
+            **accuracy,
             "lr": self.lr_at(step),
             **({"in_context_gain": in_context_gain(self.position_loss)}
                if len(self.position_loss) >= 2 * EARLY_POSITIONS else {}),

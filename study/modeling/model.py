@@ -52,6 +52,8 @@ context: self          each position attends to itself only (a diagonal mask    
                        instead of the causal one): the no-context yardstick, a
                        stack of per-token MLPs, i.e. a learned bigram model
 =====================  =========================================================  ====================
+The task chooses the mask: ``GPT(causal=True)`` (lm, mqar) or ``causal=False`` (mlm: bidirectional, the
+encoder of arXiv 1810.04805); ``context: self`` overrides both.
 """
 from __future__ import annotations
 
@@ -68,7 +70,6 @@ from study.config import ModelConfig, VariantConfig
 
 class ReLU2(nn.Module):
     """Squared ReLU, relu(x)^2 (arXiv 2109.08668)."""
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.relu(x).square()
 
@@ -222,11 +223,11 @@ def resolve_attention(config: ModelConfig, variant: VariantConfig, layer: int) -
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal self-attention with pluggable q, k, v and output projections (layer ``layer``)."""
+    """Multi-head self-attention, pluggable q, k, v and output projections (layer ``layer``); causal or not."""
 
-    def __init__(self, config: ModelConfig, variant: VariantConfig, layer: int = 0):
+    def __init__(self, config: ModelConfig, variant: VariantConfig, layer: int = 0, causal: bool = True):
         super().__init__()
-        self.n_head, self.n_embd = config.n_head, config.n_embd
+        self.causal, self.n_head, self.n_embd = causal, config.n_head, config.n_embd
         self.head_dim = config.n_embd // config.n_head
         self.recipe = recipe = resolve_attention(config, variant, layer)
         self.modes = (recipe.query, recipe.key, recipe.value)
@@ -274,11 +275,11 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, C = x.size()
         q, k, v = self.heads(x)
-        # causal, or (context: self) a diagonal mask (T, T): position t sees itself only, its output is v_t;
-        # q and k still enter the softmax (their gradients are exactly zero), so DDP sees every parameter used
+        # causal, none (bidirectional), or (context: self) a diagonal mask (T, T): position t sees itself only, its
+        # output is v_t; q and k still enter the softmax (their gradients are exactly zero), so DDP sees every parameter
         mask = torch.eye(T, dtype=torch.bool, device=x.device) if self.self_only else None
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=not self.self_only, scale=self.scale,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=self.causal and not self.self_only,
+                                           scale=self.scale, dropout_p=self.dropout if self.training else 0.0)
         # (B, n_head, T, head_dim) -> (B, T, n_head, head_dim) -> (B, T, C)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y) if self.c_proj is not None else self.proj["o"](y))
@@ -305,10 +306,10 @@ def _norm(config: ModelConfig) -> nn.Module:
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(LN(x)), then x + mlp(LN(x)); (B, T, C) -> (B, T, C)."""
 
-    def __init__(self, config: ModelConfig, variant: VariantConfig, layer: int = 0):
+    def __init__(self, config: ModelConfig, variant: VariantConfig, layer: int = 0, causal: bool = True):
         super().__init__()
         self.ln_1 = _norm(config)
-        self.attn = CausalSelfAttention(config, variant, layer)
+        self.attn = CausalSelfAttention(config, variant, layer, causal)
         self.ln_2 = _norm(config)
         ratio = variant.mlp_ratio if variant.mlp_ratio is not None else config.mlp_ratio
         self.mlp = MLP(config.n_embd, int(config.n_embd * ratio), config.dropout)
@@ -326,16 +327,16 @@ def _keyed_normal(shape: tuple, std: float, seed: int, name: str) -> torch.Tenso
 
 
 class GPT(nn.Module):
-    """Decoder-only language model: token ids (B, T) -> logits (B, T, vocab_size)."""
+    """Token ids (B, T) -> logits (B, T, vocab_size): a decoder, or with ``causal=False`` an encoder (same blocks)."""
 
-    def __init__(self, config: ModelConfig, variant: VariantConfig, init_seed: int = 0):
+    def __init__(self, config: ModelConfig, variant: VariantConfig, init_seed: int = 0, causal: bool = True):
         super().__init__()
-        self.config, self.variant = config, variant
+        self.config, self.variant, self.causal = config, variant, causal
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
             wpe=nn.Embedding(config.block_size, config.n_embd),
             drop=nn.Dropout(config.dropout),
-            h=nn.ModuleList([Block(config, variant, i) for i in range(config.n_layer)]),
+            h=nn.ModuleList([Block(config, variant, i, causal) for i in range(config.n_layer)]),
             ln_f=_norm(config),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
@@ -377,9 +378,9 @@ class GPT(nn.Module):
             else:
                 p.copy_(_keyed_normal(tuple(p.shape), std, init_seed, name))
 
-    # -- forward ------------------------------------------------------------------------------
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
-        """idx (B, T) int64 token ids -> (logits (B, T, vocab_size), mean cross-entropy in nats or None).
+        """idx (B, T) int64 token ids -> (logits (B, T, vocab_size), mean cross-entropy in nats or None); ``targets``
+        (B, T): the id to predict at each position, -100 where nothing is scored (mlm, mqar; cross_entropy's default).
 
         Raises:
             ValueError: T is larger than block_size.

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from study.config import ConfigError, StudyError, load_config, run_dir
+from study.config import ConfigError, StudyError, load_config, run_dir, task_data_dir
 from study.config.naming import RECIPE, lr_key
 
 
@@ -148,8 +148,9 @@ def reusable(cfg, root: Path, d: Path) -> bool:
 
     try:  # hashed as study.train hashes it: after the run's derived settings (compute-matched tokens ...)
         resolved = resolve(copy.deepcopy(cfg), root)
-        key = resume_record(resolved, root / cfg.data.dir)
-        if record.get("config_hash") != run_digest(resolved, root / cfg.data.dir, key):
+        data_dir = task_data_dir(cfg, root)  # the task's data (mqar: its kept test set)
+        key = resume_record(resolved, data_dir)
+        if record.get("config_hash") != run_digest(resolved, data_dir, key):
             return False
     except StudyError:
         return False

@@ -30,20 +30,24 @@ STUDY = Path(__file__).resolve().parent.parent  # the study package
 #: the keys of a run's result that go to metrics.json (the DVC metric: numbers, few enough that
 #: ``dvc metrics show`` fits a terminal); every other key goes to record.json
 METRICS = ("val_loss", "val_perplexity", "in_context_gain", "tokens", "tokens_per_s")
+#: what the mlm and mqar tasks add to metrics.json (study/tasks/): accuracy at the scored positions
+TASK_METRICS = ("val_accuracy",)
 
 
 def split_result(result: dict) -> tuple[dict, dict]:
-    """A run's result -> (metrics.json, record.json): :data:`METRICS` with a numeric value (None and
-    non-finite values left out: DVC shows them as '-'), and everything else."""
-    metrics = {k: result[k] for k in METRICS
-               if isinstance(result.get(k), (int, float)) and math.isfinite(result[k])}
-    return metrics, {k: v for k, v in result.items() if k not in METRICS}
+    """A run's result -> (metrics.json, record.json): :data:`METRICS` and :data:`TASK_METRICS` with a numeric value
+    (None and non-finite values left out: DVC shows them as '-'), and everything else."""
+    keys = METRICS + TASK_METRICS
+    metrics = {k: result[k] for k in keys if isinstance(result.get(k), (int, float)) and math.isfinite(result[k])}
+    return metrics, {k: v for k, v in result.items() if k not in keys}
 
 
 def code_files() -> list[str]:
     """The training code a checkpoint depends on, relative to study/: modeling/model.py, modeling/lm.py,
-    modeling/diagnostics.py (what curve.csv's diagnostics mean: one definition per run) and every module of the data package (``data/*.py``, sorted), so that the resume key is the same on every machine."""
-    return ["modeling/model.py", "modeling/lm.py", "modeling/diagnostics.py", *sorted(p.relative_to(STUDY).as_posix() for p in (STUDY / "data").glob("*.py"))]
+    modeling/diagnostics.py (what curve.csv's diagnostics mean: one definition per run) and every module of the data and
+    tasks packages (``data/*.py``, ``tasks/*.py``, sorted), so that the resume key is the same on every machine."""
+    return ["modeling/model.py", "modeling/lm.py", "modeling/diagnostics.py",
+            *sorted(p.relative_to(STUDY).as_posix() for pkg in ("data", "tasks") for p in (STUDY / pkg).glob("*.py"))]
 
 
 def resume_record(cfg, data_dir: Path) -> dict:

@@ -1,0 +1,41 @@
+"""What the tasks share: the target of an unscored position, per-token scoring, keyed generators."""
+from __future__ import annotations
+
+#: the target of an unscored position (torch's cross_entropy ignore_index default)
+IGNORE = -100
+
+
+def scored(logits, targets):
+    """Per-token cross-entropy (nats) and hits where ``targets`` is scored.
+
+    Args:
+        logits: (B, T, V); targets: (B, T) int64, :data:`IGNORE` at unscored positions.
+
+    Returns:
+        (losses (B, T) float32, 0 where unscored; scored (B, T) bool; correct (B, T) bool: argmax = target).
+    """
+    import torch.nn.functional as F
+
+    # (B, T, V) -> (B, V, T) against (B, T)
+    losses = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none", ignore_index=IGNORE)
+    mask = targets != IGNORE
+    return losses, mask, (logits.argmax(-1) == targets) & mask
+
+
+
+def keyed_generator(key: str):
+    """A CPU ``torch.Generator`` seeded by sha256(``key``): the same stream wherever the key is the same."""
+    import hashlib
+
+    import torch
+
+    seed = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") >> 1
+    return torch.Generator().manual_seed(seed)
+
+
+
+def val_count(cfg) -> int:
+    """Validation examples of a run: the fixed windows of ``train.val_tokens`` (lm, mlm) or the MQAR test set."""
+    if cfg.task.name == "mqar":
+        return int(cfg.task.test_examples)
+    return cfg.train.val_tokens // cfg.model.block_size

@@ -1,0 +1,56 @@
+"""Task ``lm``: next-token prediction on the prepared corpus, the study's task (its numbers are the ones the
+study had before tasks existed: the same data, ops and random numbers).
+
+Batches are windows (B, block_size + 1) of token ids; inputs the first block_size, targets the last block_size;
+every position is scored.  Yardsticks: unigram and bigram cross-entropy of the fixed validation windows
+(``study.data.yardsticks``, computed by the prepare stage into meta.json).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+CAUSAL = True
+LABELLED = False
+METRICS = ("val_loss",)
+
+
+def check_data(cfg, root: Path) -> dict:
+    """The prepared token data checked against ``cfg`` (``study.data.records.check_prepared``) and one optimizer
+    step's windows (``check_train_windows``); returns meta.json.  Raises: DataError."""
+    from study.data.records import check_prepared
+    from study.data.windows import check_train_windows
+
+    data_dir = root / cfg.data.dir
+    meta = check_prepared(data_dir, cfg)
+    check_train_windows(data_dir, cfg)
+    return meta
+
+
+def model_vocab(cfg, meta: dict) -> int:
+    """``model.vocab_size``: the padded vocabulary of the tokenizer."""
+    return int(cfg.model.vocab_size)
+
+
+def datamodule(cfg, root: Path, meta: dict, micro: int, data_seed: int, n_val: int, val_micro: int,
+               global_batch: int):
+    """:class:`study.data.datamodule.TokenDataModule` of the prepared windows."""
+    from study.data.datamodule import TokenDataModule
+
+    return TokenDataModule(root / cfg.data.dir, cfg.model.block_size, micro, data_seed, n_val, val_micro,
+                           global_batch=global_batch)
+
+
+def split(batch):
+    """(B, T + 1) windows -> (inputs (B, T), targets (B, T)) int64: the targets are the inputs shifted by one."""
+    batch = batch.long()  # (B, block_size + 1)
+    return batch[:, :-1], batch[:, 1:]
+
+
+def tokens(batch) -> int:
+    """Predicted tokens of a batch: B x T."""
+    return batch.shape[0] * (batch.shape[1] - 1)
+
+
+def yardsticks(cfg, root: Path, meta: dict) -> dict:
+    """The prepare stage's unigram and bigram cross-entropy (nats/token) of the fixed validation windows."""
+    return dict(meta.get("yardsticks") or {})
