@@ -430,8 +430,8 @@ def test_a_run_folder_copied_onto_another_runs_name_is_refused(nano_project, tmp
 
 
 def test_missing_run_hint_keeps_the_overrides_when_the_picks_alone_fail_validation(tmp_path, monkeypatch, capsys):
-    """The project's own conf/: model=nano alone fails validation (the default BPE vocabulary is larger than
-    nano's vocab_size), so the hint used to drop every override; run as printed, it must train that run."""
+    """The project's own conf/ with a BPE vocabulary above nano's vocab_size: model=nano with it fails validation,
+    so the hint used to drop every override; run as printed, it must train that run."""
     import re
     import shlex
 
@@ -440,7 +440,7 @@ def test_missing_run_hint_keeps_the_overrides_when_the_picks_alone_fail_validati
 
     root = Path(__file__).resolve().parent.parent
     with pytest.raises(ConfigError):
-        load_config(["model=nano"], root)  # the premise: the pick alone does not validate
+        load_config(["model=nano", "data.bpe_vocab_size=2048"], root)  # the premise: nano does not take 2048
     runs = tmp_path / "runs"
     given = ["model=nano", "data.bpe_vocab_size=512", "train.tokens=20480", "train.warmup_tokens=4096"]
     monkeypatch.chdir(root)

@@ -100,7 +100,8 @@ def test_study_pairs_are_checked(monkeypatch, pairs, message):
     assert comparisons_of(load_config([], root)) == [("nonlinear_q", "baseline"), ("nonlinear_q_ph", "baseline_qknorm")]
     assert comparisons_of(load_config(["study.pairs=[]"], root)) == [
         ("nonlinear_q", "baseline"), ("nonlinear_q", "baseline_qknorm"),
-        ("nonlinear_q_ph", "baseline"), ("nonlinear_q_ph", "baseline_qknorm")]
+        ("nonlinear_q_ph", "baseline"), ("nonlinear_q_ph", "baseline_qknorm"),
+        ("no_context", "baseline"), ("no_context", "baseline_qknorm")]  # the yardstick too: every arm of study.arms
 
 
 @pytest.mark.parametrize("over, message", [
