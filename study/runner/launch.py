@@ -128,7 +128,12 @@ def slurm_plugins() -> list:
     key: one requeue only.  [] outside SLURM."""
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
-    return [SLURMEnvironment(auto_requeue=False)] if SLURMEnvironment.detect() else []
+    import warnings
+
+    with warnings.catch_warnings():  # detect() repeats Lightning's srun hint; the Trainer shows it once
+        warnings.simplefilter("ignore")
+        under_srun = SLURMEnvironment.detect()
+    return [SLURMEnvironment(auto_requeue=False)] if under_srun else []
 
 
 def build_trainer(**kwargs):
@@ -148,12 +153,12 @@ def build_trainer(**kwargs):
     shown += f"{', ' if shown else ''}strategy={strategy if isinstance(strategy, str) else type(strategy).__name__}"
     import warnings
 
+    if "SLURM_JOB_ID" not in os.environ and "SLURM_NTASKS" not in os.environ:
+        # not under SLURM: Lightning's hint that srun exists on this machine but is not used (at every start of a
+        # Trainer or a fit, on a machine with SLURM installed) says nothing about this run: silent in this process
+        warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system")
     try:
         with warnings.catch_warnings():
-            if "SLURM_JOB_ID" not in os.environ and "SLURM_NTASKS" not in os.environ:
-                # not under SLURM: Lightning's hint that srun exists on this machine but is not used (every run, on a
-                # machine with SLURM installed) says nothing about this run
-                warnings.filterwarnings("ignore", message=r"The `srun` command is available on your system")
             plugins = slurm_plugins()
             if plugins and "plugins" not in kwargs:
                 kwargs["plugins"] = plugins
