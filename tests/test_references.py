@@ -16,20 +16,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_layout import study_modules
+
 ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 REF = re.compile(r"(?<![\w./-])study(?:\.[A-Za-z_]\w*)+")
 
 
-def modules(root: Path = ROOT) -> dict[str, Path]:
-    """{dotted module name: file} of every module and package under ``root/study``."""
-    out = {}
-    for path in sorted((root / "study").rglob("*.py")):
-        parts = list(path.relative_to(root).with_suffix("").parts)
-        if parts[-1] == "__init__":
-            parts = parts[:-1]
-        out[".".join(parts)] = path
-    return out
+modules = study_modules  # {dotted module name: file} of every module and package under study/
 
 
 @functools.lru_cache(maxsize=None)

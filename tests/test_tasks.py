@@ -27,19 +27,7 @@ def nano_project(tmp_path_factory):
     return project
 
 
-@pytest.fixture
-def run_in(nano_project, tmp_path, monkeypatch):
-    """Train in-process on this module's nano data; runs/ and the MLflow store go to tmp_path."""
-    from study.train import train
-
-    monkeypatch.chdir(nano_project)
-
-    def _run(*overrides: str):
-        cfg = load_config([f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={tmp_path / 'mlruns.db'}",
-                           f"study.artifact_dir={tmp_path / 'mlartifacts'}", "trainer.progress_bar=false",
-                           *overrides], nano_project)
-        return train(cfg, nano_project)
-    return _run
+# run_in: conftest's fixture, on this module's nano_project above (pytest resolves it per test module)
 
 
 NANO = ModelConfig(name="nano", n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64)
