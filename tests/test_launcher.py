@@ -103,7 +103,8 @@ def test_dry_run_prints_the_array_and_its_gpu_hours_and_trains_nothing(nano_proj
     params.write_text(yaml.safe_dump(data, sort_keys=False))
     got = subprocess.run([sys.executable, "-m", "study.verdict", "--params", str(params), "--dry-run",
                           "launcher=slurm", "launcher.partition=gpu", "launcher.cpus_per_task=1", "study.max_seeds=7"],
-                         cwd=nano_project, env=env_for(nano_project), capture_output=True, text=True, timeout=600)
+                         cwd=nano_project, env={**env_for(nano_project), "DVC_EXP_NAME": "test"}, capture_output=True,
+                         text=True, timeout=600)
     assert got.returncode == 0, got.stderr[-2000:]
     lines = got.stdout.splitlines()
     assert lines[0].startswith("test: would submit 1 SLURM job array of 10 run(s) (0 finished, reused): partition gpu; "
