@@ -53,7 +53,8 @@ def run_tests(cfg, root: Path, params: str | None, base: list[str] = (), dry: bo
     if not s.arms and dry:
         print("study.arms is empty: no test stage, nothing to submit")
         return {}
-    folder.mkdir(parents=True, exist_ok=True)
+    if not dry:
+        folder.mkdir(parents=True, exist_ok=True)
     if not s.arms:
         print("study.arms is empty: no test stage (docs/verdict.md)")
         (folder / PLAN).write_text(json.dumps({"arms": [], "seeds": {}}, indent=1, sort_keys=True) + "\n")

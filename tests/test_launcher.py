@@ -103,13 +103,14 @@ def test_dry_run_prints_the_array_and_its_gpu_hours_and_trains_nothing(nano_proj
     params.write_text(yaml.safe_dump(data, sort_keys=False))
     got = subprocess.run([sys.executable, "-m", "study.test_runs", "--params", str(params), "--dry-run",
                           "launcher=slurm", "launcher.partition=gpu", "launcher.cpus_per_task=1", "study.max_seeds=7"],
-                         cwd=nano_project, env=env_for(nano_project), capture_output=True, text=True, timeout=600)
+                         cwd=nano_project, env={**env_for(nano_project), "DVC_EXP_NAME": "test"}, capture_output=True,
+                         text=True, timeout=600)
     assert got.returncode == 0, got.stderr[-2000:]
     lines = got.stdout.splitlines()
     assert lines[0].startswith("test: would submit 1 SLURM job array of 10 run(s) (0 finished, reused): partition gpu; "
                                "each job 1 node(s) x 1 task(s), 0 GPU(s)/node, 1 CPU(s)/task, default memory, 60 min"), lines
     runs = [x for x in lines if x.startswith("  ")]
-    assert len(runs) == 10 and all(" FLOP/token x 9,557 tokens = " in x for x in runs), runs  # 4 steps + 5 evals / 3
+    assert len(runs) == 10 and all(" FLOP/token x 10,922 tokens = " in x for x in runs), runs  # 4 steps of 2,048 + 8,192 / 3
     total = [x for x in lines if " FLOP in all = " in x][0]
     assert total.endswith("GPU-hours at 40% MFU of 989.4 TFLOP/s per GPU"), total
     assert lines[-1] == ("test: then Stein's second stage: up to 2 more seed(s) per arm (study.max_seeds=7), in one "

@@ -38,8 +38,8 @@ def slurm(tmp_path_factory):
 
 
 def _params(project: Path, tmp: Path) -> Path:
-    """The nano study of tests/test_compare_checks.py with both arms at a fixed lr, and a tuning of ``base`` on one
-    batch of 3 lrs x 2 seeds."""
+    """The nano study of tests/test_compare_checks.py with both arms at a fixed lr, and a tuning of ``tb`` (the
+    baseline, lr tuned) on one batch of 3 lrs x 2 seeds."""
     from tests.test_compare_checks import study_params
 
     params = study_params(project, tmp)
@@ -47,7 +47,8 @@ def _params(project: Path, tmp: Path) -> Path:
     data["arms"]["nlqd"]["lr"], data["tuned"] = 0.003, {"lr": {}}
     data["study"].update(max_seeds=5, jobs=2)
     data["trainer"]["threads"] = 1
-    data["tune"].update(arms=["base"], points=3, max_points=3, centre=0.003)
+    data["arms"]["tb"] = {"variant": "baseline", "overrides": [], "lr": None, "description": ""}
+    data["tune"].update(arms=["tb"], points=3, max_points=3, centre=0.003)
     params.write_text(yaml.safe_dump(data, sort_keys=False))
     return params
 
@@ -56,8 +57,9 @@ SLURM = ["launcher=slurm", "launcher.cpus_per_task=1", "launcher.array_paralleli
 
 
 def _stage(project: Path, *args: str, timeout: int = 1800) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", *args], cwd=project, env=env_for(project), capture_output=True,
-                          text=True, timeout=timeout)
+    """A stage on its own params.yaml (not conf/ composed: as inside `dvc exp run`)."""
+    return subprocess.run([sys.executable, "-m", *args], cwd=project, env={**env_for(project), "DVC_EXP_NAME": "test"},
+                          capture_output=True, text=True, timeout=timeout)
 
 
 def _losses(folder: Path) -> dict[str, float | None]:
@@ -81,7 +83,7 @@ def test_tuning_and_test_stage_on_slurm_equal_the_local_launcher(slurm, nano_pro
     watcher = threading.Thread(target=_watch_queue, args=(seen, stop, slurm.env), daemon=True)
     watcher.start()
     try:
-        tune = _stage(nano_project, "study.tune", "--arm", "base", "--params", str(p_slurm), *SLURM,
+        tune = _stage(nano_project, "study.tune", "--arm", "tb", "--params", str(p_slurm), *SLURM,
                       f"launcher.log_dir={cluster / 'logs'}")
         test = _stage(nano_project, "study.test_runs", "--params", str(p_slurm), *SLURM, f"launcher.log_dir={cluster / 'logs'}")
     finally:
@@ -89,17 +91,17 @@ def test_tuning_and_test_stage_on_slurm_equal_the_local_launcher(slurm, nano_pro
         watcher.join()
     assert tune.returncode == 0 and test.returncode == 0, (tune.stderr + test.stderr)[-3000:]
     for stage in ("study.tune", "study.test_runs"):
-        args = ["--arm", "base"] if stage == "study.tune" else []
+        args = ["--arm", "tb"] if stage == "study.tune" else []
         here = _stage(nano_project, stage, *args, "--params", str(p_local), f"launcher.log_dir={local / 'logs'}")
         assert here.returncode == 0, here.stderr[-3000:]
     for runs in ("runs_tune", "runs/test"):
         got, want = _losses(cluster / runs), _losses(local / runs)
         assert len(got) == (6 if runs == "runs_tune" else 10) and got == want, (got, want)
-    assert (json.loads((cluster / "runs_tune/base/tuning.json").read_text())["points"]
-            == json.loads((local / "runs_tune/base/tuning.json").read_text())["points"])
+    assert (json.loads((cluster / "runs_tune/tb/tuning.json").read_text())["points"]
+            == json.loads((local / "runs_tune/tb/tuning.json").read_text())["points"])
     # SLURM itself listed the arrays while they ran, and its job completion log has every job, COMPLETED
     arrays = {x[0].split("_")[0] for x in seen if x[1].startswith("study-")}
-    assert len(arrays) == 2 and {x[1] for x in seen} >= {"study-tune-base", "study-test"}, seen[:20]
+    assert len(arrays) == 2 and {x[1] for x in seen} >= {"study-tune-tb", "study-test"}, seen[:20]
     done = [x for x in slurm.jobcomp_lines() if "Name=study-" in x]
     assert len(done) == 16 and all("JobState=COMPLETED" in x and "ExitCode=0:0" in x for x in done), done[-3:]
     # one live line for the stage; each training's own lines in its log
@@ -152,7 +154,7 @@ def test_a_job_cancelled_mid_run_and_submitted_again_ends_identical(slurm, nano_
     assert (d / "checkpoints/last.ckpt").is_file() and not (d / "metrics.json").exists()
     (again,) = ensure_runs([[*over, *SLURM, *logs]], nano_project, None, label="again")  # submitted again: resumes
     assert again == (d, False)
-    log = sorted((tmp_path / "logs").glob("*_0_log.out"))[-1].read_text()
+    log = max((tmp_path / "logs").glob("*_0_log.out"), key=lambda p: p.stat().st_mtime).read_text()
     assert "resuming from step" in log
     assert (json.loads((d / "metrics.json").read_text())["val_loss"]
             == json.loads((whole[0][0] / "metrics.json").read_text())["val_loss"])
@@ -180,7 +182,7 @@ def test_submitit_requeues_a_preempted_job_and_it_ends_identical(slurm, nano_pro
     assert got == (d, False)
     err = "".join(p.read_text() for p in sorted((tmp_path / "logs").glob("*_0_log.err")))
     out = "".join(p.read_text() for p in sorted((tmp_path / "logs").glob("*_0_log.out")))
-    assert "Caught signal SIGUSR2" in err and "resuming from step" in out, err[-2000:]
+    assert "Caught signal SIGUSR2" in err + out and "resuming from step" in out, err[-2000:]
     assert "SLURM auto-requeueing enabled" not in err + out and not list(d.rglob("hpc_ckpt_*"))
     assert (json.loads((d / "metrics.json").read_text())["val_loss"]
             == json.loads((whole[0][0] / "metrics.json").read_text())["val_loss"])

@@ -101,7 +101,7 @@ class LocalLauncher:
                         d, rc = futures[fu], fu.result()
                         if rc and run_outcome(d) is None:
                             log = log_path(self.root, self.log_dir, d)
-                            failed.append(f"{d} (exit {rc}, log {log}: {_last_line(log) or 'empty'})")
+                            failed.append((d, f"{d} (exit {rc}, log {log}: {_last_line(log) or 'empty'})"))
                     line.update(self.queue(max(0, len(left) - len(self.live))))
         finally:
             self.stopping.set()
@@ -117,7 +117,8 @@ class LocalLauncher:
                     proc.wait()
             pool.shutdown(wait=True, cancel_futures=True)
         line.close(self.queue(0))
-        return failed
+        order = {d: i for i, (d, _) in enumerate(todo)}
+        return [text for _, text in sorted(failed, key=lambda x: order[x[0]])]  # in the order of the runs
 
 
 def slurm_parameters(res: dict, root: Path, name: str) -> dict:
