@@ -129,3 +129,56 @@ def test_the_stages_are_the_top_level_modules_and_the_machinery_packages_hold_no
     assert len(machinery) > 30 and [str(p.relative_to(ROOT)) for p in machinery if _has_main(p)] == []
     for pkg in ("config", "gpu_check"):
         assert (ROOT / "study" / pkg / "__main__.py").is_file()
+
+
+#: the layers, lowest first: a module imports its own layer and the ones below it only; a stage (a top-level module
+#: with a main()) is imported by nothing; analysis reads run folders through config and data
+LAYERS = {"config": 0, "data": 1, "tasks": 1, "modeling": 1, "runner": 2, "orchestration": 3, "analysis": 2,
+          "gpu_check": 4, "stage": 5}
+#: the imports that still break the order, each to go (the run-folder module will own what analysis and data read
+#: of run_state/tracking; the local launcher's in-process hook is the one call of a stage from runner)
+KNOWN_BREACHES = {"study.runner.arms -> study.train", "study.data.build -> study.runner.run_state",
+                  "study.analysis.runs -> study.runner.run_state", "study.analysis.runs -> study.runner.tracking",
+                  "study.test_runs -> study.tune"}  # the test stage checks conf/tuned.yaml with the tune stage's reader
+
+
+def layer_of(module: str, path: Path) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "config"  # study/__init__.py
+    return "stage" if len(parts) == 2 and path.name != "__init__.py" else parts[1]
+
+
+def layer_breaches(root: Path = ROOT) -> set[str]:
+    """``"a -> b"`` for every import of a module by one of a lower layer, or of a stage by anything, or between
+    analysis and runner/orchestration (analysis reads folders, it never runs anything)."""
+    modules = study_modules(root)
+    out = set()
+    for m, path in modules.items():
+        for t in imports_of(m, path, modules):
+            a, b = layer_of(m, path), layer_of(t, modules[t])
+            upward = LAYERS[b] > LAYERS[a] and b != a
+            sideways = {a, b} in ({"analysis", "runner"}, {"analysis", "orchestration"})
+            if b == "stage" or upward or sideways:
+                out.add(f"{m} -> {t}")
+    return out
+
+
+def test_imports_flow_one_way_through_the_layers():
+    """config -> data, tasks, modeling -> runner -> orchestration -> stages; analysis beside runner, reading run
+    folders; no package imports a stage.  A new breach fails here; a known one that is gone must leave the list."""
+    found = layer_breaches()
+    assert found - KNOWN_BREACHES == set(), f"imports against the layers: {sorted(found - KNOWN_BREACHES)}"
+    assert KNOWN_BREACHES - found == set(), f"gone, drop from KNOWN_BREACHES: {sorted(KNOWN_BREACHES - found)}"
+
+
+def test_a_layer_breach_is_found(tmp_path):
+    pkg = tmp_path / "study"
+    for sub in ("config", "runner"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text("def main():\n    pass\n")
+    (pkg / "config" / "a.py").write_text("from study.runner import b\n")  # config reaches up
+    (pkg / "runner" / "b.py").write_text("def f():\n    from study import train\n")  # a package calls a stage
+    assert layer_breaches(tmp_path) == {"study.config.a -> study.runner.b", "study.runner.b -> study.train"}
