@@ -270,12 +270,17 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
                             f"prepare more data or lower batch_tokens")
         module.check_final()  # a final evaluation above the best + divergence_nats is a divergence too
     except BaseException as e:
-        logger.finalize("failed")
+        try:
+            logger.finalize("failed")
+        except Exception:  # noqa: BLE001  (the store busy: the status below is what counts)
+            pass
         if rank == 0:  # FAILED (exception) or KILLED (SIGTERM, Ctrl-C), with an end time
-            try:
-                logger.experiment.set_terminated(run_id, end_status(e))
-            except Exception:  # noqa: BLE001  (never hide the run's own error)
-                pass
+            for attempt in range(5):  # two trainings killed at once write the one SQLite store at once: retry
+                try:
+                    logger.experiment.set_terminated(run_id, end_status(e))
+                    break
+                except Exception:  # noqa: BLE001  (never hide the run's own error)
+                    time.sleep(0.5 * (attempt + 1))
         raise
     trained_tokens = (trainer.global_step - start_step) * cfg.train.batch_tokens
     state.update(completed=True, seconds=earlier + seconds)  # every segment of a resumed run
