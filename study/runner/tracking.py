@@ -34,7 +34,7 @@ PROXY_SCHEME = "mlflow-artifacts"
 # profiles), cosmetics and how prepare runs.  Left out of a run's MLflow params; kept in step with
 # study.config.config_hash, which hashes what changes a run's numbers.
 NOT_RUN_SHAPING = ("defaults", "study", "scale_ladder", "trainer.progress_bar", "data.num_proc",
-                   "data.hf_cache_dir", "train.overwrite", "arms", "tune", "tuned", "decomposition")
+                   "data.hf_cache_dir", "train.overwrite", "arms", "tune", "tuned", "decomposition", "launcher")
 # The MLflow 3 UI opens an experiment on its runs table (not the GenAI traces page) with this tag.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 
