@@ -182,7 +182,7 @@ def test_dvc_keeps_persisted_outputs_when_a_stage_command_fails(tmp_path):
     root = Path(__file__).resolve().parent.parent
     stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
     train_like = [s for s in stages.values() if "study.train" in s["cmd"]]
-    assert len(train_like) >= 4
+    assert len(train_like) >= 2  # train and scale_ladder
     for s in train_like:
         [metrics] = s["metrics"]
         [(path, opts)] = metrics.items()
