@@ -70,3 +70,12 @@ def test_the_closure_follows_function_level_imports(tmp_path):
     mods = study_modules(tmp_path)
     graph = {m: imports_of(m, p, mods) for m, p in mods.items()}
     assert closure("study.a", graph) == {"study", "study.a", "study.b", "study.sub", "study.sub.c"}
+
+
+def test_dvc_lock_is_not_git_ignored():
+    """`dvc repro` refuses to write a git-ignored dvc.lock ("'dvc.lock' is git-ignored"), so .gitignore must leave
+    it alone; git decides, reading every ignore rule of this checkout."""
+    import subprocess
+
+    r = subprocess.run(["git", "check-ignore", "-v", "dvc.lock"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 1, f"dvc.lock is git-ignored by {r.stdout.strip()}: remove that rule"
