@@ -92,6 +92,28 @@ def test_the_live_line_counts_runs_lost_points_and_time_left(tmp_path):
     assert tty.getvalue().startswith("\r\033[Ktest: 3/4 runs (1 lost), 00:00 elapsed, ~? left | local: 1 running")
 
 
+def test_the_live_line_does_not_count_a_launched_runs_old_result(tmp_path):
+    """A run re-trained under new settings still holds its old metrics.json until its training replaces it: the
+    line counts it as finished only once that file is newer than the launch."""
+    import os
+    import time
+
+    from study.orchestration.progress import StageLine
+
+    runs = [tmp_path / f"r{i}" for i in range(3)]
+    for d in runs:
+        d.mkdir()
+        (d / "metrics.json").write_text("{}")
+        os.utime(d / "metrics.json", (time.time() - 3600, time.time() - 3600))  # written an hour ago
+    line = StageLine("test", runs, reused=1, stream=io.StringIO(), tty=False, launched=runs[1:])
+    assert line.text().startswith("test: 1/3 runs (0 lost)")
+    (runs[1] / "metrics.json").write_text("{}")  # r1's new result
+    os.utime(runs[1] / "metrics.json", (line.t0 + 1, line.t0 + 1))
+    assert line.text().startswith("test: 2/3 runs (0 lost)")
+    (runs[2] / "metrics.json").unlink()  # r2's training started: its old result is gone
+    assert line.text().startswith("test: 2/3 runs (0 lost)")
+
+
 def test_dry_run_prints_the_array_and_its_gpu_hours_and_trains_nothing(nano_project, tmp_path):
     from tests.test_compare_checks import study_params
 

@@ -37,17 +37,30 @@ class StageLine:
         label: the stage's words before the counts (e.g. "tune baseline").
         runs: every run folder of the batch; reused: how many of them were finished before the launch.
         stream: where the line goes (default sys.stderr); tty: rewrite in place (default: stream.isatty()).
+        launched: the folders of ``runs`` that this launch trains; such a folder counts as finished only once its
+            metrics.json is newer than the launch (a run re-trained under new settings still holds the old one
+            until its training starts).  Default: none (every finished folder counts).
     """
 
     def __init__(self, label: str, runs: list[Path], reused: int, stream=None, tty: bool | None = None,
-                 every_s: float = 60.0):
+                 every_s: float = 60.0, launched: list[Path] = ()):
         self.label, self.runs, self.reused = label, list(runs), reused
+        self.launched = set(launched)
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
         self.t0, self.every_s, self.last, self.shown = time.time(), every_s, "", 0.0
 
+    def _outcome(self, d: Path) -> str | None:
+        if d in self.launched:
+            try:
+                if (d / "metrics.json").stat().st_mtime < self.t0:
+                    return None  # the previous settings' result, about to be replaced
+            except OSError:
+                return None
+        return run_outcome(d)
+
     def text(self, queue: str = "") -> str:
-        out = [run_outcome(d) for d in self.runs]
+        out = [self._outcome(d) for d in self.runs]
         done, lost, total = sum(o is not None for o in out), sum(o == "lost" for o in out), len(self.runs)
         elapsed = time.time() - self.t0
         new = done - self.reused

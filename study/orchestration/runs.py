@@ -39,7 +39,7 @@ def ensure_runs(runs: list[list[str]], root: Path, params: str | None, jobs: int
     todo_all = [pending(o, root, params) for o in runs]
     todo = [(d, o) for d, o, _ in todo_all if o is not None]
     if todo:
-        line = StageLine(label, [d for d, _, _ in todo_all], reused=len(todo_all) - len(todo))
+        line = StageLine(label, [d for d, _, _ in todo_all], reused=len(todo_all) - len(todo), launched=[d for d, _ in todo])
         failed = launch(todo, root, params, first, line, jobs=jobs)
         if failed:
             raise StudyError(f"{len(failed)} run(s) failed: {', '.join(failed)}: fix the cause and re-run "
