@@ -8,10 +8,13 @@ the runs of runs/GROUP/ (trained with the same ``study.group``) and writes to re
                   paired by seed: per-seed differences, mean difference, 95% t interval, paired
                   t-test p (and Benjamini-Hochberg adjusted) or why it is undefined, percent
                   log-loss and perplexity change (arXiv 2603.13381), power; the frontier;
-                  yardsticks and per-corpus losses; the profiles
+                  yardsticks and per-corpus losses; the profiles; for a task other than lm (task=mlm|mqar,
+                  written to reports/TASK/) each arm's val_accuracy (mean, 95% t interval) and the task's own
+                  yardstick as its runs recorded it
   comparison.md   the same as tables, headed by the settings the runs recorded
   metrics/        the DVC metric, numbers only: VARIANT.json per variant, {val_loss (mean, nats),
-                  n; against the baseline: pct_log_loss, ci_low, ci_high (95% t interval, %), p}
+                  n, val_accuracy (mlm, mqar); against the baseline: pct_log_loss, ci_low, ci_high (95% t
+                  interval, %), p}
   curves.csv      the DVC plot: run, variant, seed, step, tokens, val_loss, train_loss (every run's
                   evaluations; `dvc plots show` draws one line per run)
   figures/        val and train loss curves, final losses per seed, paired differences, and (when

@@ -8,9 +8,11 @@ CORPORA = ("sotu", "shakespeare", "kjv")
 
 
 def write_run(d: Path, variant: str, seed: int, loss: float, *, tokens=1000, lr=3e-3, params=1000, fpt=6000,
-              status="ok", group="", model=None, train=None, digest="0123456789abcdef", per_corpus=None) -> Path:
+              status="ok", group="", model=None, train=None, digest="0123456789abcdef", per_corpus=None,
+              results=None) -> Path:
     """One finished run in folder ``d``; ``model``/``train`` override recorded settings, ``per_corpus``
-    ({corpus: final loss}) adds per-corpus losses to record.json and curve.csv."""
+    ({corpus: final loss}) adds per-corpus losses to record.json and curve.csv, ``results`` adds results (a task's
+    val_accuracy to metrics.json, its task and yardsticks to record.json)."""
     d.mkdir(parents=True, exist_ok=True)
     metrics = {"variant": variant, "seed": seed, "status": status, "reason": None if status == "ok" else "test",
                "val_loss": loss if status == "ok" else None, "tokens": tokens, "tokenizer": "bpe", "lr": lr,
@@ -24,6 +26,7 @@ def write_run(d: Path, variant: str, seed: int, loss: float, *, tokens=1000, lr=
                               str(loss + 0.1 * (3 - k)), str(lr)] + extra))
     if per_corpus:
         metrics["val_loss_per_corpus"] = dict(per_corpus)
+    metrics.update(results or {})
     from study.train import split_result
 
     numbers, record = split_result(metrics)

@@ -227,7 +227,8 @@ def test_the_test_set_is_kept_with_the_data_and_the_training_set_follows_the_dat
     folder = task_data_dir(cfg, tmp_path)
     assert folder.parent == tmp_path / "data" / "mqar" and meta["spec"]["test_examples"] == 50
     first = mqar.test_set(folder)
-    assert first[0].shape == (50, 64) and int((first[1] != IGNORE).sum()) == 50 * 8
+    assert cfg.task.num_kv_pairs == 4  # conf/task/mqar.yaml's default: one scored query per pair
+    assert first[0].shape == (50, 64) and int((first[1] != IGNORE).sum()) == 50 * 4
     assert mqar.check_data(cfg, tmp_path) == meta and torch.equal(mqar.test_set(folder)[0], first[0])  # kept
     spec = meta["spec"]
     assert np.array_equal(mqar._from_spec(spec, 64, mqar.train_key(1))[0], mqar._from_spec(spec, 64, mqar.train_key(1))[0])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from study.analysis import figures, tables
 from study.analysis.runs import load_runs
-from study.analysis.summary import finite_or_null, recorded_settings, summarize, yardsticks
+from study.analysis.summary import finite_or_null, recorded_settings, study_yardsticks, summarize
 
 #: where the figures go, under study.reports_dir (one DVC plots folder: only existing figures are plots)
 FIGURES = "figures"
@@ -45,7 +45,7 @@ def write_report(cfg, root: Path) -> dict:
 
         runs = tested_runs(cfg, root)
         summary["settings"] = recorded_settings(runs)
-        summary["yardsticks"] = yardsticks(root / cfg.data.dir / "meta.json", summary["settings"])
+        summary["yardsticks"] = study_yardsticks(cfg, root, runs, summary["settings"])
     summary["figures"] = figures.write_all(summary, runs, out / FIGURES)
     (out / "comparison.md").write_text(tables.markdown(summary, summary["figures"]))
     (out / "summary.json").write_text(json.dumps(finite_or_null(summary), indent=1, allow_nan=False))
@@ -56,13 +56,14 @@ def write_report(cfg, root: Path) -> dict:
 
 def variant_metrics(summary: dict) -> dict[str, dict]:
     """{variant: the numbers of metrics/VARIANT.json}: ``val_loss`` (mean final val loss over its finished
-    seeds, nats) and ``n`` (seeds); for every variant compared with the baseline, paired by seed:
+    seeds, nats), ``n`` (seeds) and, for the mlm and mqar tasks, ``val_accuracy`` (its mean, in [0, 1]); for every
+    variant compared with the baseline, paired by seed:
     ``pct_log_loss`` (mean difference in % log-loss), ``ci_low``/``ci_high`` (its 95% t interval, %),
     ``p`` (paired t-test) and ``n`` (pairs).  Undefined values (one pair, no finished seed) are left out,
     so every value is a finite number (``dvc metrics show`` shows a missing one as '-')."""
     out = {}
     for v, s in summary["variants"].items():
-        m = {"val_loss": s["val_loss_mean"], "n": s["n_seeds"]}
+        m = {"val_loss": s["val_loss_mean"], "n": s["n_seeds"], "val_accuracy": s.get("val_accuracy_mean")}
         c = summary["vs_baseline"].get(v) if v != summary["baseline"] else None
         if c:
             lo, hi = c.get("pct_log_loss_ci95") or (None, None)
@@ -71,7 +72,7 @@ def variant_metrics(summary: dict) -> dict[str, dict]:
     v = summary.get("verdict") or {}
     if not summary["variants"] and v:  # the decided verdict alone: one file per arm, vs_REF per comparison
         for a, r in v["arms"].items():
-            m = {"val_loss": r["val_loss_mean"], "n": r["n_seeds"]}
+            m = {"val_loss": r["val_loss_mean"], "n": r["n_seeds"], "val_accuracy": r.get("val_accuracy_mean")}
             for c in v["comparisons"].values():
                 if c["arm"] == a:
                     m[f"vs_{c['reference']}"] = _numbers({"pct_log_loss": c["pct"]["mean"], "ci_low": c["pct"]["ci95"][0],

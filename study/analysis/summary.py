@@ -14,7 +14,7 @@ import numpy as np
 from study.analysis import profiles
 from study.analysis.pairing import comparable, shared_settings
 from study.analysis.runs import final_losses, lost_points
-from study.analysis.verdict import verdict_report as decided
+from study.analysis.verdict import accuracy, verdict_report as decided
 from study.analysis.stats import (MIN_FIT_SIZES, fit_power_law, mean_ci, not_fitted, paired, parameter_multiplier,
                                   safe_exp, verdict)
 
@@ -33,13 +33,16 @@ def recorded_settings(runs: dict[str, dict[int, dict]]) -> dict:
 def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path, profiles_too: bool = True) -> dict:
     """The content of summary.json.
 
-    Returns: {"study", "baseline", "seeds", "settings" (what the runs recorded alike), "variants": {v:
+    Returns: {"study", "task" (task.name), "baseline", "seeds", "settings" (what the runs recorded alike),
+    "variants": {v:
     {"n_seeds", "val_loss_mean", "val_loss_sd" (nats), "val_loss_ci95" (t interval of the mean, NaN
     below 2 seeds), "val_perplexity_mean", "lr", "min_lr" (peak and final lr the runs used),
     "non_embedding_params", "total_params", "flops_per_token", "tokens", "val_loss_per_corpus" {corpus:
-    mean nats} or None, "attn_logit_max" (:func:`attn_logit_max`), "diverged" {seed: {"step", "reason"}} (the lost points: left out of every mean and
-    test, listed in the report)}}, "vs_baseline" (:func:`verdict`: paired t, BH,
-    power), "frontier" (:func:`frontier`), "yardsticks" (:func:`yardsticks`), "per_corpus"
+    mean nats} or None, "attn_logit_max" (:func:`attn_logit_max`), the mlm and mqar tasks' accuracy
+    (:func:`study.analysis.verdict.accuracy`: "val_accuracy_mean", "val_accuracy_sd", "val_accuracy_ci95"),
+    "diverged" {seed: {"step", "reason"}} (the lost points: left out of every mean and test, listed in the
+    report)}}, "vs_baseline" (:func:`verdict`: paired t, BH,
+    power), "frontier" (:func:`frontier`), "yardsticks" (:func:`study_yardsticks`), "per_corpus"
     (:func:`per_corpus`), "scale_ladder" (the profile, read from its run folders; None
     while off or with ``profiles_too=False``), "verdict" (the decided verdict of study.arms,
     :func:`study.analysis.verdict.verdict_report`; None while study.arms is empty)}.
@@ -62,13 +65,14 @@ def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path, profiles_too: b
                        "non_embedding_params": any_run["non_embedding_params"],
                        "total_params": any_run.get("total_params"), "flops_per_token": any_run["flops_per_token"],
                        "tokens": any_run["tokens"], "val_loss_per_corpus": per,
-                       "attn_logit_max": attn_logit_max(r),
+                       "attn_logit_max": attn_logit_max(r), **accuracy(r),
                        "diverged": lost_points(r)}
     settings = recorded_settings(runs)
-    return {"study": cfg.study.name, "baseline": base_name, "seeds": list(cfg.study.seeds), "settings": settings,
+    return {"study": cfg.study.name, "task": cfg.task.name, "baseline": base_name, "seeds": list(cfg.study.seeds),
+            "settings": settings,
             "variants": variants, "vs_baseline": verdict(ok, base_name) if base_name in ok else {},
             "frontier": frontier(base_name, ok, variants),
-            "yardsticks": yardsticks(root / cfg.data.dir / "meta.json", settings),
+            "yardsticks": study_yardsticks(cfg, root, runs, settings),
             "per_corpus": per_corpus(runs, base_name),
             "scale_ladder": profiles.ladder_report(cfg, root) if profiles_too else None,
             "verdict": decided(cfg, root) if profiles_too else None}
@@ -136,6 +140,33 @@ def yardsticks(meta_path: Path, settings: dict) -> dict:
         return {"available": False, "note": f"the prepared data ({digest}) is not the data the runs trained on "
                                             f"({runs_digest}): re-run the study (`dvc repro`)"}
     return {"available": True, "note": None, **y}
+
+
+def study_yardsticks(cfg, root: Path, runs: dict[str, dict[int, dict]], settings: dict) -> dict:
+    """The yardsticks of the runs' task: lm's are the prepared data's (:func:`yardsticks`); any other task's are what
+    its runs recorded (:func:`task_yardsticks`), never the prepared text's unigram and bigram."""
+    if cfg.task.name == "lm":
+        return yardsticks(root / cfg.data.dir / "meta.json", settings)
+    return task_yardsticks(cfg.task.name, runs)
+
+
+def task_yardsticks(task: str, runs: dict[str, dict[int, dict]]) -> dict:
+    """The yardsticks every finished run of a task other than lm recorded (record.json "yardsticks", written by the
+    task's module: :func:`study.tasks.mlm.yardsticks` {"unigram" (nats of the chosen validation tokens),
+    "masked_share", ...}, :func:`study.tasks.mqar.yardsticks` {"chance" (nats, ln(V - V/2)), "chance_accuracy"
+    (1 / (V - V/2)), ...}).
+
+    Returns: {"available": bool, "task", "note" (why not: no run recorded them, or runs disagree), and the
+    recorded fields}.
+    """
+    found = [m.get("yardsticks") for r in runs.values() for m in r.values() if m["status"] == "ok"]
+    if not found or any(not isinstance(y, dict) for y in found):
+        return {"available": False, "task": task, "note": f"a finished {task} run records none in its record.json "
+                                                        f"(runs trained before tasks recorded them: re-run them)"}
+    if any(y != found[0] for y in found):
+        return {"available": False, "task": task, "note": "the runs recorded different yardsticks (different data or "
+                                                        "sizes): they do not share one validation set"}
+    return {"available": True, "task": task, "note": None, **found[0]}
 
 
 def _int(x) -> int | None:

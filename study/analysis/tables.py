@@ -56,27 +56,81 @@ def header(summary: dict) -> list[str]:
               f"`{g('data_digest')}`; training: {g('train.tokens', ',')} tokens per run in steps of "
               f"{g('train.batch_tokens', ',')} tokens, warmup {g('train.warmup_tokens', ',')} tokens, weight decay "
               f"{g('train.weight_decay')}, betas ({g('train.beta1')}, {g('train.beta2')}), grad clip "
-              f"{g('train.grad_clip')}, precision `{g('trainer.precision')}`; seeds {summary['seeds']}{first}. Losses are "
-              f"final validation cross-entropy in nats on the same {g('train.val_tokens', ',')} fixed validation "
-              f"tokens for every run. Each variant's peak lr is in the first table; all recorded settings are listed "
-              f"at the end.", ""]
-    return lines
+              f"{g('train.grad_clip')}, precision `{g('trainer.precision')}`; seeds {summary['seeds']}{first}. "
+              + (f"Losses are final validation cross-entropy in nats on the same {g('train.val_tokens', ',')} fixed "
+                 f"validation tokens for every run. " if summary.get("task", "lm") == "lm" else "")
+              + "Each variant's peak lr is in the first table; all recorded settings are listed at the end.", ""]
+    return lines + task_lines(summary)
+
+
+def task_lines(summary: dict) -> list[str]:
+    """What a task other than lm scores (its loss and accuracy); nothing for lm."""
+    s, t = summary.get("settings") or {}, summary.get("task", "lm")
+    if t == "mlm":
+        return [f"Task `mlm` (masked language modelling, bidirectional attention): the losses are the cross-entropy of "
+                f"the chosen tokens only, in nats (task.mask_fraction {s.get('task.mask_fraction')} of each of the "
+                f"same fixed validation windows, the same masks for every run and seed); accuracy is the share of "
+                f"them whose most likely token is the original (mean over seeds, Student-t 95% interval). The "
+                f"verdict is on the loss.", ""]
+    if t == "mqar":
+        return [f"Task `mqar` (multi-query associative recall): V {s.get('task.vocab_size')}, "
+                f"{s.get('task.num_kv_pairs')} key-value pairs in {s.get('task.seq_len') or s.get('model.block_size')} "
+                f"tokens; every run is scored on the same fixed test set of {s.get('task.test_examples')} examples "
+                f"(task.test_seed {s.get('task.test_seed')}), the losses (nats) at the query positions only; "
+                f"accuracy is the share of queries whose most likely token is the value "
+                f"(mean over seeds, Student-t 95% interval). The verdict is on the loss.", ""]
+    return []
+
+
+def accuracy_cells(s: dict) -> str:
+    """" 0.4321 | [0.4100, 0.4542] |": a variant's or arm's mean val_accuracy and its 95% t interval."""
+    lo, hi = s.get("val_accuracy_ci95") or (None, None)
+    return f" {fmt(s.get('val_accuracy_mean'))} | [{fmt(lo)}, {fmt(hi)}] |"
+
+
+def task_yardstick_text(y: dict) -> str:
+    """The yardstick of a task other than lm in one sentence (summary.json "yardsticks"), or why none is shown."""
+    if not y.get("available"):
+        return f"Yardstick: not shown ({y.get('note')})."
+    if y.get("task") == "mlm":
+        return (f"Yardstick: the unigram cross-entropy of the chosen validation tokens, {fmt(y.get('unigram'))} nats "
+                f"({y.get('method')}; {y.get('chosen_tokens')} tokens, {fmt(y.get('masked_share'), '.3f')} of them "
+                f"replaced by the mask token): a model below it uses the context around each chosen token.")
+    if y.get("task") == "mqar":
+        return (f"Yardstick: chance, a uniform guess among the V - V/2 values at each query, {fmt(y.get('chance'))} "
+                f"nats and accuracy {fmt(y.get('chance_accuracy'))}: a model below it in loss (above in accuracy) "
+                f"recalls values from its context.")
+    return f"Yardstick: {y}."
+
+
+def task_yardstick_row(y: dict, accuracy: bool) -> list[str]:
+    """The task's yardstick as a row of the variants table (loss and perplexity, and chance's accuracy)."""
+    if not y.get("available"):
+        return []
+    name, loss = ("unigram yardstick", y.get("unigram")) if y.get("task") == "mlm" else ("chance", y.get("chance"))
+    acc = (f" {fmt(y.get('chance_accuracy'))} | |" if y.get("task") == "mqar" else " | |") if accuracy else ""
+    return [f"| *{name}* | | | | | {fmt(loss)} | | | {fmt(safe_exp(loss) if loss is not None else None, '.2f')} |{acc}"]
 
 
 def variants_table(summary: dict) -> list[str]:
     b = summary["baseline"]
+    acc = any("val_accuracy_mean" in s for s in summary["variants"].values())
     lines = ["## Final validation loss per variant", "",
              "Mean over seeds with its Student-t 95% interval (unpaired: for the comparison use the paired table "
              "below).", "",
              "| variant | non-embedding params | vs baseline params | peak lr | seeds | val loss mean | sd | 95% CI "
-             "| perplexity |", "|---|---|---|---|---|---|---|---|---|"]
+             "| perplexity |" + (" val accuracy mean | accuracy 95% CI |" if acc else ""),
+             "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if acc else "")]
     bp = summary["variants"].get(b, {}).get("non_embedding_params")
     for v, s in summary["variants"].items():
         rel = f"{100 * (s['non_embedding_params'] / bp - 1):+.2f}%" if bp else "n/a"
         lines.append(f"| {v} | {s['non_embedding_params']:,} | {rel} | {fmt(s.get('lr'), 'g')} | {s['n_seeds']} | "
                      f"{fmt(s['val_loss_mean'])} | {fmt(s['val_loss_sd'])} | [{fmt(s['val_loss_ci95'][0])}, "
-                     f"{fmt(s['val_loss_ci95'][1])}] | {fmt(s['val_perplexity_mean'], '.2f')} |")
+                     f"{fmt(s['val_loss_ci95'][1])}] | {fmt(s['val_perplexity_mean'], '.2f')} |"
+                     + (accuracy_cells(s) if acc else ""))
     y = summary.get("yardsticks") or {}
+    if summary.get("task", "lm") != "lm":
+        return lines + task_yardstick_row(y, acc) + ["", task_yardstick_text(y)]
     if y.get("available"):
         for name in ("unigram", "bigram"):
             if name in y:
@@ -123,7 +177,7 @@ def corpus_table(summary: dict) -> list[str]:
     if not pc:
         return []
     y = summary.get("yardsticks") or {}
-    marks = [k for k in ("unigram", "bigram") if y.get("available") and k in y]
+    marks = [k for k in ("unigram", "bigram") if y.get("available") and k in y and summary.get("task", "lm") == "lm"]
     names = list(summary["variants"])
     lines = ["", "## Per corpus", "",
              "Final validation loss (nats, mean over seeds) on each corpus's validation windows"
@@ -236,6 +290,8 @@ def diverged_section(summary: dict) -> list[str]:
 def yardstick_lines(summary: dict) -> list[str]:
     """The yardsticks in one paragraph (the decided verdict's arms are compared with them in its table)."""
     y = summary.get("yardsticks") or {}
+    if summary.get("task", "lm") != "lm":
+        return ["", task_yardstick_text(y)]
     if not y.get("available"):
         return [f"Yardsticks: not shown ({y.get('note')})."] if y else []
     shown = [f"{k} {fmt(y[k].get('all'))} nats" for k in ("unigram", "bigram") if k in y]
@@ -246,7 +302,8 @@ def yardstick_lines(summary: dict) -> list[str]:
 def markdown(summary: dict, figures: list[str] = ()) -> str:
     """comparison.md from summary.json's content; ``figures``: the names of the figures written."""
     from study.analysis.verdict import attention_lines
-    lines = header(summary) + (attention_lines(summary["verdict"]) if summary.get("verdict") else [])
+    lines = header(summary) + (attention_lines(summary["verdict"], summary.get("task", "lm"))
+                               if summary.get("verdict") else [])
     if summary["variants"]:
         lines += variants_table(summary) + verdict_tables(summary) + corpus_table(summary)
         lines += attention_logit_table(summary)

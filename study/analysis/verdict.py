@@ -70,6 +70,19 @@ def context_use(runs: dict[int, dict]) -> dict:
             "position_loss": np.mean(curves, axis=0).tolist() if same else None}
 
 
+def accuracy(runs: dict[int, dict]) -> dict:
+    """One arm's (or variant's) final ``val_accuracy`` over its finished seeds (the mlm and mqar tasks record it:
+    the share of scored positions whose argmax is the target, in [0, 1]): "val_accuracy_mean", "val_accuracy_sd"
+    (NaN below 2 seeds), "val_accuracy_ci95" [lo, hi] (Student t over the seeds, as the loss's: NaN below 2
+    seeds), "val_accuracy_n" (seeds); {} when no finished run recorded it (task lm)."""
+    xs = [float(r["val_accuracy"]) for r in runs.values() if r["status"] == "ok" and r.get("val_accuracy") is not None]
+    if not xs:
+        return {}
+    m, lo, hi = mean_ci(xs)
+    return {"val_accuracy_mean": m, "val_accuracy_sd": float(np.std(xs, ddof=1)) if len(xs) > 1 else float("nan"),
+            "val_accuracy_ci95": [lo, hi], "val_accuracy_n": len(xs)}
+
+
 def comparison_name(arm: str, ref: str) -> str:
     return f"{arm} vs {ref}"
 
@@ -191,7 +204,8 @@ def verdict_report(cfg, root: Path) -> dict | None:
     grid), "n_seeds", "val_loss_mean", "val_loss_sd" (its own, never pooled), "val_loss_ci95", "diverged"}},
     "comparisons": {"ARM vs REF": :func:`decision.compare_pair` + "p_value_bh", "tost_p_bh", "word", "verdict"},
     "margin_pct", "halfwidth_pct", "max_seeds", "n0", "decomposition", "attention" (:func:`attention_share`)};
-    each arm also has "in_context_gain" and "position_loss" (:func:`context_use`).
+    each arm also has "in_context_gain" and "position_loss" (:func:`context_use`) and, for the mlm and mqar tasks,
+    its accuracy (:func:`accuracy`).
 
     Raises:
         RunsError: the plan or a run it names is missing.
@@ -212,7 +226,7 @@ def verdict_report(cfg, root: Path) -> dict | None:
                    "lr": one.get("lr"), "lr_from": "fixed" if cfg.arms[a].lr is not None else "tuned",
                    "tuning": (tuning.get(a) or {}).get("status"), "n_seeds": len(xs), "val_loss_mean": m,
                    "val_loss_sd": float(np.std(xs, ddof=1)) if len(xs) > 1 else float("nan"),
-                   "val_loss_ci95": [lo, hi], **context_use(runs[a]),
+                   "val_loss_ci95": [lo, hi], **context_use(runs[a]), **accuracy(runs[a]),
                    "diverged": {str(k): r.get("reason") for k, r in runs[a].items() if r["status"] != "ok"}}
     comps = compare_all(cfg, ok)
     for c in comps.values():
@@ -239,27 +253,36 @@ def lost(r: dict) -> str:
     return f" (+{len(r['diverged'])} diverged)" if r["diverged"] else ""
 
 
-def attention_lines(v: dict) -> list[str]:
-    """comparison.md's opening lines on attention's share (summary.json "verdict" "attention")."""
+#: what the no-context arm can still do, per task (each position attends to itself only)
+NO_CONTEXT = {"lm": "a learned bigram with the baseline's parameters",
+              "mlm": "a chosen token sees only itself, mostly the mask token: at best about the unigram yardstick",
+              "mqar": "no value can be recalled: at best chance"}
+
+
+def attention_lines(v: dict, task: str = "lm") -> list[str]:
+    """comparison.md's opening lines on attention's share (summary.json "verdict" "attention") for ``task``."""
     rows = v.get("attention") or []
     if not rows:
         return ["", "Attention's share: not measured (no arm of study.arms has a variant with context: self; add "
                     "the no_context arm to measure what attention carries at this size).", ""]
     lines = ["", "## Attention's share", "",
-             "What attention carries at this size: the no-context arm (each position attends to itself only: a learned "
-             "bigram with the baseline's parameters) minus the reference, paired by seed, against the equivalence "
-             "margin in nats.", "",
+             f"What attention carries at this size: the no-context arm (each position attends to itself only: "
+             f"{NO_CONTEXT.get(task, 'no context')}) minus the reference, paired by seed, against the equivalence "
+             f"margin in nats.", "",
              "| no-context arm | reference | pairs | share (nats) | 95% CI | margin (nats) | share / margin |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['arm']} | {r['reference']} | {r['n_pairs']} | {_f(r['share'], '+.4f')} | "
                      f"[{_f(r['ci95'][0], '+.4f')}, {_f(r['ci95'][1], '+.4f')}] | {_f(r['margin_nats'])} | "
                      f"{_f(r['ratio'], '.1f')} |")
-    return lines + ["", "![loss by position](figures/position_loss.png)", ""]
+    drawn = any(r.get("position_loss") for r in (v.get("arms") or {}).values())  # lm: figures.position_loss
+    return lines + (["", "![loss by position](figures/position_loss.png)", ""] if drawn else [""])
 
 
 def verdict_section(v: dict) -> list[str]:
-    """comparison.md's section of the decided verdict (every number a field of summary.json "verdict")."""
+    """comparison.md's section of the decided verdict (every number a field of summary.json "verdict"); the arms'
+    accuracy replaces the in-context gain (an lm measure) where the runs recorded one (tasks mlm, mqar)."""
+    acc = any("val_accuracy_mean" in r for r in v["arms"].values())
     lines = ["", "## The decided verdict", ""] + (["![verdict](figures/verdict.png)", ""] if v["comparisons"] else []) + [
              f"Every arm at its lr* (conf/tuned.yaml, or its fixed lr) on the test seeds; Stein's first stage is the "
              f"first {v['n0']} seeds, from whose paired sd each comparison's N follows (target half-width "
@@ -268,13 +291,16 @@ def verdict_section(v: dict) -> list[str]:
              f"comparisons (paired t and TOST each). Stein's mean +- d covers with probability >= 95% once N pairs are in; "
              f"the exact 95% interval is mean +- t(0.975, n0 - 1) s0 / sqrt(n), s0 the first stage's sd (exact "
              f"coverage: the pivot is Student t whatever the true sd). Each arm's seed sd is its own, never pooled.", "",
-             "| arm | variant | overrides | lr | lr from | tuning | seeds | val loss mean | sd | 95% CI | in-context gain |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| arm | variant | overrides | lr | lr from | tuning | seeds | val loss mean | sd | 95% CI | "
+             + ("val accuracy mean | accuracy 95% CI |" if acc else "in-context gain |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if acc else "")]
     for a, r in v["arms"].items():
+        lo, hi = r.get("val_accuracy_ci95") or (None, None)
         lines.append(f"| {a} | {r['variant']} | {' '.join(r['overrides']) or '-'} | {_f(r['lr'], '.4g')} | "
                      f"{r['lr_from']} | {r['tuning'] or ('-' if r['lr_from'] == 'fixed' else 'n/a')} | {r['n_seeds']}{lost(r)} | {_f(r['val_loss_mean'])} | "
                      f"{_f(r['val_loss_sd'])} | [{_f(r['val_loss_ci95'][0])}, {_f(r['val_loss_ci95'][1])}] | "
-                     f"{_f(r.get('in_context_gain'))} |")
+                     + (f"{_f(r.get('val_accuracy_mean'))} | [{_f(lo)}, {_f(hi)}] |" if acc
+                        else f"{_f(r.get('in_context_gain'))} |"))
     lines += ["", "| comparison | verdict | pairs | mean diff (nats) | paired sd | % log-loss | 95% t CI (%) | "
               "Stein mean +- d (%) | Stein exact 95% (%) | Stein N | 90% CI (%) | p (t, BH) | p (TOST, BH) |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
