@@ -24,7 +24,7 @@ def write_run(d: Path, variant: str, seed: int, loss: float, *, tokens=1000, lr=
                               str(loss + 0.1 * (3 - k)), str(lr)] + extra))
     if per_corpus:
         metrics["val_loss_per_corpus"] = dict(per_corpus)
-    from study.train import split_result
+    from study.runfolder import split_result
 
     numbers, record = split_result(metrics)
     (d / "record.json").write_text(json.dumps(record))
