@@ -146,7 +146,7 @@ def nano_project(tmp_path_factory) -> Path:
 def run_in(nano_project, tmp_path, monkeypatch):
     """Train in-process on the shared nano data; runs/ and the MLflow store go to tmp_path."""
     from study.config import load_config
-    from study.train import train
+    from study.runner.run import train
 
     monkeypatch.chdir(nano_project)
 

@@ -27,7 +27,7 @@ def write_run(d: Path, variant: str, seed: int, loss: float, *, tokens=1000, lr=
     if per_corpus:
         metrics["val_loss_per_corpus"] = dict(per_corpus)
     metrics.update(results or {})
-    from study.train import split_result
+    from study.runfolder import split_result
 
     numbers, record = split_result(metrics)
     (d / "record.json").write_text(json.dumps(record))

@@ -44,7 +44,7 @@ def _arm_run(cfg, root: Path, params: str, arm: str, seed: int, loss: float, dro
     from study.config import load_config, run_dir
     from study.config.naming import testing_group
     from study.runner.arms import run_overrides, tuned_lr
-    from study.train import recorded_config
+    from study.runfolder import recorded_config
 
     over = [o for o in run_overrides(cfg, arm, seed, tuned_lr(cfg, arm), testing_group(arm))
             if not o.startswith(tuple(drop))]

@@ -34,7 +34,7 @@ def fake_train(monkeypatch):
     import study.runner.arms
     from study.config import run_dir
     from study.runner.run_state import run_digest
-    from study.train import recorded_config
+    from study.runfolder import recorded_config
 
     calls = []
 

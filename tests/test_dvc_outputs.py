@@ -22,7 +22,7 @@ def _numbers_only(d: dict) -> bool:
 @pytest.mark.slow  # one nano training
 def test_a_run_writes_numbers_to_metrics_json_and_the_rest_to_record_json(run_in, tmp_path):
     from study.analysis.runs import read_run
-    from study.train import METRICS
+    from study.runfolder import METRICS
 
     m = run_in("variant=nonlinear_q", "seed=2", "train.tokens=4096", "train.eval_every=1")
     d = tmp_path / "runs/nonlinear_q-s2"
@@ -42,7 +42,7 @@ def test_a_run_writes_numbers_to_metrics_json_and_the_rest_to_record_json(run_in
 
 
 def test_a_diverged_result_keeps_only_the_numbers_it_has():
-    from study.train import split_result
+    from study.runfolder import split_result
 
     metrics, record = split_result({"variant": "baseline", "status": "diverged", "reason": "loss rose",
                                     "val_loss": None, "val_perplexity": float("nan"), "tokens": 2048,

@@ -65,7 +65,7 @@ def test_a_launcher_that_disagrees_with_its_trainer_is_refused_in_one_line(monke
 def test_the_launcher_is_no_setting_of_a_run(monkeypatch):
     """Same resume key and config.json on either launcher: a run trained here is reused on the cluster."""
     from study.config import resume_config
-    from study.train import recorded_config
+    from study.runfolder import recorded_config
 
     monkeypatch.chdir(ROOT)
     here, there = load_config([], ROOT), load_config(["launcher=slurm", "launcher.partition=gpu"], ROOT)

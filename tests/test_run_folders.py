@@ -103,7 +103,8 @@ def test_a_trainer_lightning_refuses_keeps_the_finished_run(nano_project, tmp_pa
 
     from study.config import load_config
     from study.runner.run_state import resume_record, run_digest
-    from study.train import main, write_json
+    from study.runfolder import write_json
+    from study.train import main
 
     monkeypatch.chdir(nano_project)
     args = [f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={tmp_path / 'mlruns.db'}",

@@ -45,7 +45,7 @@ def task_study(tmp_path, monkeypatch):
     import study.runner.arms
     from study.config import composed_params, run_dir
     from study.tasks import get_task
-    from study.train import recorded_config
+    from study.runfolder import recorded_config
 
     project = copy_project(tmp_path / "project")
     monkeypatch.chdir(project)

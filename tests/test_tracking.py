@@ -1,5 +1,5 @@
 """MLflow: each run's artifacts, params, metric steps; artifacts relative to the project; compare's verdict run;
-MFU through Lightning's ThroughputMonitor (study/runner/tracking.py, study/train.py, study/modeling/lm.py)."""
+MFU through Lightning's ThroughputMonitor (study/runner/tracking.py, study/runner/run.py, study/modeling/lm.py)."""
 from __future__ import annotations
 
 import csv

@@ -19,41 +19,23 @@ dict, plus
 
 ``study.train`` writes ``config.json`` (the settings) next to ``metrics.json``; a run folder
 without it (or without ``record.json``) was trained before runs recorded them and is refused (re-run it).
+The files, their names and their readers are the run folder's contract, study.runfolder (re-exported here); this
+module finds the runs of a study and loads them, from run folders or the MLflow store.
 """
 from __future__ import annotations
 
-import csv
-import json
-import math
 from pathlib import Path
 
 from study.analysis.pairing import check
-from study.config import LAUNCH_SECTIONS, VERDICT_SECTIONS, flatten, run_dir
-from study.data import DataError
-from study.data.records import MISSING, json_kind
-from study.runner.run_state import METRICS, REPLACED
-
-#: sections of the resolved config that say which runs exist, not how one run trained
-NOT_SETTINGS = ("study", "scale_ladder", "defaults", *VERDICT_SECTIONS, *LAUNCH_SECTIONS)
-
-
-class RunsError(DataError):
-    """A run is missing or unreadable; the message names it and the command that makes it."""
-
-
-def settings_of(config: dict) -> dict:
-    """The flat settings of a recorded config (config.json): every key but :data:`NOT_SETTINGS`."""
-    return flatten({k: v for k, v in config.items() if k not in NOT_SETTINGS})
+from study.config import flatten, run_dir
+from study.runfolder import (CURVE_COLUMNS, LOST, MAX_LOSS, METRICS, NOT_SETTINGS, RECORD_NUMBERS,  # noqa: F401
+                             REPLACED, RunsError, read_curve, read_positions, read_result, read_run, settings_of,
+                             train_command)  # (public here too: the readers of a study's runs)
 
 
 #: the study keys a training run reads (where its folder and MLflow run go); the others say which runs exist
 RUN_STUDY_KEYS = ("study.name", "study.runs_dir", "study.tracking_db", "study.artifact_dir", "study.baseline")
 
-
-def train_command(variant: str, seed, group: str, overrides: list[str] = ()) -> str:
-    """The ``python -m study.train ...`` command (in backquotes) that trains run VARIANT-sSEED of ``group``."""
-    return (f"`python -m study.train variant={variant} seed={seed}{''.join(' ' + o for o in overrides)}"
-            f"{' study.group=' + group if group else ''}`")
 
 
 def _value(v) -> str:
@@ -113,196 +95,6 @@ def train_hint_overrides(cfg, root: Path, group: str = "") -> list[str]:
     return out
 
 
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-#: record.json keys read as numbers where present (null allowed: not every run has each)
-RECORD_NUMBERS = ("seed", "steps", "lr", "min_lr", "non_embedding_params", "total_params", "flops_per_token",
-                  "wall_time_s", "data_seed", "init_seed", "diverged_step")
-
-#: the keys of a diverged run's result that are its lost final loss: read as None, whatever the files hold
-#: (runs written before diverged runs were written as lost points kept a NaN or an absurd last value)
-LOST = ("val_loss", "val_perplexity", "val_loss_per_corpus")
-
-
-def read_result(d: Path, train_cmd: str | None = None) -> dict:
-    """A run folder's result: record.json and metrics.json in one dict (metric keys the file lacks
-    are None), checked: both JSON objects; metrics.json's values finite numbers, with a ``val_loss``
-    unless record.json says the run diverged; record.json's ``status`` "ok"/"diverged" and its numbers
-    (:data:`RECORD_NUMBERS`, ``val_loss_per_corpus``) numbers.  A diverged run is a lost point: its
-    :data:`LOST` keys are None (never checked, never a reason to stop).
-
-    Args:
-        train_cmd: the command that re-runs this run (with the overrides it needs), for the errors'
-            advice; default ``python -m study.train variant=V seed=S``.
-
-    Raises:
-        RunsError: a file missing, not JSON or with a bad value, in one line that names the file and the
-            key and says to restore it or re-run the run.
-    """
-    variant, _, seed = d.name.rpartition("-s")
-    fix = f"restore the file, or re-run the run with {train_cmd or train_command(variant or d.name, seed, '')}"
-    named = _named(d)
-
-    def load(name: str) -> dict:
-        try:
-            obj = json.loads((d / name).read_text())
-        except OSError as e:
-            raise RunsError(f"{d / name} cannot be read ({e.strerror or e}): {fix}") from None
-        except ValueError as e:
-            raise RunsError(f"{d / name} is not valid JSON ({e}): {fix}") from None
-        if not isinstance(obj, dict):
-            raise RunsError(f"{d / name} holds {json_kind(obj)}, not a JSON object: {fix}")
-        return obj
-
-    def bad(name: str, key: str, v, want: str) -> RunsError:
-        got = "missing" if v is MISSING else f"{json_kind(v)} ({json.dumps(v)[:40]})"
-        return RunsError(f"{d / name}: {key!r} is {got}, expected {want}: {fix}")
-
-    record, metrics = load("record.json"), load("metrics.json")
-    if record.get("status", MISSING) not in ("ok", "diverged"):
-        raise bad("record.json", "status", record.get("status", MISSING), '"ok" or "diverged"')
-    if record["status"] == "diverged":  # a lost point: what it holds of a final loss is not a result
-        record = {**record, **dict.fromkeys(LOST)}
-        metrics = {k: v for k, v in metrics.items() if k not in LOST}
-        record.setdefault("diverged_step", None)
-    for k in RECORD_NUMBERS:
-        if record.get(k) is not None and not _number(record[k]):
-            raise bad("record.json", k, record[k], "a number")
-    per = record.get("val_loss_per_corpus")
-    if per is not None and not (isinstance(per, dict) and all(_number(x) for x in per.values())):
-        raise bad("record.json", "val_loss_per_corpus", per, "an object of numbers")
-    alm = record.get("attn_logit_max")
-    lost_ok = record.get("status") == "diverged"  # a diverged run's last logits may be non-finite (null)
-    if alm is not None and not (isinstance(alm, list) and all(_number(x) or (lost_ok and x is None) for x in alm)):
-        raise bad("record.json", "attn_logit_max", alm, "a list of numbers (one per layer)")
-    for k, v in metrics.items():
-        if k in METRICS and not _number(v):
-            raise bad("metrics.json", k, v, "a finite number")
-    if record["status"] == "ok" and "val_loss" not in metrics:
-        raise bad("metrics.json", "val_loss", MISSING, "the run's final validation loss (record.json says status ok)")
-    # A cross-entropy in nats: a trained LM's loss lies below ln(vocab_size) (ln 50257 = 10.8 for GPT-2's
-    # vocabulary, ln 512 = 6.2 for nano's), and a diverged run carries no val_loss at all; 100 nats, ten
-    # times the largest vocabulary's uniform loss, leaves a wide margin and keeps exp(val_loss) finite.
-    if "val_loss" in metrics and not 0 < metrics["val_loss"] <= MAX_LOSS:
-        raise bad("metrics.json", "val_loss", metrics["val_loss"], f"a cross-entropy in (0, {MAX_LOSS:g}] nats")
-    if named is not None:
-        _same_run(d, "record.json", named, record.get("variant", MISSING), record.get("seed", MISSING))
-    return {**record, **dict.fromkeys(METRICS), **metrics}
-
-
-
-#: the largest val_loss (nats) a run may record (see :func:`read_result`)
-MAX_LOSS = 100.0
-
-
-def _named(d: Path) -> tuple[str, int] | None:
-    """(variant, seed) a run folder's name VARIANT-sSEED says, or None for a folder not so named."""
-    variant, _, seed = d.name.rpartition("-s")
-    return (variant, int(seed)) if variant and seed.isdigit() else None
-
-
-def _same_run(d: Path, name: str, named: tuple[str, int], variant, seed) -> None:
-    """Refuse a run file whose variant/seed are not the folder's: a folder copied or renamed onto
-    another run's name, or a hand-edited file, would stand in for a run it is not."""
-    if variant == named[0] and type(seed) is int and seed == named[1]:
-        return
-    shown = lambda v: "missing" if v is MISSING else json.dumps(v)[:40]  # noqa: E731
-    home = d.parent / f"{variant}-s{seed}" if isinstance(variant, str) and type(seed) is int else None
-    raise RunsError(f"{d / name} records variant {shown(variant)} seed {shown(seed)}, but the folder {d} is "
-                    f"{named[0]}-s{named[1]}: it holds another run, or was edited; "
-                    f"{'move the folder back to ' + str(home) + ', ' if home is not None else ''}"
-                    f"restore the file, or re-run the run with {train_command(named[0], named[1], '')}")
-
-
-def read_run(d: Path, root: Path | None = None, train_cmd: str | None = None) -> dict:
-    """One run folder -> a run dict (see the module docstring); ``train_cmd``: as :func:`read_result`.
-
-    Raises:
-        RunsError: metrics.json, record.json, curve.csv or config.json is missing or unreadable.
-    """
-    name = str(d.relative_to(root)) if root is not None and d.is_relative_to(root) else str(d)
-    m = read_result(d, train_cmd)
-    variant, _, seed = d.name.rpartition("-s")
-    fix = f"restore it, or re-run the run with {train_cmd or train_command(variant or d.name, seed, '')}"
-    m["curve"] = read_curve(d / "curve.csv", fix, need_rows=m["status"] == "ok")
-    m["position_loss"] = read_positions(d / "positions.csv", fix) if (d / "positions.csv").is_file() else None
-    try:
-        config = json.loads((d / "config.json").read_text())
-    except OSError:
-        raise RunsError(f"{name} has no config.json (the settings it trained with): it predates runs that record "
-                        f"them, so it cannot be checked to pair with the others; re-run it (`dvc repro`)") from None
-    except ValueError as e:
-        raise RunsError(f"{d / 'config.json'} is not valid JSON ({e}): {fix}") from None
-    if not isinstance(config, dict):
-        raise RunsError(f"{d / 'config.json'} holds {json_kind(config)}, not a JSON object: {fix}")
-    named = _named(d)
-    if named is not None:
-        var = config.get("variant", MISSING)
-        _same_run(d, "config.json", named, var.get("name", MISSING) if isinstance(var, dict) else var,
-                  config.get("seed", MISSING))
-    digest = config.pop("data_digest", None)
-    m["settings"] = {**settings_of(config), "data_digest": digest}
-    m["name"] = name
-    return m
-
-
-#: the columns every curve.csv has (study.train's write_curve); val_loss/CORPUS columns may follow
-CURVE_COLUMNS = ("step", "tokens", "train_loss", "val_loss", "lr")
-
-
-def read_curve(path: Path, fix: str, need_rows: bool = True, columns=CURVE_COLUMNS) -> list[dict]:
-    """A run's curve.csv, one dict of floats per row, checked: the ``columns`` (:data:`CURVE_COLUMNS`) present, every
-    cell of every row a number (nan allowed: a train_loss before any step, a diverged evaluation), at
-    least one row when ``need_rows`` (a finished run evaluated at least once).
-
-    Raises:
-        RunsError: in one line naming the file, the row and the column.
-    """
-    try:
-        with open(path, newline="") as f:
-            reader = csv.reader(f)
-            header = next(reader, None)
-            rows = list(reader)
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise RunsError(f"{path} cannot be read ({getattr(e, 'strerror', None) or e}): {fix}") from None
-    if not header:
-        raise RunsError(f"{path} is empty (no header row {','.join(columns)}): {fix}")
-    lacking = [c for c in columns if c not in header]
-    if lacking:
-        raise RunsError(f"{path} lacks the column(s) {', '.join(lacking)} (header {','.join(header)[:80]}): {fix}")
-    out = []
-    for i, row in enumerate(rows, start=2):
-        if not row:
-            continue  # a blank line
-        if len(row) != len(header):
-            raise RunsError(f"{path} line {i} has {len(row)} value(s) for {len(header)} column(s): {fix}")
-        vals = {}
-        for k, v in zip(header, row):
-            try:
-                vals[k] = float(v)
-            except ValueError:
-                raise RunsError(f"{path} line {i}: {k} is {v[:20]!r}, not a number: {fix}") from None
-        out.append(vals)
-    if need_rows and not out:
-        raise RunsError(f"{path} has no rows (the run finished, so it evaluated at least once): {fix}")
-    return out
-
-
-def read_positions(path: Path, fix: str) -> list[float]:
-    """A run's positions.csv (study.train's write_positions): the per-position validation loss, (block_size,)
-    nats, position 1 first.
-
-    Raises:
-        RunsError: unreadable, a column missing, positions not 1, 2, ... in order, or a value not a finite number.
-    """
-    rows = read_curve(path, fix, need_rows=True, columns=("position", "val_loss"))
-    if [r["position"] for r in rows] != list(range(1, len(rows) + 1)):
-        raise RunsError(f"{path}: the positions are not 1..{len(rows)} in order: {fix}")
-    if not all(math.isfinite(r["val_loss"]) for r in rows):
-        raise RunsError(f"{path}: a val_loss is not a finite number: {fix}")
-    return [r["val_loss"] for r in rows]
 
 
 def load_runs(cfg, root: Path, variants=None, seeds=None, group: str = "", pair: bool = True) -> dict[str, dict[int, dict]]:
@@ -376,7 +168,7 @@ def load_mlflow(cfg, root: Path, group: str = "main", pair: bool = True) -> dict
     """
     from mlflow import MlflowClient
 
-    from study.runner.tracking import tracking_uri
+    from study.config.store import tracking_uri
 
     client = MlflowClient(tracking_uri=tracking_uri(root, cfg.study))
     exp = client.get_experiment_by_name(cfg.study.name)

@@ -9,8 +9,11 @@ The YAML stays plain data; this package gives it types, defaults and checks:
     validation.py  the checks beyond types (one-line ConfigError naming the key and the fix)
     schedule.py    seeds, micro-batches, step budget and learning-rate schedule of a run
     naming.py      run names and folders, the flattened config and the resume key
+    signals.py     SIGTERM as an exception (Killed), for training and prepare
+    store.py       where the MLflow store is (MLFLOW_TRACKING_URI or study.tracking_db), checked
 
-Everything callers use is re-exported here (``from study.config import load_config, RunConfig``).
+Everything callers use is re-exported here (``from study.config import load_config, RunConfig``); signals.py and
+store.py are imported by their module name.
 """
 from .compose import NAMED_GROUPS, PARAMS_FILE, available, composed_params, load_config, project_root, sweep
 from .hydra_errors import GRAMMAR

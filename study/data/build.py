@@ -131,7 +131,7 @@ def build(cfg, root: Path) -> dict:
     Raises:
         DataError / ConfigError: bad source files or settings (nothing is left at the output path).
     """
-    from study.runner.run_state import terminate_as_exception
+    from study.config.signals import terminate_as_exception
 
     with terminate_as_exception():
         return _build(cfg, root)

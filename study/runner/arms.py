@@ -120,12 +120,12 @@ def tune_group(name: str, lr: float) -> str:
 
 
 def _train(cfg, root: Path) -> dict:
-    from study.train import train
+    from study.runner.run import train
 
     return train(cfg, root)
 
 
-#: the function that trains one run (``study.train.train``); tests put a synthetic trainer here
+#: the function that trains one run (``study.runner.run.train``); tests put a synthetic trainer here
 TRAIN = _train
 
 
@@ -146,7 +146,7 @@ def reusable(cfg, root: Path, d: Path) -> bool:
 
     from study.runner.profiles import resolve
 
-    try:  # hashed as study.train hashes it: after the run's derived settings (compute-matched tokens ...)
+    try:  # hashed as study.runner.run hashes it (open_run_folder): after the derived settings (compute-matched tokens ...)
         resolved = resolve(copy.deepcopy(cfg), root)
         data_dir = task_data_dir(cfg, root)  # the task's data (mqar: its kept test set)
         key = resume_record(resolved, data_dir)

@@ -1,45 +1,31 @@
 """The state of a run folder across processes: its lock, its resume key, how its MLflow run ended.
 
-``python -m study.train`` (``study.train``) holds the folder's lock (:func:`hold_run_lock`) for the run's
+``python -m study.train`` (study.runner.run.train) holds the folder's lock (:func:`hold_run_lock`) for the run's
 life, resumes ``checkpoints/last.ckpt`` only under the same resume key (:func:`open_run_folder`,
 :func:`run_digest`: the settings that change the numbers, the training code and the prepared data, on
 any world size) and never replaces a finished run with other settings silently, rescales
 Lightning's loop counters to this run's accumulation (:func:`rescale_loop_state`), settles the MLflow
 run a dead process left RUNNING (:func:`settle_previous_run`) and ends its own run FAILED or KILLED
-(:func:`end_status`; SIGTERM becomes :class:`Killed`, :func:`terminate_as_exception`).
+(:func:`end_status`; SIGTERM becomes :class:`study.config.signals.Killed`,
+:func:`study.config.signals.terminate_as_exception`).
 """
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
 import shutil
-import signal
-import threading
 from contextlib import contextmanager
 from pathlib import Path
 
 from study.config import ConfigError, StudyError, diff_keys, flatten, resume_config, resume_part
+from study.config.signals import Killed, terminate_as_exception  # noqa: F401 (public here too)
 from study.data.records import data_digest
+from study.runfolder import (CHECKPOINTS, LOCK_FILE, METRICS, METRICS_FILE, REPLACED, RUN_JSON, RUN_OUTPUTS,  # noqa: F401
+                             TASK_METRICS, LAST_CKPT, recorded_settings, split_result)  # (public here too)
 
 
 STUDY = Path(__file__).resolve().parent.parent  # the study package
-
-
-#: the keys of a run's result that go to metrics.json (the DVC metric: numbers, few enough that
-#: ``dvc metrics show`` fits a terminal); every other key goes to record.json
-METRICS = ("val_loss", "val_perplexity", "in_context_gain", "tokens", "tokens_per_s")
-#: what the mlm and mqar tasks add to metrics.json (study/tasks/): accuracy at the scored positions
-TASK_METRICS = ("val_accuracy",)
-
-
-def split_result(result: dict) -> tuple[dict, dict]:
-    """A run's result -> (metrics.json, record.json): :data:`METRICS` and :data:`TASK_METRICS` with a numeric value
-    (None and non-finite values left out: DVC shows them as '-'), and everything else."""
-    keys = METRICS + TASK_METRICS
-    metrics = {k: result[k] for k in keys if isinstance(result.get(k), (int, float)) and math.isfinite(result[k])}
-    return metrics, {k: v for k, v in result.items() if k not in keys}
 
 
 def code_files() -> list[str]:
@@ -78,7 +64,7 @@ def run_lock(out_dir: Path):
     from filelock import FileLock
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    return FileLock(str(out_dir / ".lock"), timeout=0)
+    return FileLock(str(out_dir / LOCK_FILE), timeout=0)
 
 
 @contextmanager
@@ -96,29 +82,6 @@ def hold_run_lock(out_dir: Path):
         yield lock
     finally:
         lock.release()
-
-
-class Killed(SystemExit):
-    """Raised in the main thread by SIGTERM while a run trains: exit status 128 + signal number."""
-
-
-@contextmanager
-def terminate_as_exception():
-    """Turn SIGTERM into :class:`Killed` for the block (main thread only), so that the run is marked
-    KILLED and its lock released instead of the process vanishing.  Lightning's own SIGTERM handler,
-    installed during fit, calls this one after its own."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum, frame):
-        raise Killed(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 #: the one line of a stage stopped by Ctrl-C (study.train, study.tune, study.test_runs), exit status 130
@@ -189,25 +152,6 @@ def config_part(record: dict) -> dict:
     return {k: v for k, v in record.items() if ":" not in k}
 
 
-def recorded_settings(out_dir: Path) -> dict | None:
-    """The resume settings of the finished run in ``out_dir`` as its ``config.json`` records them (the
-    folder's ``checkpoints/run.json``, which holds them too, may have been deleted); None when unreadable."""
-    try:
-        recorded = json.loads((out_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(recorded, dict):
-        return None
-    recorded.pop("data_digest", None)
-    return resume_part(flatten(recorded))
-
-
-REPLACED = ".replaced"  # a run folder's sub-folder holding what a start replaces until its Trainer exists
-
-#: what a new start of a run folder replaces: the outputs of its last run and (starting afresh) its checkpoints
-RUN_OUTPUTS = ("metrics.json", "record.json", "curve.csv", "config.json")
-
-
 class Replaced:
     """What :func:`open_run_folder` moved aside into ``out_dir/.replaced/``: put back by :meth:`restore`
     (the start failed before its Trainer was built: a rejected trainer setting loses nothing), dropped by
@@ -276,14 +220,14 @@ def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) ->
         ConfigError: the folder holds a finished run with other settings, ``train.overwrite`` is off and
             the run is not a DVC stage's (:func:`dvc_stage`).
     """
-    ckpt_dir = out_dir / "checkpoints"
+    ckpt_dir = out_dir / CHECKPOINTS
     if rank == 0 and (out_dir / REPLACED).is_dir():  # a start that died before its Trainer existed
         Replaced(out_dir, [p.name for p in (out_dir / REPLACED).iterdir()]).restore()
     if rank == 0:  # one that died while dropping what it had replaced
         shutil.rmtree(out_dir / f"{REPLACED}.discarded", ignore_errors=True)
     record = resume_record(cfg, data_dir)
     digest = run_digest(cfg, data_dir, record)
-    state_path = ckpt_dir / "run.json"
+    state_path = ckpt_dir / RUN_JSON
     try:
         state = json.loads(state_path.read_text()) if state_path.is_file() else {}
     except ValueError:
@@ -291,7 +235,7 @@ def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) ->
     if not isinstance(state, dict):
         raise StudyError(f"{state_path} holds {type(state).__name__} {json.dumps(state)[:40]}, not a JSON object "
                          f"(it was edited or damaged): delete {ckpt_dir} to start the run afresh")
-    if (out_dir / "metrics.json").is_file() and not cfg.train.overwrite and not dvc_stage():  # a finished run:
+    if (out_dir / METRICS_FILE).is_file() and not cfg.train.overwrite and not dvc_stage():  # a finished run:
         # never replaced silently by a hand-started run
         old = config_part(state["resume"]) if state.get("resume") is not None else recorded_settings(out_dir)
         differ = diff_keys(old, config_part(record)) if old is not None else ["(not recorded)"]
@@ -300,14 +244,14 @@ def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) ->
                               f"run its own folder with study.group=NAME, or replace the finished run with "
                               f"train.overwrite=true")
     previous_run_id = state.get("mlflow_run_id")
-    resume = ckpt_dir / "last.ckpt"
+    resume = ckpt_dir / LAST_CKPT
     if not (resume.is_file() and state.get("config_hash") == digest and not state.get("completed")):
         if rank == 0 and resume.is_file() and not state.get("completed"):
             differ = diff_keys(state["resume"], record) if "resume" in state else ["(not recorded)"]
             print(f"{name}: starting afresh, the checkpoint in {ckpt_dir} was written with other settings: "
                   f"{'; '.join(differ)}", flush=True)
         resume, state = None, {}
-        replaced = ["checkpoints", *RUN_OUTPUTS]
+        replaced = [CHECKPOINTS, *RUN_OUTPUTS]
     else:
         replaced = list(RUN_OUTPUTS)
     moved = []
