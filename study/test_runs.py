@@ -29,7 +29,6 @@ from study.config import run_stage
 from study.config.naming import TEST_GROUP, testing_group
 from study.runner.arms import arm_of, tuned_lr
 from study.orchestration.arms import arm_losses, check_tuned
-from study.runner.run_state import INTERRUPTED
 
 
 def _losses(cfg, root: Path, seeds_of: dict[str, list[int]], lrs: dict[str, float], params: str | None,
@@ -106,11 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     def body(cfg, root: Path) -> int:
         run_tests(cfg, root, params, base, dry=dry)
         return 0
-    try:
-        return run_stage(body, argv)
-    except KeyboardInterrupt:  # every training it started was stopped and marked KILLED, its lock released
-        print(INTERRUPTED.format(stage="study.test_runs"), file=sys.stderr)
-        return 130
+    return run_stage(body, argv, interruptible="study.test_runs")  # Ctrl-C: each training stopped, marked KILLED
 
 
 if __name__ == "__main__":

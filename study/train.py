@@ -49,7 +49,6 @@ from pathlib import Path
 from study.config import run_label, run_stage
 from study.runner.launch import die_with_parent, launch_rank
 from study.runner.run import train
-from study.runner.run_state import INTERRUPTED
 
 
 def _report(cfg, root: Path) -> int:
@@ -68,11 +67,7 @@ def _report(cfg, root: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     die_with_parent()  # started by a stage's local launcher: end with it
-    try:
-        return run_stage(_report, argv)
-    except KeyboardInterrupt:  # the run was marked KILLED and its lock released; as study.tune and study.test_runs do
-        print(INTERRUPTED.format(stage="study.train"), file=sys.stderr)
-        return 130
+    return run_stage(_report, argv, interruptible="study.train")  # Ctrl-C: the run was marked KILLED, its lock released
 
 
 if __name__ == "__main__":

@@ -336,11 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print("\n".join(targets(cfg)))
         return 0
-    try:
-        return run_stage(body, rest)
-    except KeyboardInterrupt:  # every training it started was stopped and marked KILLED, its lock released
-        print(INTERRUPTED.format(stage="study.tune"), file=sys.stderr)
-        return 130
+    return run_stage(body, rest, interruptible="study.tune")  # Ctrl-C: each training stopped, marked KILLED
 
 
 if __name__ == "__main__":

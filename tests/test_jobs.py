@@ -138,8 +138,10 @@ def test_ctrl_c_ends_the_tuning_and_test_stages_in_one_line(nano_project, monkey
 
     def stop(*args, **kwargs):
         raise KeyboardInterrupt
+    import study.config.stage
+
     module = study.test_runs if stage == "test_runs" else study.tune
-    monkeypatch.setattr(module, "run_stage", stop)  # Ctrl-C while the stage trains (its runs end KILLED first)
+    monkeypatch.setattr(study.config.stage, "load_config", stop)  # Ctrl-C inside the stage (its runs end KILLED first)
     assert module.main([] if stage == "test_runs" else ["--write"]) == 130
     err = capsys.readouterr().err.strip()
     assert err == study.tune.INTERRUPTED.format(stage=f"study.{stage}"), err

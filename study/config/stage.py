@@ -49,7 +49,12 @@ def _parse_argv(argv: list[str]) -> tuple[dict, list[str]]:
     return opts, rest
 
 
-def run_stage(body, argv: list[str] | None = None) -> int:
+#: the one line of a stage stopped by Ctrl-C (study.train, study.tune, study.test_runs), exit status 130
+INTERRUPTED = ("error: {stage} interrupted (Ctrl-C): run the same command again to go on (finished runs are reused, "
+               "a started run resumes from its last checkpoint)")
+
+
+def run_stage(body, argv: list[str] | None = None, interruptible: str | None = None) -> int:
     """Run a stage CLI: compose the config from Hydra overrides ``argv`` (default sys.argv[1:]), call
     ``body(cfg, root)`` and return its exit code.
 
@@ -57,7 +62,9 @@ def run_stage(body, argv: list[str] | None = None) -> int:
     ``--cfg job`` prints the composed config as YAML and runs nothing; ``-m`` runs ``body`` once per
     combination of swept values, one after another (all composed and validated first); ``--params
     FILE`` starts from a composed config (DVC's params.yaml).  A :class:`StudyError` prints one line
-    ``error: ...`` on stderr and returns 2."""
+    ``error: ...`` on stderr and returns 2.  With ``interruptible`` (the stage's name, e.g. "study.tune": a stage
+    whose trainings end KILLED with their locks released on Ctrl-C), Ctrl-C prints :data:`INTERRUPTED` and returns
+    130; without it, KeyboardInterrupt propagates."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
         opts, overrides = _parse_argv(argv)
@@ -82,6 +89,11 @@ def run_stage(body, argv: list[str] | None = None) -> int:
             if rc:
                 break
         return rc
+    except KeyboardInterrupt:
+        if interruptible is None:
+            raise
+        print(INTERRUPTED.format(stage=interruptible), file=sys.stderr)
+        return 130
     except StudyError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from study.config import ConfigError, StudyError, diff_keys, flatten, resume_config, resume_part
 from study.config.signals import Killed, terminate_as_exception  # noqa: F401 (public here too)
+from study.config.stage import INTERRUPTED  # noqa: F401 (public here too: the line of a stage stopped by Ctrl-C)
 from study.data.records import data_digest
 from study.runfolder import (CHECKPOINTS, LOCK_FILE, METRICS, METRICS_FILE, REPLACED, RUN_JSON, RUN_OUTPUTS,  # noqa: F401
                              TASK_METRICS, LAST_CKPT, recorded_settings, split_result)  # (public here too)
@@ -82,11 +83,6 @@ def hold_run_lock(out_dir: Path):
         yield lock
     finally:
         lock.release()
-
-
-#: the one line of a stage stopped by Ctrl-C (study.train, study.tune, study.test_runs), exit status 130
-INTERRUPTED = ("error: {stage} interrupted (Ctrl-C): run the same command again to go on (finished runs are reused, "
-               "a started run resumes from its last checkpoint)")
 
 
 def ctrl_c(exc: BaseException) -> bool:
