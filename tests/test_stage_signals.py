@@ -131,3 +131,24 @@ def test_a_restart_waits_for_a_run_still_being_trained_and_reuses_it(nano_projec
     exp = client.get_experiment_by_name(load_config(over, nano_project).study.name)
     finished = client.search_runs([exp.experiment_id], filter_string="attributes.status = 'FINISHED'")
     assert len([r for r in finished if r.info.run_name == "test/x/baseline-s3"]) == 1
+
+
+def test_a_sigterm_inside_the_tracking_store_is_raised_once_the_store_code_has_left():
+    """Raised inside MLflow/SQLAlchemy code, Killed would leave the SQLite store locked for every other training (two
+    trainings killed together then waited minutes on each other): it is delivered again after that code returns."""
+    import os
+
+    from study.config.signals import REDELIVER_S, Killed, terminate_as_exception
+
+    shielded = {"__name__": "sqlalchemy.engine.fake", "time": time, "os": os, "signal": signal}  # a shielded frame
+    exec("def busy(s):\n    os.kill(os.getpid(), signal.SIGTERM)\n    t = time.time()\n"
+         "    while time.time() - t < s:\n        pass\n    return time.time()\n", shielded)
+    left = None
+    with pytest.raises(Killed) as got:
+        with terminate_as_exception():
+            left = shielded["busy"](3 * REDELIVER_S)  # not interrupted inside the store's code
+            while time.time() - left < 10:  # then raised outside it, within a redelivery
+                pass
+    assert left is not None, "Killed raised inside the shielded code"
+    assert got.value.code == 128 + signal.SIGTERM
+    assert time.time() - left < 10 * REDELIVER_S

@@ -75,7 +75,7 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
         module, dm, trainer, clock = build_run(plan, run)
         seconds = fit_run(plan, run, module, dm, trainer, clock)
     except BaseException as e:
-        end_failed(run, plan.rank, e)
+        end_failed(plan, run, e)
         raise
     result = result_of(plan, run, module, trainer, seconds)
     record_run(plan, run, module, trainer, result)
@@ -289,14 +289,20 @@ def fit_run(plan: Plan, run: OpenRun, module, dm, trainer, clock) -> float:
     return seconds
 
 
-def end_failed(run: OpenRun, rank: int, exc: BaseException) -> None:
-    """End the run's MLflow run FAILED (exception) or KILLED (SIGTERM, Ctrl-C), with an end time."""
-    try:
-        run.logger.finalize("failed")
-    except Exception:  # noqa: BLE001  (the store busy: the status below is what counts)
-        pass
-    if rank == 0:
-        for attempt in range(5):  # two trainings killed at once write the one SQLite store at once: retry
+def end_failed(plan: Plan, run: OpenRun, exc: BaseException) -> None:
+    """End the run's MLflow run FAILED (exception) or KILLED (SIGTERM, Ctrl-C), with an end time.  Under the store's
+    lock: trainings stopped together (their stage killed, Ctrl-C at study.jobs=2) would otherwise end their runs in
+    the one SQLite store at the same instant, each reading then writing, and wait on each other's locks for minutes."""
+    from study.runner.tracking import store_lock
+
+    if plan.rank != 0 or run.logger is None:  # rank 0 alone tracks (no logger yet: nothing to end)
+        return
+    with store_lock(plan.root, plan.cfg.study):
+        try:
+            run.logger.finalize("failed")
+        except Exception:  # noqa: BLE001  (the store busy: the status below is what counts)
+            pass
+        for attempt in range(5):  # another writer (a training still running) may hold the store: retry
             try:
                 run.logger.experiment.set_terminated(run.run_id, end_status(exc))
                 break
