@@ -160,7 +160,7 @@ test: $(STAMP)
 # The fast subset: every test but those marked slow (they train a model, prepare data, or start interpreters or DVC);
 # its time is measured in docs/layout.md.
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" -n auto
 
 UI_PORT ?= 5000
 ui: $(STAMP)

@@ -115,6 +115,7 @@ def tuned_params(project: Path, tmp: Path, monkeypatch) -> tuple[Path, dict, dic
     return params, yaml.safe_load(write_params(project, tmp, tuned_all).read_text()), tuned_all
 
 
+@pytest.mark.slow  # tune, test and compare stages end to end on faked trainings (~45 s)
 def test_tune_then_test_then_compare(nano_project, tmp_path, monkeypatch, fake_train, capsys):
     from study.compare import main as compare
     from study.config import load_config
@@ -273,6 +274,7 @@ def test_make_tune_through_dvc(tmp_path):
     assert r.returncode == 0 and "tune@" not in r.stdout and "test_runs" in r.stdout
 
 
+@pytest.mark.slow  # the test and compare stages on faked trainings (~25 s)
 def test_the_verdict_alone_is_the_report(nano_project, tmp_path, monkeypatch, fake_train):
     """study.variants=[] (the default study): no shared-lr runs, the report is the decided verdict: its tables,
     metrics/ARM.json, the test runs' curves and the verdict figure."""
@@ -311,6 +313,7 @@ def test_the_verdict_alone_is_the_report(nano_project, tmp_path, monkeypatch, fa
     assert f"; seeds {summary['seeds']} (Stein's first stage: each arm's seeds are in the decided verdict)." in md
 
 
+@pytest.mark.slow  # the test and compare stages on faked trainings (~25 s)
 def test_study_pairs_pick_the_comparisons_and_only_their_arms_get_more_seeds(nano_project, tmp_path, monkeypatch,
                                                                             fake_train):
     """study.pairs=[[nlq, base]] with two references: one comparison, not two; the second stage adds seeds to nlq
@@ -360,6 +363,7 @@ def test_an_arm_that_diverges_on_every_seed_is_named_in_its_verdict(nano_project
     assert "| wild | nonlinear_q | - | 0.05 | fixed | - | 0 (+5 diverged) |" in md
 
 
+@pytest.mark.slow  # the ladder's tuning stage on faked trainings (~50 s)
 def test_the_ladder_transfer_check_tunes_one_size_by_the_same_rule(nano_project, tmp_path, monkeypatch, fake_train):
     """``study.tune --ladder MODEL``: scale_ladder.variants tuned at MODEL on the ladder's budget, in their own
     folders; the transferred lr (conf/tuned.yaml) against that size's lr*, with the quadratic's predicted cost."""

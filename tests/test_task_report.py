@@ -105,6 +105,7 @@ def check_accuracy(out, md: str) -> None:
     assert c["mean_diff"] == pytest.approx(diff, rel=1e-9) and f"| nlq vs base | **{c['word']}**" in md
 
 
+@pytest.mark.slow  # the compare stage's report and figures on the task's runs (~11 s)
 def test_the_mqar_report_shows_accuracy_and_chance(task_study):
     out, data = task_study("mqar")
     md = (out / "comparison.md").read_text()
@@ -120,6 +121,7 @@ def test_the_mqar_report_shows_accuracy_and_chance(task_study):
     assert f"Task `mqar` (multi-query associative recall): V {v}, {data['task']['num_kv_pairs']} key-value pairs" in md
 
 
+@pytest.mark.slow  # the compare stage's report and figures on the task's runs (~11 s)
 def test_the_mlm_report_shows_accuracy_and_the_recorded_unigram(task_study):
     out, data = task_study("mlm")
     md = (out / "comparison.md").read_text()
