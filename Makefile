@@ -8,7 +8,7 @@ export DO_NOT_TRACK := true
 export TIKTOKEN_CACHE_DIR := $(CURDIR)/.tiktoken
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install params study study-bpe2048 tasks full tune exps levers scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
+.PHONY: install params study study-bpe2048 tasks full projections tune exps levers scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
 
 install: $(STAMP)
 
@@ -92,6 +92,20 @@ endif
 # finished run reused), then the table, figure and conf/tuned.yaml from their results, then params.yaml again.
 # Commit conf/tuned.yaml and conf/tuning/: `make study` tests at those values without tuning again.
 # TUNE_ARMS='[a,b]' tunes those arms instead of tune.arms; arms tuned before keep their lr* and row.
+# The nonlinear map on each projection of the lm task (docs/tasks.md): on the queries, the keys, the values and the
+# attention's output projection, each arm tuned by the same rule first (`make tune`), each compared with the
+# baseline on Stein's first-stage seeds (FULL_MAX_SEEDS), in one decomposition table.  The default's runs are reused.
+PROJ_ARMS ?= [baseline,nonlinear_q,nonlinear_k,nonlinear_v,nonlinear_o]
+PROJ_OVERRIDES = 'study.arms=$(PROJ_ARMS)' 'study.references=[baseline]' 'study.pairs=[]' 'decomposition.rows=$(PROJ_ARMS)' \
+  'study.max_seeds=$(FULL_MAX_SEEDS)'
+projections: params
+ifeq ($(DRY_RUN),)
+	$(MAKE) tune TUNE_ARMS='$(PROJ_ARMS)'
+	.venv/bin/dvc exp run compare $(foreach o,$(PROJ_OVERRIDES),-S $(o)) $(foreach o,$(LAUNCH_OVERRIDES),-S '$(o)')
+else
+	$(PY) -m study.test_runs --params params.yaml --dry-run $(PROJ_OVERRIDES)
+endif
+
 TUNE_ARMS ?=
 tune: $(STAMP)
 	$(PY) -m study.config $(if $(TUNE_ARMS),'tune.arms=$(TUNE_ARMS)') $(LAUNCH_OVERRIDES)

@@ -145,3 +145,32 @@ def test_ctrl_c_ends_the_tuning_and_test_stages_in_one_line(nano_project, monkey
     assert module.main([] if stage == "test_runs" else ["--write"]) == 130
     err = capsys.readouterr().err.strip()
     assert err == study.tune.INTERRUPTED.format(stage=f"study.{stage}"), err
+
+
+def test_make_projections_compares_the_map_on_each_projection_with_the_baseline(monkeypatch):
+    """`make projections` (read from the Makefile, as make expands it): the baseline and the nonlinear map on Q, K, V
+    and the output projection, each one parameter-matched arm compared with the baseline alone, all five in the
+    decomposition table; the DVC experiment and its dry run get the same overrides."""
+    import shlex
+    import subprocess
+
+    from study.analysis.verdict import comparisons_of
+
+    monkeypatch.chdir(ROOT)
+    got = {}
+    for dry in ("", "1"):
+        out = subprocess.run(["make", "-n", "--no-print-directory", "projections", f"DRY_RUN={dry}"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.splitlines()
+        line = next(ln for ln in out if ("dvc exp run compare" if not dry else "study.test_runs") in ln)
+        words = shlex.split(line)
+        got[dry] = words[words.index("--dry-run") + 1:] if dry else [w for p, w in zip(words, words[1:]) if p == "-S"]
+    assert got[""] == got["1"]
+    cfg = load_config(got["1"], ROOT)
+    arms = ["baseline", "nonlinear_q", "nonlinear_k", "nonlinear_v", "nonlinear_o"]
+    assert list(cfg.study.arms) == arms and list(cfg.decomposition.rows) == arms
+    assert comparisons_of(cfg) == [(a, "baseline") for a in arms[1:]]
+    variant = {a: load_config([f"variant={cfg.arms[a].variant}"], ROOT).variant for a in arms}
+    modes = {a: {k: str(variant[a][k]) for k in ("query", "key", "value", "output")} for a in arms}
+    assert modes["baseline"] == {"query": "linear", "key": "linear", "value": "linear", "output": "linear"}
+    for a, k in zip(arms[1:], ("query", "key", "value", "output")):
+        assert {m for m, v in modes[a].items() if v != "linear"} == {k}, (a, modes[a])
