@@ -143,10 +143,10 @@ class TaskConfig:
     random_token_fraction: float = 0.1  # mlm: of the chosen, replaced by a uniform random token (the rest kept)
     vocab_size: int = 256  # mqar: token ids; keys from [1, V/2), values from [V/2, V); the model's vocabulary
     seq_len: Optional[int] = None  # mqar: tokens per example (None: model.block_size)
-    num_kv_pairs: int = 8  # mqar: key-value pairs per example, each key queried once
+    num_kv_pairs: int = 4  # mqar: key-value pairs per example, each key queried once
     power_a: float = 0.01  # mqar: query gaps ~ a g^(a-1) (Zoology's power law)
     random_non_queries: bool = True  # mqar: the filler between queries is random tokens (Zoology's default)
-    train_examples: int = 100_000  # mqar: the training set, a function of the data seed
+    train_examples: int = 20_000  # mqar: the training set, a function of the data seed
     test_examples: int = 1_000  # mqar: the fixed test set (the validation of every run), kept with the data
     test_seed: int = 0  # mqar: the test set's seed (its generator is keyed "test", the training set's "train")
 
