@@ -101,7 +101,8 @@ PROJ_OVERRIDES = 'study.arms=$(PROJ_ARMS)' 'study.references=[baseline]' 'study.
 projections: params
 ifeq ($(DRY_RUN),)
 	$(MAKE) tune TUNE_ARMS='$(PROJ_ARMS)'
-	.venv/bin/dvc exp run compare $(foreach o,$(PROJ_OVERRIDES),-S $(o)) $(foreach o,$(LAUNCH_OVERRIDES),-S '$(o)')
+	.venv/bin/dvc exp run compare -S 'study.arms=$(PROJ_ARMS)' -S 'study.references=[baseline]' -S 'study.pairs=[]' \
+	  -S 'decomposition.rows=$(PROJ_ARMS)' -S 'study.max_seeds=$(FULL_MAX_SEEDS)' $(foreach o,$(LAUNCH_OVERRIDES),-S '$(o)')
 else
 	$(PY) -m study.test_runs --params params.yaml --dry-run $(PROJ_OVERRIDES)
 endif

@@ -160,7 +160,7 @@ def test_make_projections_compares_the_map_on_each_projection_with_the_baseline(
     got = {}
     for dry in ("", "1"):
         out = subprocess.run(["make", "-n", "--no-print-directory", "projections", f"DRY_RUN={dry}"], cwd=ROOT,
-                             capture_output=True, text=True, check=True).stdout.splitlines()
+                             capture_output=True, text=True, check=True).stdout.replace("\\\n", " ").splitlines()
         line = next(ln for ln in out if ("dvc exp run compare" if not dry else "study.test_runs") in ln)
         words = shlex.split(line)
         got[dry] = words[words.index("--dry-run") + 1:] if dry else [w for p, w in zip(words, words[1:]) if p == "-S"]

@@ -152,3 +152,31 @@ def test_a_sigterm_inside_the_tracking_store_is_raised_once_the_store_code_has_l
     assert left is not None, "Killed raised inside the shielded code"
     assert got.value.code == 128 + signal.SIGTERM
     assert time.time() - left < 10 * REDELIVER_S
+
+
+def test_a_held_back_sigterm_is_raised_as_the_block_ends_and_nothing_outlives_the_block():
+    """A SIGTERM held back by store code that runs to the block's very end is raised as the block ends (not lost,
+    not delivered later under the default action); after Killed, a second SIGTERM is ignored inside the block."""
+    import os
+
+    from study.config.signals import REDELIVER_S, Killed, terminate_as_exception
+
+    shielded = {"__name__": "mlflow.fake", "os": os, "signal": signal}
+    exec("def term():\n    os.kill(os.getpid(), signal.SIGTERM)\n", shielded)
+    with pytest.raises(Killed):
+        with terminate_as_exception():
+            shielded["term"]()  # the block ends at once, well within REDELIVER_S
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)  # no check left armed
+    time.sleep(3 * REDELIVER_S)  # and nothing arrives later: this process is still here
+
+    cleaned = []
+    with pytest.raises(Killed):
+        with terminate_as_exception():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(10)
+            finally:
+                os.kill(os.getpid(), signal.SIGTERM)  # the launcher's second SIGTERM, during the clean-up
+                time.sleep(REDELIVER_S)
+                cleaned.append(True)
+    assert cleaned == [True]

@@ -2,7 +2,6 @@
 stopped, at the lowest layer so that the data package and the runner both use it."""
 from __future__ import annotations
 
-import os
 import signal
 import threading
 from contextlib import contextmanager
@@ -14,9 +13,9 @@ class Killed(SystemExit):
 
 #: modules a SIGTERM must not unwind: an exception raised inside the tracking store's session would leave its
 #: SQLite transaction open (the traceback holds the connection) and every other writer waiting on it
-_SHIELDED = ("sqlalchemy", "mlflow", "sqlite3", "filelock")
+_SHIELDED = ("sqlalchemy", "mlflow", "sqlite3")
 
-#: seconds before a SIGTERM that arrived inside a shielded module is delivered again
+#: seconds between checks whether a SIGTERM held back inside a shielded module can be raised
 REDELIVER_S = 0.2
 
 
@@ -32,23 +31,44 @@ def _inside_shielded(frame) -> bool:
 def terminate_as_exception():
     """Turn SIGTERM into :class:`Killed` for the block (main thread only), so that the run is marked
     KILLED and its lock released instead of the process vanishing.  Lightning's own SIGTERM handler,
-    installed during fit, calls this one after its own.  A SIGTERM that lands inside the tracking store's code
-    (MLflow, SQLAlchemy, sqlite3, filelock) is delivered again :data:`REDELIVER_S` seconds later, once that code
-    has left: raised there, it would leave the store locked for every other training."""
+    installed during fit, calls this one after its own.
+
+    A SIGTERM that lands inside the tracking store's code (MLflow, SQLAlchemy, sqlite3) is held back and raised as
+    soon as that code has returned (checked every :data:`REDELIVER_S` seconds by SIGALRM): raised there, it would
+    leave the store locked for every other training.  One held back when the block ends is raised as the block
+    ends.  Once :class:`Killed` is raised, further SIGTERMs in the block are ignored, so that the run's clean-up
+    (its MLflow status) is not cut short by a second one."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
+    state = {"pending": 0, "fired": False}
 
-    def handler(signum, frame):
-        if _inside_shielded(frame):
-            timer = threading.Timer(REDELIVER_S, os.kill, (os.getpid(), signum))
-            timer.daemon = True
-            timer.start()
+    def fire(signum, frame):
+        if state["fired"]:
             return
+        if _inside_shielded(frame):
+            state["pending"] = signum
+            signal.setitimer(signal.ITIMER_REAL, REDELIVER_S)  # look again once the store's code may have left
+            return
+        state["fired"] = True
         raise Killed(128 + signum)
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    def on_term(signum, frame):
+        fire(signum, frame)
+
+    def on_alarm(_signum, frame):
+        if state["pending"]:
+            fire(state["pending"], frame)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    previous_alarm = signal.signal(signal.SIGALRM, on_alarm)
+    ok = False
     try:
         yield
+        ok = True
     finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous_alarm)
         signal.signal(signal.SIGTERM, previous)
+    if ok and state["pending"] and not state["fired"]:  # held back to the end of the block: raised here
+        raise Killed(128 + state["pending"])
