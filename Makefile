@@ -71,16 +71,16 @@ tasks: study
 	done
 
 # The full study (docs/verdict.md): the recipe decomposition's seven arms, each at its lr* in conf/tuned.yaml, on
-# Stein's first-stage seeds (FULL_MAX_SEEDS=10 adds his second stage).  The arms of FULL_TUNE_ARMS that
-# conf/tuned.yaml lacks are tuned first by the same rule (`make tune`; the default's tuned arms are reused, commit
-# conf/tuned.yaml and conf/tuning/ after).  The report adds the decomposition table and the share of the gap
+# Stein's first-stage seeds (FULL_MAX_SEEDS=10 adds his second stage).  All seven are in conf/tuned.yaml, so nothing
+# is tuned again; FULL_TUNE_ARMS='[a,b]' tunes those arms first by the same rule (`make tune`; commit conf/tuned.yaml
+# and conf/tuning/ after).  The report adds the decomposition table and the share of the gap
 # baseline_today -> nonlinear_q that the linear recipe alone closes.  The default's runs are reused.
 FULL_ARMS ?= [baseline_today,baseline,baseline_d2z,baseline_qknorm,nonlinear_q,nonlinear_q_ph,nonlinear_q_linear]
-FULL_TUNE_ARMS ?= [baseline,baseline_d2z,baseline_qknorm,nonlinear_q,nonlinear_q_ph,nonlinear_q_linear]
+FULL_TUNE_ARMS ?=
 FULL_MAX_SEEDS ?= 5
 full: params
 ifeq ($(DRY_RUN),)
-	$(MAKE) tune TUNE_ARMS='$(FULL_TUNE_ARMS)'
+	$(if $(FULL_TUNE_ARMS),$(MAKE) tune TUNE_ARMS='$(FULL_TUNE_ARMS)')
 	.venv/bin/dvc exp run compare -S 'study.arms=$(FULL_ARMS)' -S 'study.pairs=[]' -S 'decomposition.rows=$(FULL_ARMS)' \
 	  -S 'study.max_seeds=$(FULL_MAX_SEEDS)' $(foreach o,$(LAUNCH_OVERRIDES),-S '$(o)')
 else
@@ -88,25 +88,27 @@ else
 	  'decomposition.rows=$(FULL_ARMS)' 'study.max_seeds=$(FULL_MAX_SEEDS)'
 endif
 
-# Tuning by one rule (docs/verdict.md): the DVC stages tune@ARM of tune.arms (each arm's grid, every
-# finished run reused), then the table, figure and conf/tuned.yaml from their results, then params.yaml again.
-# Commit conf/tuned.yaml and conf/tuning/: `make study` tests at those values without tuning again.
-# TUNE_ARMS='[a,b]' tunes those arms instead of tune.arms; arms tuned before keep their lr* and row.
 # The nonlinear map on each projection of the lm task (docs/tasks.md): on the queries, the keys, the values and the
-# attention's output projection, each arm tuned by the same rule first (`make tune`), each compared with the
-# baseline on Stein's first-stage seeds (FULL_MAX_SEEDS), in one decomposition table.  The default's runs are reused.
+# attention's output projection, the three conf/tuned.yaml lacks tuned by the same rule first (PROJ_TUNE_ARMS,
+# `make tune`), each compared with the baseline on Stein's first-stage seeds (FULL_MAX_SEEDS), in one decomposition
+# table.  The default's runs are reused.
 PROJ_ARMS ?= [baseline,nonlinear_q,nonlinear_k,nonlinear_v,nonlinear_o]
+PROJ_TUNE_ARMS ?= [nonlinear_k,nonlinear_v,nonlinear_o]
 PROJ_OVERRIDES = 'study.arms=$(PROJ_ARMS)' 'study.references=[baseline]' 'study.pairs=[]' 'decomposition.rows=$(PROJ_ARMS)' \
   'study.max_seeds=$(FULL_MAX_SEEDS)'
 projections: params
 ifeq ($(DRY_RUN),)
-	$(MAKE) tune TUNE_ARMS='$(PROJ_ARMS)'
+	$(if $(PROJ_TUNE_ARMS),$(MAKE) tune TUNE_ARMS='$(PROJ_TUNE_ARMS)')
 	.venv/bin/dvc exp run compare -S 'study.arms=$(PROJ_ARMS)' -S 'study.references=[baseline]' -S 'study.pairs=[]' \
 	  -S 'decomposition.rows=$(PROJ_ARMS)' -S 'study.max_seeds=$(FULL_MAX_SEEDS)' $(foreach o,$(LAUNCH_OVERRIDES),-S '$(o)')
 else
 	$(PY) -m study.test_runs --params params.yaml --dry-run $(PROJ_OVERRIDES)
 endif
 
+# Tuning by one rule (docs/verdict.md): the DVC stages tune@ARM of tune.arms (each arm's grid, every
+# finished run reused), then the table, figure and conf/tuned.yaml from their results, then params.yaml again.
+# Commit conf/tuned.yaml and conf/tuning/: `make study` tests at those values without tuning again.
+# TUNE_ARMS='[a,b]' tunes those arms instead of tune.arms; arms tuned before keep their lr* and row.
 TUNE_ARMS ?=
 tune: $(STAMP)
 	$(PY) -m study.config $(if $(TUNE_ARMS),'tune.arms=$(TUNE_ARMS)') $(LAUNCH_OVERRIDES)
