@@ -47,6 +47,39 @@ def test_resume_key_covers_exactly_what_changes_the_numbers(nano_project):
     assert "train.lr_from_tuned" not in key and "variant.lr" in key
 
 
+def test_a_runs_key_holds_its_own_tasks_fields_only(nano_project):
+    """A task field the run's task does not read is not in its key: mqar's or mlm's defaults may change without
+    turning a finished lm run into one "trained under other settings" (an lm key has no task field at all)."""
+    from study.config import config_hash, load_config, resume_config
+
+    lm = resume_config(load_config([], nano_project))
+    assert not [k for k in lm if k.startswith("task.")]
+    for o in ("task.num_kv_pairs=8", "task.train_examples=100000", "task.mask_fraction=0.3", "task.test_seed=3"):
+        assert config_hash(load_config([o], nano_project)) == config_hash(load_config([], nano_project)), o
+    mqar = resume_config(load_config(["task=mqar"], nano_project))
+    assert mqar["task.name"] == "mqar" and mqar["task.num_kv_pairs"] == 4 and "task.mask_fraction" not in mqar
+    assert config_hash(load_config(["task=mqar", "task.num_kv_pairs=8"], nano_project)) != \
+        config_hash(load_config(["task=mqar"], nano_project))
+    assert config_hash(load_config(["task=mqar", "task.mask_fraction=0.3"], nano_project)) == \
+        config_hash(load_config(["task=mqar"], nano_project))
+    mlm = resume_config(load_config(["task=mlm"], nano_project))
+    assert mlm["task.mask_fraction"] == 0.15 and "task.num_kv_pairs" not in mlm
+    assert config_hash(load_config(["task=mlm", "task.mask_fraction=0.3"], nano_project)) != \
+        config_hash(load_config(["task=mlm"], nano_project))
+
+
+def test_a_key_stored_under_an_older_rule_matches_when_it_differs_only_in_what_the_rule_drops():
+    from study.runner.run_state import same_key
+
+    today = {"train.lr": 3e-3, "variant.name": "baseline", "code:study/modeling/model.py": "ab12", "data:meta.json": "cd"}
+    older = {**today, "task.name": "lm", "task.num_kv_pairs": 8, "task.train_examples": 100000}  # mqar's old defaults
+    assert same_key(older, today) and same_key(today, today)
+    assert not same_key({**older, "train.lr": 1e-3}, today)  # a setting that changes the numbers
+    assert not same_key({**older, "code:study/modeling/model.py": "ef34"}, today)  # the training code
+    assert not same_key({**older, "task.name": "mqar"}, today)  # another task keeps its own fields
+    assert not same_key(None, today)
+
+
 def test_run_digest_ignores_volatile_bytes(nano_project, tmp_path):
     from study.config import load_config
     from study.runner.run_state import run_digest

@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from .schema import LAUNCH_SECTIONS, VERDICT_SECTIONS, RunConfig
+from .schema import LAUNCH_SECTIONS, TASK_FIELDS, VERDICT_SECTIONS, RunConfig
 
 
 def run_name(variant: str, seed: int) -> str:
@@ -84,9 +84,14 @@ def resume_config(cfg: RunConfig) -> dict[str, Any]:
 
 
 def resume_part(flat: dict[str, Any]) -> dict[str, Any]:
-    """The keys of a flattened config that are in the resume key (all but :data:`NOT_IN_RESUME_KEY`), sorted."""
+    """The keys of a flattened config that are in the resume key, sorted: all but :data:`NOT_IN_RESUME_KEY`
+    and the ``task.*`` fields the run's task does not read (:data:`study.config.schema.TASK_FIELDS`; none at
+    all for ``lm``, the task of every run made before tasks existed)."""
+    used = {f"task.{f}" for f in TASK_FIELDS.get(flat.get("task.name", "lm"), tuple(
+        k.split(".", 1)[1] for k in flat if k.startswith("task.")))}  # an unknown task keeps every field
     return {k: v for k, v in sorted(flat.items())
-            if not any(k == x or k.startswith(x + ".") for x in NOT_IN_RESUME_KEY)}
+            if not any(k == x or k.startswith(x + ".") for x in NOT_IN_RESUME_KEY)
+            and (not k.startswith("task.") or k in used)}
 
 
 def config_hash(cfg: RunConfig) -> str:

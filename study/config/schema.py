@@ -151,6 +151,17 @@ class TaskConfig:
     test_seed: int = 0  # mqar: the test set's seed (its generator is keyed "test", the training set's "train")
 
 
+# The fields of TaskConfig each task reads (the rest are unused by it).  A run's resume key holds its own task's
+# fields only (study.config.naming.resume_part): an lm run's key has no task field at all, so a change to
+# mlm's or mqar's defaults never turns a finished lm run into "trained under other settings".
+TASK_FIELDS = {
+    "lm": (),
+    "mlm": ("name", "mask_fraction", "mask_token_fraction", "random_token_fraction"),
+    "mqar": ("name", "vocab_size", "seq_len", "num_kv_pairs", "power_a", "random_non_queries", "train_examples",
+             "test_examples", "test_seed"),
+}
+
+
 @dataclass
 class TrainConfig:
     """Optimisation. Budgets are in tokens; the step count is derived from them."""

@@ -149,9 +149,17 @@ class Runner:
 
     def train_overrides(self) -> list[str]:
         t, w = self.p["train"], self.work
-        from study.data.records import prepared_overrides  # the data.* settings the tokens were prepared with
-
-        return [*self.p["model"], *prepared_overrides(self.args.tokens), "variant=baseline", "seed=1",
+        # the data.* settings the tokens were prepared with, read where the trainings run: study.data needs
+        # omegaconf, which this process lacks on a GPU image until the wheels are on the phases' PYTHONPATH
+        code = ("import json, sys; from study.data.records import prepared_overrides; "
+                "print(json.dumps(prepared_overrides(sys.argv[1])))")
+        done = subprocess.run([sys.executable, "-c", code, str(self.args.tokens.resolve())], cwd=self.root,
+                              env=self.env, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise GpuCheckError(f"reading {self.args.tokens}/meta.json failed: "
+                                f"{(done.stderr.strip().splitlines() or ['no output'])[-1]}")
+        prepared = json.loads(done.stdout.strip().splitlines()[-1])
+        return [*self.p["model"], *prepared, "variant=baseline", "seed=1",
                 f"data.dir={self.args.tokens.resolve()}",
                 f"study.runs_dir={w / 'runs'}", f"study.tracking_db={w / 'mlruns.db'}",
                 f"study.artifact_dir={w / 'mlartifacts'}", "study.name=gpu-check",

@@ -134,7 +134,7 @@ def reusable(cfg, root: Path, d: Path) -> bool:
     ``config_hash`` is the key, and the settings config.json records (what compare pairs the run on) are the key's
     settings, so a run whose config.json was edited is trained again, never reused for compare to refuse."""
     from study.config import diff_keys
-    from study.runner.run_state import config_part, recorded_settings, resume_record, run_digest
+    from study.runner.run_state import config_part, recorded_settings, resume_record, run_digest, same_key, stored_key
 
     try:
         record = json.loads((d / "record.json").read_text())
@@ -150,7 +150,7 @@ def reusable(cfg, root: Path, d: Path) -> bool:
         resolved = resolve(copy.deepcopy(cfg), root)
         data_dir = task_data_dir(cfg, root)  # the task's data (mqar: its kept test set)
         key = resume_record(resolved, data_dir)
-        if record.get("config_hash") != run_digest(resolved, data_dir, key):
+        if record.get("config_hash") != run_digest(resolved, data_dir, key) and not same_key(stored_key(d), key):
             return False
     except StudyError:
         return False

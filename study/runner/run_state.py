@@ -55,6 +55,26 @@ def run_digest(cfg, data_dir: Path, record: dict | None = None) -> str:
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def same_key(stored: dict | None, record: dict) -> bool:
+    """Whether the resume record a run stored (checkpoints/run.json ``resume``) is ``record`` under today's rule
+    of what the key holds: its settings filtered again by :func:`study.config.resume_part` (a rule that drops a
+    key, such as another task's fields, leaves a run trained under the older rule reusable), its ``code:`` and
+    ``data:`` digests equal."""
+    if not isinstance(stored, dict):
+        return False
+    canonical = {**resume_part(config_part(stored)), **{k: v for k, v in stored.items() if ":" in k}}
+    return canonical == record
+
+
+def stored_key(out_dir: Path) -> dict | None:
+    """The resume record a run folder's checkpoints/run.json holds (None: absent or unreadable)."""
+    try:
+        state = json.loads((out_dir / CHECKPOINTS / RUN_JSON).read_text())
+    except (OSError, ValueError):
+        return None
+    return state.get("resume") if isinstance(state, dict) else None
+
+
 class RunBusy(StudyError):
     """Another process is writing the same run folder."""
 
@@ -241,7 +261,8 @@ def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) ->
                               f"train.overwrite=true")
     previous_run_id = state.get("mlflow_run_id")
     resume = ckpt_dir / LAST_CKPT
-    if not (resume.is_file() and state.get("config_hash") == digest and not state.get("completed")):
+    same = state.get("config_hash") == digest or same_key(state.get("resume"), record)
+    if not (resume.is_file() and same and not state.get("completed")):
         if rank == 0 and resume.is_file() and not state.get("completed"):
             differ = diff_keys(state["resume"], record) if "resume" in state else ["(not recorded)"]
             print(f"{name}: starting afresh, the checkpoint in {ckpt_dir} was written with other settings: "
