@@ -118,6 +118,29 @@ def test_other_prepared_data_or_data_seed_do_not_pair(tmp_path):
         read_run(tmp_path / "odd")
 
 
+def test_lm_runs_recorded_under_other_defaults_of_another_task_still_pair(tmp_path):
+    """An lm run's task fields other than lm's own (none) are not compared: mqar's defaults changed (8 -> 4 pairs)
+    between two runs of one study; a run of another task does not pair with lm runs."""
+    from study.analysis.pairing import PairingError, check
+    from study.analysis.runs import read_run
+
+    def run(name, variant, seed, task):
+        d = write_run(tmp_path / name, variant, seed, 4.0)
+        config = json.loads((d / "config.json").read_text())
+        (d / "config.json").write_text(json.dumps({**config, "task": task}))
+        return read_run(d)
+
+    old = {"name": "lm", "num_kv_pairs": 8, "train_examples": 100000, "mask_fraction": 0.15}
+    new = {**old, "num_kv_pairs": 4, "train_examples": 20000}
+    runs = {"baseline": {s: run(f"b{s}", "baseline", s, old) for s in (1, 2)},
+            "nonlinear_q": {s: run(f"n{s}", "nonlinear_q", s, new) for s in (1, 2)}}
+    shared = check(runs, "x")
+    assert shared["train.tokens"] == 1000 and not [k for k in shared if k.startswith("task.")]
+    runs["nonlinear_q"][2] = run("mq", "nonlinear_q", 2, {**new, "name": "mqar"})
+    with pytest.raises(PairingError, match=r"mq differs in task.name 'mqar' \(vs None\), task.num_kv_pairs 4"):
+        check(runs, "x")
+
+
 # -- statistics at small n ----------------------------------------------------------------------------
 def test_verdict_power_and_figures_against_scipy(nano_project, tmp_path, monkeypatch):
     var = {1: 3.97, 2: 4.02, 3: 3.94}

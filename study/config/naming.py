@@ -83,15 +83,21 @@ def resume_config(cfg: RunConfig) -> dict[str, Any]:
     return resume_part(flatten(to_dict(cfg)))
 
 
+def own_task_fields(flat: dict[str, Any]) -> dict[str, Any]:
+    """A flattened config without the ``task.*`` fields its task does not read
+    (:data:`study.config.schema.TASK_FIELDS`; an ``lm`` config, the task of every run made before tasks existed,
+    keeps none).  An unknown task keeps every field."""
+    name = flat.get("task.name", "lm")
+    used = TASK_FIELDS.get(name)
+    return {k: v for k, v in flat.items()
+            if not k.startswith("task.") or used is None or k.split(".", 1)[1] in used}
+
+
 def resume_part(flat: dict[str, Any]) -> dict[str, Any]:
     """The keys of a flattened config that are in the resume key, sorted: all but :data:`NOT_IN_RESUME_KEY`
-    and the ``task.*`` fields the run's task does not read (:data:`study.config.schema.TASK_FIELDS`; none at
-    all for ``lm``, the task of every run made before tasks existed)."""
-    used = {f"task.{f}" for f in TASK_FIELDS.get(flat.get("task.name", "lm"), tuple(
-        k.split(".", 1)[1] for k in flat if k.startswith("task.")))}  # an unknown task keeps every field
-    return {k: v for k, v in sorted(flat.items())
-            if not any(k == x or k.startswith(x + ".") for x in NOT_IN_RESUME_KEY)
-            and (not k.startswith("task.") or k in used)}
+    and the task fields its task does not read (:func:`own_task_fields`)."""
+    return {k: v for k, v in sorted(own_task_fields(flat).items())
+            if not any(k == x or k.startswith(x + ".") for x in NOT_IN_RESUME_KEY)}
 
 
 def config_hash(cfg: RunConfig) -> str:
