@@ -80,6 +80,54 @@ def test_a_key_stored_under_an_older_rule_matches_when_it_differs_only_in_what_t
     assert not same_key(None, today)
 
 
+def test_every_task_names_the_fields_it_reads():
+    from dataclasses import fields
+
+    from study.config.schema import TASK_FIELDS, TASKS, TaskConfig
+
+    assert set(TASK_FIELDS) == set(TASKS)
+    named = {f for fs in TASK_FIELDS.values() for f in fs}
+    assert named == {f.name for f in fields(TaskConfig)}  # each field is read by some task, and exists
+
+
+def test_a_folder_stored_under_the_older_rule_is_resumed_or_kept_under_todays_key(nano_project, tmp_path, monkeypatch):
+    """A finished lm run whose run.json holds mqar's old defaults is not "a finished run with other settings" to a
+    hand-started rerun; an unfinished one resumes, and its run.json takes today's key."""
+    from study.config import load_config
+    from study.runner.run_state import open_run_folder, resume_record, run_digest
+
+    monkeypatch.delenv("DVC_EXP_NAME", raising=False)
+    monkeypatch.delenv("DVC_ROOT", raising=False)
+    cfg = load_config([], nano_project)
+    data = nano_project / "data/tokens"
+    record = resume_record(cfg, data)
+    older = {**record, "task.name": "lm", "task.num_kv_pairs": 8, "task.train_examples": 100000}
+    out = tmp_path / "run"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints/last.ckpt").write_bytes(b"x")
+    state = {"config_hash": run_digest(cfg, data, older), "mlflow_run_id": "abc", "completed": False, "resume": older}
+    (out / "checkpoints/run.json").write_text(json.dumps(state))
+    rec, digest, st, run_id, resume, replaced = open_run_folder(cfg, "run", out, data, rank=0)
+    replaced.restore()
+    assert resume == out / "checkpoints/last.ckpt" and run_id == "abc"
+    assert st["config_hash"] == digest == run_digest(cfg, data) and st["resume"] == record
+    (out / "metrics.json").write_text("{}")  # finished: a hand-started rerun of the same settings is not refused
+    (out / "checkpoints/run.json").write_text(json.dumps({**state, "completed": True}))
+    open_run_folder(cfg, "run", out, data, rank=0)[-1].restore()
+    (out / "checkpoints/run.json").write_text(json.dumps({**state, "completed": True,
+                                                         "resume": {**older, "train.lr": 1.0}}))
+    with pytest.raises(Exception, match=r"finished run with other settings \(train.lr: 1.0 -> "):
+        open_run_folder(cfg, "run", out, data, rank=0)
+
+
+def test_an_edited_task_name_is_a_difference_not_a_crash():
+    from study.config import own_task_fields
+    from study.runner.run_state import same_key
+
+    assert own_task_fields({"task.name": ["lm"], "task.num_kv_pairs": 4}) == {"task.name": ["lm"], "task.num_kv_pairs": 4}
+    assert not same_key({"task.name": {"a": 1}}, {"train.lr": 1.0})
+
+
 def test_run_digest_ignores_volatile_bytes(nano_project, tmp_path):
     from study.config import load_config
     from study.runner.run_state import run_digest

@@ -88,7 +88,7 @@ def own_task_fields(flat: dict[str, Any]) -> dict[str, Any]:
     (:data:`study.config.schema.TASK_FIELDS`; an ``lm`` config, the task of every run made before tasks existed,
     keeps none).  An unknown task keeps every field."""
     name = flat.get("task.name", "lm")
-    used = TASK_FIELDS.get(name)
+    used = TASK_FIELDS.get(name) if isinstance(name, str) else None
     return {k: v for k, v in flat.items()
             if not k.startswith("task.") or used is None or k.split(".", 1)[1] in used}
 

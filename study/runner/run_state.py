@@ -55,15 +55,19 @@ def run_digest(cfg, data_dir: Path, record: dict | None = None) -> str:
     return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def same_key(stored: dict | None, record: dict) -> bool:
-    """Whether the resume record a run stored (checkpoints/run.json ``resume``) is ``record`` under today's rule
-    of what the key holds: its settings filtered again by :func:`study.config.resume_part` (a rule that drops a
-    key, such as another task's fields, leaves a run trained under the older rule reusable), its ``code:`` and
-    ``data:`` digests equal."""
+def canonical_key(stored) -> dict | None:
+    """A resume record as stored (checkpoints/run.json ``resume``) under today's rule of what the key holds: its
+    settings filtered again by :func:`study.config.resume_part` (a rule that drops a key, such as another task's
+    fields, leaves a run trained under the older rule reusable), its ``code:`` and ``data:`` digests as they are;
+    None for anything but a JSON object."""
     if not isinstance(stored, dict):
-        return False
-    canonical = {**resume_part(config_part(stored)), **{k: v for k, v in stored.items() if ":" in k}}
-    return canonical == record
+        return None
+    return {**resume_part(config_part(stored)), **{k: v for k, v in stored.items() if ":" in k}}
+
+
+def same_key(stored, record: dict) -> bool:
+    """Whether the resume record a run stored is ``record`` under today's rule (:func:`canonical_key`)."""
+    return canonical_key(stored) == record
 
 
 def stored_key(out_dir: Path) -> dict | None:
@@ -253,7 +257,8 @@ def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) ->
                          f"(it was edited or damaged): delete {ckpt_dir} to start the run afresh")
     if (out_dir / METRICS_FILE).is_file() and not cfg.train.overwrite and not dvc_stage():  # a finished run:
         # never replaced silently by a hand-started run
-        old = config_part(state["resume"]) if state.get("resume") is not None else recorded_settings(out_dir)
+        stored = canonical_key(state.get("resume"))
+        old = config_part(stored) if stored is not None else recorded_settings(out_dir)
         differ = diff_keys(old, config_part(record)) if old is not None else ["(not recorded)"]
         if differ:
             raise ConfigError(f"{out_dir} holds a finished run with other settings ({'; '.join(differ)}): give this "
@@ -262,9 +267,12 @@ def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) ->
     previous_run_id = state.get("mlflow_run_id")
     resume = ckpt_dir / LAST_CKPT
     same = state.get("config_hash") == digest or same_key(state.get("resume"), record)
+    if same and state.get("config_hash") != digest:  # stored under an older rule: run.json takes today's key
+        state = {**state, "config_hash": digest, "resume": record}
     if not (resume.is_file() and same and not state.get("completed")):
         if rank == 0 and resume.is_file() and not state.get("completed"):
-            differ = diff_keys(state["resume"], record) if "resume" in state else ["(not recorded)"]
+            stored = canonical_key(state.get("resume"))
+            differ = diff_keys(stored, record) if stored is not None else ["(not recorded)"]
             print(f"{name}: starting afresh, the checkpoint in {ckpt_dir} was written with other settings: "
                   f"{'; '.join(differ)}", flush=True)
         resume, state = None, {}
