@@ -89,11 +89,11 @@ else
 endif
 
 # The nonlinear map on each projection of the lm task (docs/tasks.md): on the queries, the keys, the values and the
-# attention's output projection, the three conf/tuned.yaml lacks tuned by the same rule first (PROJ_TUNE_ARMS,
-# `make tune`), each compared with the baseline on Stein's first-stage seeds (FULL_MAX_SEEDS), in one decomposition
-# table.  The default's runs are reused.
+# attention's output projection, each at its lr* in conf/tuned.yaml, compared with the baseline on Stein's first-stage
+# seeds (FULL_MAX_SEEDS), in one decomposition table.  The default's runs are reused.  All five are in
+# conf/tuned.yaml, so nothing is tuned again; PROJ_TUNE_ARMS='[a,b]' tunes those arms first (`make tune`).
 PROJ_ARMS ?= [baseline,nonlinear_q,nonlinear_k,nonlinear_v,nonlinear_o]
-PROJ_TUNE_ARMS ?= [nonlinear_k,nonlinear_v,nonlinear_o]
+PROJ_TUNE_ARMS ?=
 PROJ_OVERRIDES = 'study.arms=$(PROJ_ARMS)' 'study.references=[baseline]' 'study.pairs=[]' 'decomposition.rows=$(PROJ_ARMS)' \
   'study.max_seeds=$(FULL_MAX_SEEDS)'
 projections: params

@@ -164,9 +164,13 @@ def test_make_projections_compares_the_map_on_each_projection_with_the_baseline(
         line = next(ln for ln in out if ("dvc exp run compare" if not dry else "study.test_runs") in ln)
         words = shlex.split(line)
         got[dry] = words[words.index("--dry-run") + 1:] if dry else [w for p, w in zip(words, words[1:]) if p == "-S"]
+        if not dry:  # every arm has its lr* in conf/tuned.yaml: nothing is tuned again
+            assert not [ln for ln in out if "tune" in ln.split("compare")[0]], out
     assert got[""] == got["1"]
     cfg = load_config(got["1"], ROOT)
     arms = ["baseline", "nonlinear_q", "nonlinear_k", "nonlinear_v", "nonlinear_o"]
+    from study.runner.arms import tuned_lr
+    assert all(tuned_lr(cfg, a, ROOT) > 0 for a in arms)
     assert list(cfg.study.arms) == arms and list(cfg.decomposition.rows) == arms
     assert comparisons_of(cfg) == [(a, "baseline") for a in arms[1:]]
     variant = {a: load_config([f"variant={cfg.arms[a].variant}"], ROOT).variant for a in arms}
