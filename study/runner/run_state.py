@@ -255,9 +255,9 @@ def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) ->
     if not isinstance(state, dict):
         raise StudyError(f"{state_path} holds {type(state).__name__} {json.dumps(state)[:40]}, not a JSON object "
                          f"(it was edited or damaged): delete {ckpt_dir} to start the run afresh")
+    stored = canonical_key(state.get("resume"))  # the stored record under today's rule of what the key holds
     if (out_dir / METRICS_FILE).is_file() and not cfg.train.overwrite and not dvc_stage():  # a finished run:
         # never replaced silently by a hand-started run
-        stored = canonical_key(state.get("resume"))
         old = config_part(stored) if stored is not None else recorded_settings(out_dir)
         differ = diff_keys(old, config_part(record)) if old is not None else ["(not recorded)"]
         if differ:
@@ -266,12 +266,11 @@ def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) ->
                               f"train.overwrite=true")
     previous_run_id = state.get("mlflow_run_id")
     resume = ckpt_dir / LAST_CKPT
-    same = state.get("config_hash") == digest or same_key(state.get("resume"), record)
+    same = state.get("config_hash") == digest or stored == record
     if same and state.get("config_hash") != digest:  # stored under an older rule: run.json takes today's key
         state = {**state, "config_hash": digest, "resume": record}
     if not (resume.is_file() and same and not state.get("completed")):
         if rank == 0 and resume.is_file() and not state.get("completed"):
-            stored = canonical_key(state.get("resume"))
             differ = diff_keys(stored, record) if stored is not None else ["(not recorded)"]
             print(f"{name}: starting afresh, the checkpoint in {ckpt_dir} was written with other settings: "
                   f"{'; '.join(differ)}", flush=True)
