@@ -271,7 +271,8 @@ def tune_ladder(cfg, root: Path, model: str, params: str | None, base: list[str]
     here = {v: a["lr_star"] for v, a in results.items() if a["lr_star"] is not None}
     current = _read_tuned(tuned_file)
     sizes = {**tuned_sizes(tuned_file), model: here}
-    tuned_file.write_text(tuned_yaml({"arms": current}, {m: x for m, x in sizes.items() if x}))
+    tuned_file.write_text(tuned_yaml({"arms": current}, {m: x for m, x in sizes.items() if x},
+                                     tuned_tasks(tuned_file)))  # the other tasks' lr* kept
     for name, a in t["arms"].items():
         print(f"ladder {model} {name}: transferred lr {a['transferred']:.4g}, lr* here "
               f"{'n/a' if a['lr_star'] is None else format(a['lr_star'], '.4g')} ({a['status']})")

@@ -383,11 +383,16 @@ def test_the_ladder_transfer_check_tunes_one_size_by_the_same_rule(nano_project,
     out = tmp_path / "tuning" / "nano"
     assert {p.name for p in out.iterdir()} == {"table.json", "table.md", "tuning.png", "transfer.json", "transfer.md"}
     after = (nano_project / "conf" / "tuned.yaml").read_text()
-    assert after.startswith(before.decode())  # the default size's lr*, recipes and other sizes untouched
-    sizes = (yaml.safe_load(before) or {})["tuned"].get("size") or {}
-    assert yaml.safe_load(after)["tuned"]["size"] == {**sizes, "nano": {"baseline": pytest.approx(4e-3, rel=1e-9),
-                                                                        "nonlinear_q": 1.2e-2}}  # best point
-    assert after[len(before):].startswith("    nano: {" if sizes else "  size:\n    nano: {")
+    # every line already there is kept, in order (the default size's lr*, recipes, other sizes, the tasks' lr*);
+    # the one line added is this size's, inside the size section
+    added = list(after.splitlines())
+    for line in before.decode().splitlines():
+        added.remove(line)
+    old, new = yaml.safe_load(before)["tuned"], yaml.safe_load(after)["tuned"]
+    sizes = old.get("size") or {}
+    assert [line[:11] for line in added] == ([] if sizes else ["  size:"]) + ["    nano: {"]
+    assert new["size"] == {**sizes, "nano": {"baseline": pytest.approx(4e-3, rel=1e-9), "nonlinear_q": 1.2e-2}}
+    assert {k: v for k, v in new.items() if k != "size"} == {k: v for k, v in old.items() if k != "size"}
     assert not (tmp_path / "tuning" / "table.json").exists()
     base = json.loads((tmp_path / "runs_tune/ladder/nano/baseline/tuning.json").read_text())
     assert base["model"] == "nano" and base["lr_star"] == pytest.approx(4e-3, rel=1e-9)
