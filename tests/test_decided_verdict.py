@@ -389,6 +389,7 @@ def test_the_ladder_transfer_check_tunes_one_size_by_the_same_rule(nano_project,
     for line in before.decode().splitlines():
         added.remove(line)
     old, new = yaml.safe_load(before)["tuned"], yaml.safe_load(after)["tuned"]
+    assert old.get("task")  # the tasks' lr* are there to be kept (conf/tuned.yaml's mlm and mqar)
     sizes = old.get("size") or {}
     assert [line[:11] for line in added] == ([] if sizes else ["  size:"]) + ["    nano: {"]
     assert new["size"] == {**sizes, "nano": {"baseline": pytest.approx(4e-3, rel=1e-9), "nonlinear_q": 1.2e-2}}
@@ -416,12 +417,16 @@ def test_the_ladder_transfer_check_tunes_one_size_by_the_same_rule(nano_project,
     assert tune(["--ladder", "nano", "--params", str(params)]) == 0
     assert (nano_project / "conf" / "tuned.yaml").read_text() == after
     sizes = {"nano": {"baseline": 4e-3}, "other": {"baseline": 2e-3}}
-    from study.tune import tuned_sizes, tuned_yaml, write_table
-    (nano_project / "conf" / "tuned.yaml").write_text(tuned_yaml({"arms": {}}, sizes))
-    assert tuned_sizes(nano_project / "conf" / "tuned.yaml") == sizes
+    from study.tune import tuned_sizes, tuned_tasks, tuned_yaml, write_table
+    tasks = {"mqar": {"lr": {"baseline": 0.02}, "recipe": {}}}
+    tuned = nano_project / "conf" / "tuned.yaml"
+    tuned.write_text(tuned_yaml({"arms": {}}, sizes, tasks))
+    assert tuned_sizes(tuned) == sizes and tuned_tasks(tuned) == tasks
     assert tune(["--ladder", "nano", "--params", str(params)]) == 0
-    assert set(tuned_sizes(nano_project / "conf" / "tuned.yaml")) == {"nano", "other"}
-    assert tuned_sizes(nano_project / "conf" / "tuned.yaml")["other"] == {"baseline": 2e-3}
+    assert set(tuned_sizes(tuned)) == {"nano", "other"}
+    assert tuned_sizes(tuned)["other"] == {"baseline": 2e-3}
+    assert tuned_tasks(tuned) == tasks  # the other tasks' lr* kept
+    tuned.write_bytes(before)  # the shared project as it was
 
 
 def test_the_ladder_needs_a_transferred_lr_for_each_variant(nano_project, tmp_path, monkeypatch, capsys):

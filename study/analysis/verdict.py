@@ -255,7 +255,8 @@ def lost(r: dict) -> str:
 
 #: what the no-context arm can still do, per task (each position attends to itself only)
 NO_CONTEXT = {"lm": "a learned bigram with the baseline's parameters",
-              "mlm": "a chosen token sees only itself, mostly the mask token: at best about the unigram yardstick",
+              "mlm": ("a chosen token sees only itself: the mask token (80%), else its own token or a "
+                      "random one, which it can copy: below the unigram yardstick without context"),
               "mqar": "no value can be recalled: at best chance"}
 
 
