@@ -253,6 +253,9 @@ def tune_ladder(cfg, root: Path, model: str, params: str | None, base: list[str]
     from study.config import load_config
     from study.config.validation import check_transferable, transferred_lr
 
+    if cfg.task.name != "lm":  # the ladder's lr* (tuned.size) are lm's: another task's lr* must not seed them
+        raise ConfigError(f"--ladder tunes the scale ladder of the lm task, not task={cfg.task.name}: drop "
+                          f"task={cfg.task.name} (each task's own lr* come from `study.tune --arm ARM task=TASK`)")
     if not cfg.scale_ladder.variants:
         raise ConfigError("scale_ladder.variants is empty: name the variants whose lr transfer to check, e.g. "
                           "'scale_ladder.variants=[baseline,nonlinear_q]' (the tables already written are kept)")

@@ -452,6 +452,12 @@ def test_the_ladder_needs_a_transferred_lr_for_each_variant(nano_project, tmp_pa
     # the model missing before another option
     assert tune(["--ladder", "--params", str(params)]) == 2
     assert "--ladder needs a model size" in capsys.readouterr().err
+    # another task: refused before anything is tuned or written (tuned.size holds lm's ladder only)
+    tuned = (nano_project / "conf" / "tuned.yaml").read_bytes()
+    assert tune(["--ladder", "nano", "--params", str(params), "task=mlm"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not task=mlm" in err[0] and "drop task=mlm" in err[0]
+    assert (nano_project / "conf" / "tuned.yaml").read_bytes() == tuned and (out / "table.json").read_text() == "kept"
 
 
 def test_a_lost_grid_point_nearest_the_transferred_lr_is_reported_lost():
