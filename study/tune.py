@@ -149,6 +149,7 @@ def write_table(cfg, root: Path, tuned_file: Path | None | bool = None) -> dict:
     files = {out / TABLE_JSON: json.dumps(table, indent=1, sort_keys=True) + "\n", out / TABLE_MD: table_markdown(table)}
     if tuned_file is not False:
         tuned_file = root / TUNED_FILE if tuned_file is None else tuned_file
+        check_tuned_file(tuned_file)
         task = cfg.task.name  # lm: tuned.lr; another task: its own tuned.task.TASK (never pooled)
         mine = _read_tuned(tuned_file) if task == "lm" else (tuned_tasks(tuned_file).get(task) or {}).get("lr") or {}
         others = sorted(k for k in mine if k not in table["arms"] and k not in before)
@@ -241,6 +242,27 @@ def ladder_overrides(cfg, model: str) -> list[str]:
             f"tune.table_dir={tu.table_dir}/{model}"]
 
 
+def check_tuned_file(path: Path) -> None:
+    """Refuse to rewrite a tuned file that exists but is not a YAML mapping: its readers would see nothing in it,
+    and the rewrite would drop every lr* it holds.
+
+    Raises:
+        StudyError: ``path`` exists and is not a YAML mapping; the message says how to restore it.
+    """
+    import yaml
+
+    if not path.exists():
+        return
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise StudyError(f"{path} is not readable YAML ({type(e).__name__}): nothing written; restore it "
+                         f"(`git checkout {TUNED_FILE}`) and run again") from None
+    if data is not None and not isinstance(data, dict):
+        raise StudyError(f"{path} is not a YAML mapping: nothing written; restore it (`git checkout {TUNED_FILE}`) "
+                         f"and run again")
+
+
 def tune_ladder(cfg, root: Path, model: str, params: str | None, base: list[str] = (),
                 tuned_file: Path | None = None) -> dict:
     """``--ladder MODEL`` (module docstring): tune scale_ladder.variants at ``model``, write the table, the
@@ -261,6 +283,7 @@ def tune_ladder(cfg, root: Path, model: str, params: str | None, base: list[str]
                           "'scale_ladder.variants=[baseline,nonlinear_q]' (the tables already written are kept)")
     for v in cfg.scale_ladder.variants:
         check_transferable(cfg, v, "scale_ladder.variants:", "leave it out of scale_ladder.variants")
+    check_tuned_file(root / TUNED_FILE if tuned_file is None else tuned_file)  # before any training
     over = [*base, *ladder_overrides(cfg, model)]
     sub = load_config(over, root, params=params)
     transferred = {v: transferred_lr(cfg, v) for v in sub.tune.arms}

@@ -78,6 +78,26 @@ def test_a_tuning_json_lacking_a_key_writes_nothing(tmp_path, monkeypatch, capsy
     check_tuned(_with_tuned(tmp_path, tuned), ROOT)  # the table and conf/tuned.yaml agree
 
 
+@pytest.mark.parametrize("text", ["tuned: [unclosed\n", "- a list, not a mapping\n"])
+def test_an_unreadable_tuned_file_is_never_overwritten(tmp_path, monkeypatch, text):
+    """A tuned file that is not a YAML mapping reads as empty; rewriting it would drop every lr* it held, so the
+    write is refused and the file, the table and the figure stay as they were."""
+    from study.tune import check_tuned_file, write_table
+
+    monkeypatch.chdir(ROOT)
+    tuned = tmp_path / "tuned.yaml"
+    tuning_json(tmp_path / "runs_tune", "baseline", "baseline", 4e-3)
+    tuning_json(tmp_path / "runs_tune", "nonlinear_q", "nonlinear_q", 1.6e-2)
+    write_table(config(tmp_path), ROOT, tuned)
+    tuned.write_text(text)
+    before = outputs(tmp_path)
+    with pytest.raises(StudyError, match=rf"^{tuned} is not .*nothing written; restore it \(`git checkout "
+                                         rf"conf/tuned.yaml`\) and run again$"):
+        write_table(config(tmp_path), ROOT, tuned)
+    assert outputs(tmp_path) == before and tuned.read_text() == text
+    check_tuned_file(tmp_path / "absent.yaml")  # a missing file is written afresh, not refused
+
+
 def _with_tuned(tmp: Path, tuned: Path):
     """The study's config with the tuned section of ``tuned`` (as conf/tuned.yaml would give it)."""
     import yaml
