@@ -143,7 +143,7 @@ levers: params
 # switches the decided verdict off (study.arms=[]).
 # One training at a time (DVC runs the stages in turn), so each gets LADDER_THREADS cores.
 PROFILE_VARIANTS ?= [baseline,nonlinear_q]
-LADDER ?= [ladder-64,ladder-96,ladder-128]
+LADDER ?= [bytes-32,bytes-48,bytes-64]
 LADDER_THREADS ?= 2
 scale-ladder: $(STAMP)
 	.venv/bin/dvc exp run compare -S 'study.arms=[]' -S 'study.variants=$(PROFILE_VARIANTS)' \
@@ -153,7 +153,7 @@ scale-ladder: $(STAMP)
 # The ladder's lr transfer checked at one size: scale_ladder.variants tuned there by the same rule, on the ladder's
 # budget; the table and transfer.md (transferred lr against that size's lr*) go to conf/tuning/MODEL/ and that
 # size's lr* to conf/tuned.yaml (tuned.size.MODEL; commit them).
-LADDER_CHECK ?= ladder-96
+LADDER_CHECK ?= bytes-48
 ladder-check: params
 	.venv/bin/dvc repro prepare
 	$(PY) -m study.tune --ladder $(LADDER_CHECK) --params params.yaml 'scale_ladder.variants=$(PROFILE_VARIANTS)'

@@ -246,8 +246,8 @@ class ScaleLadderConfig:
 
     models: list = field(default_factory=list)
     variants: list = field(default_factory=lambda: ["baseline", "nonlinear_q"])
-    tokens_per_param: float = 1.0
-    warmup_tokens: int = 32_768
+    tokens_per_param: float = 10.64
+    warmup_tokens: int = 262_144
     lr_from_tuned: bool = True  # each variant at an lr* of conf/tuned.yaml; false: the shared train.lr
     lr_per_size: bool = True  # that lr* tuned at each size (tuned.size, make ladder-tune); false: the default size's
 
