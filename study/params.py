@@ -4,7 +4,7 @@ Prints, for each conf/variant/*.yaml at the chosen model size: total and
 non-embedding parameters (token and position embeddings excluded), the change
 of non-embedding parameters against the baseline, and training FLOPs per token
 (forward + backward, attention included: 6 N + 12 n_layer n_embd block_size,
-PaLM arXiv 2204.02311 App. B; see ``study.modeling.model.flops_per_token``).  Nothing is
+PaLM arXiv 2204.02311 App. B; see ``study.modeling.accounting.flops_per_token``).  Nothing is
 allocated: the models are built on the meta device.  With ``--json``:
 {VARIANT: {"non_embedding_params", "total_params", "flops_per_token"}}.
 """
@@ -14,7 +14,7 @@ import json
 import sys
 
 from study.config import ConfigError, available, load_config, project_root, run_stage
-from study.modeling.model import describe
+from study.modeling.accounting import describe
 
 
 def table(overrides: list[str]) -> dict[str, dict[str, int]]:

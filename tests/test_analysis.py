@@ -352,7 +352,8 @@ def test_two_ladder_sizes_are_not_fitted_and_a_size_at_another_lr_is_refused(nan
             for model, n in (("ladder-64", 64), ("ladder-96", 96)):
                 write_run(runs / f"scale_ladder/{model}/{v}-s{s}", v, s, BASE[s] - n / 1000 - 0.002 * s * (v != "baseline"),
                           tokens=100 * n, params=1000 * n, fpt=6000 * n,
-                          model={"name": model, "n_layer": 4, "n_head": 4, "n_embd": n})
+                          model={"name": model, "n_layer": 4, "n_head": 4, "n_embd": n},
+                          results={"in_context_gain": n / 100 + 0.01 * s + 0.05 * (v != "baseline")})
     args = _study(tmp_path) + ["scale_ladder.models=[ladder-64,ladder-96]", "scale_ladder.lr_from_tuned=false"]
     assert _compare(nano_project, monkeypatch, args) == 0
     la = _summary(tmp_path)["scale_ladder"]
@@ -363,6 +364,10 @@ def test_two_ladder_sizes_are_not_fitted_and_a_size_at_another_lr_is_refused(nan
     assert la["sizes"][0]["vs_baseline"]["nonlinear_q"]["p_value"] == pytest.approx(stats.ttest_rel(v, b).pvalue)
     md = (tmp_path / "reports/comparison.md").read_text()
     assert "| ladder-64 | 4 x 64 |" in md and "n/a (not fitted: 2 size(s)" in md
+    # the in-context gain of each size: the mean over its seeds (0.64 + 0.01 x mean seed, +0.05 for the variant)
+    gains = {v: la["sizes"][0]["variants"][v]["in_context_gain"] for v in ("baseline", "nonlinear_q")}
+    assert gains == pytest.approx({"baseline": 0.64 + 0.01 * np.mean(SEEDS), "nonlinear_q": 0.69 + 0.01 * np.mean(SEEDS)})
+    assert f"| {gains['nonlinear_q']:.3f} vs {gains['baseline']:.3f} |" in md
     assert (tmp_path / "reports/figures/scale_ladder.png").exists()
     assert not (tmp_path / "reports/figures/frontier.png").exists()  # a figure is written only where it applies
     # one ladder size trained at another lr than the other: the sizes do not pair

@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from study.modeling.lm import in_context_gain
-from study.modeling.model import GPT, describe
+from study.modeling.accounting import describe
+from study.modeling.model import GPT
 from tests.test_model import model_cfg, variant_cfg
 
 

@@ -399,7 +399,7 @@ def test_the_ladder_transfer_check_tunes_one_size_by_the_same_rule(nano_project,
     assert base["model"] == "nano" and base["lr_star"] == pytest.approx(4e-3, rel=1e-9)
     # the ladder's budget: tokens_per_param (0.5) x the nano baseline's non-embedding parameters, whole steps
     from study.config import load_config
-    from study.modeling.model import describe
+    from study.modeling.accounting import describe
     cfg = load_config(["model=nano"], nano_project, params=str(params))
     n = describe(cfg.model, cfg.variant)["non_embedding_params"]
     assert base["tokens"] == max(1, int(0.5 * n) // 2048) * 2048

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from study.config import ModelConfig, VariantConfig
-from study.modeling.model import GPT, describe, param_counts
+from study.modeling.accounting import describe, param_counts
+from study.modeling.model import GPT
 
 ROOT_CONF = __import__("pathlib").Path(__file__).resolve().parent.parent / "conf"
 

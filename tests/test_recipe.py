@@ -78,7 +78,7 @@ def model_and_variant(model: str, variant: str, **over):
 
 
 def non_embedding(model: str, variant: str, **over) -> int:
-    from study.modeling.model import describe
+    from study.modeling.accounting import describe
 
     return describe(*model_and_variant(model, variant, **over))["non_embedding_params"]
 

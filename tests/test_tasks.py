@@ -12,7 +12,8 @@ import torch
 
 from conftest import ROOT
 from study.config import ConfigError, ModelConfig, VariantConfig, load_config
-from study.modeling.model import GPT, describe
+from study.modeling.accounting import describe
+from study.modeling.model import GPT
 from study.tasks import IGNORE, get_task, scored
 from study.tasks import mlm, mqar
 

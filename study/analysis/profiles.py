@@ -30,7 +30,8 @@ def ladder_report(cfg, root: Path) -> dict | None:
 
     Returns: {"tokens_per_param", "sizes": [{"model", "n_layer", "n_head", "n_embd", "non_embedding_params"
     (the baseline's), "tokens", "variants": {v: {"n_seeds", "val_loss_mean", "val_loss_ci95",
-    "non_embedding_params", "flops_per_token", "train_flops" (= flops_per_token x tokens)}},
+    "non_embedding_params", "flops_per_token", "train_flops" (= flops_per_token x tokens), "in_context_gain" (mean
+    over its finished seeds, nats: whether attention does the work at this size)}},
     "vs_baseline": paired verdicts with power, "compute_multiplier": {v: ...}}], "fits": {v: {"slope",
     "intercept"}} of log L = intercept + slope log C (C: training FLOPs; only over >= 3 sizes),
     "fit_note" (why no fit), "trend": {v: effect_trend}}.  The compute multiplier of v at one size is
@@ -58,6 +59,7 @@ def ladder_report(cfg, root: Path) -> dict | None:
             one = next((m for m in r.values() if m["status"] == "ok"), next(iter(r.values())))
             mean, lo, hi = mean_ci(list(ok[v].values())) if ok[v] else (float("nan"),) * 3
             lrs = sorted({m.get("lr") for m in r.values() if m.get("lr") is not None})
+            gains = [m["in_context_gain"] for m in r.values() if m["status"] == "ok" and m.get("in_context_gain") is not None]
             if la.lr_from_tuned:  # the lr study.runner.profiles.resolve gives a ladder run of v now
                 from study.config.validation import transferred_lr
 
@@ -70,6 +72,7 @@ def ladder_report(cfg, root: Path) -> dict | None:
                                    "non_embedding_params": one["non_embedding_params"],
                                    "flops_per_token": one["flops_per_token"], "tokens": one["tokens"],
                                    "train_flops": float(one["flops_per_token"]) * one["tokens"],
+                                   "in_context_gain": sum(gains) / len(gains) if gains else float("nan"),
                                    "diverged": lost_points(r)}
         size["non_embedding_params"] = size["variants"][base]["non_embedding_params"]
         size["tokens"] = size["variants"][base]["tokens"]

@@ -246,9 +246,11 @@ def ladder_section(la: dict, base: str) -> list[str]:
                                            "Each variant trains at the lr* of its arm in conf/tuned.yaml, unchanged at "
                                           "every size (the transfer rule; `make ladder-check` checks it at one size).")
                                           if la.get("lr_from_tuned") else "Every variant trains at train.lr.") +
-             " The lr of each is beside its name.", "",
-             "| size | n_layer x n_embd | non-embedding params | tokens | variant | val loss | change [95% CI] | p | "
-             "detectable at 80% power | compute multiplier [95% CI] |", "|---|---|---|---|---|---|---|---|---|---|"]
+             " The lr of each is beside its name. In-context gain: mean loss at positions 1-4 minus the mean over the "
+             "window's last quarter (nats; near 0: attention does little at that size).", "",
+             "| size | n_layer x n_embd | non-embedding params | tokens | variant | val loss | in-context gain | "
+             "change [95% CI] | p | detectable at 80% power | compute multiplier [95% CI] |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for s in la["sizes"]:
         for v, c in s["vs_baseline"].items():
             m = s["compute_multiplier"].get(v)
@@ -259,7 +261,10 @@ def ladder_section(la: dict, base: str) -> list[str]:
                                                             if not m.get("ci_note") else f"({m['ci_note']})"))
             lines.append(f"| {s['model']} | {s['n_layer']} x {s['n_embd']} | {s['non_embedding_params']:,} | "
                          f"{s['tokens']:,} | {v}{_lrs(s['variants'][v])} | {fmt(s['variants'][v]['val_loss_mean'])} vs "
-                         f"{fmt(s['variants'][base]['val_loss_mean'])} | {pct_ci(c)} | {p_text(c)} | {detectable(c)} | {mult} |")
+                         f"{fmt(s['variants'][base]['val_loss_mean'])} | "
+                         f"{fmt(s['variants'][v].get('in_context_gain'), '.3f')} vs "
+                         f"{fmt(s['variants'][base].get('in_context_gain'), '.3f')} | {pct_ci(c)} | {p_text(c)} | "
+                         f"{detectable(c)} | {mult} |")
     lines += ["", "Fits of log L = a + b log C (C: training FLOPs = FLOPs per token x tokens):", ""]
     lines += ([f"- {v}: b = {f['slope']:+.4f}, a = {f['intercept']:.4f}" for v, f in la["fits"].items()]
               or [f"- {la.get('fit_note') or 'not fitted'}"])

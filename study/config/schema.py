@@ -58,6 +58,7 @@ class ModelConfig:
     dropout: float = 0.0
     norm: str = "layernorm"  # "layernorm" (the paper's) or "none" (the exact algebra of arXiv 2510.23912)
     max_block_size: Optional[int] = None  # largest context the positions table allows (None: block_size)
+    position: str = "learned"  # "learned" (nanoGPT's table wpe) or "rope" (rotary q and k, arXiv 2104.09864; no wpe)
 
 
 @dataclass

@@ -28,6 +28,11 @@ def validate(cfg: RunConfig) -> None:
                           f"{m.max_block_size} that this model supports: lower block_size")
     if m.norm not in ("layernorm", "none"):
         raise ConfigError(f"model.norm={m.norm!r}: choose 'layernorm' or 'none'")
+    if m.position not in ("learned", "rope"):
+        raise ConfigError(f"model.position={m.position!r}: choose 'learned' or 'rope'")
+    if m.position == "rope" and (m.n_embd // m.n_head) % 2:
+        raise ConfigError(f"model.position=rope rotates pairs of head_dim = {m.n_embd // m.n_head}, which is odd: "
+                          f"choose n_embd / n_head even")
     for key in ("query", "key", "value", "output"):
         if getattr(v, key) not in PROJECTION_MODES:
             raise ConfigError(f"variant.{key}={getattr(v, key)!r} is not a projection mode: "

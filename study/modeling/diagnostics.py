@@ -41,8 +41,7 @@ def diagnostics(model: GPT, idx: torch.Tensor) -> dict[str, float]:
     """
     out = {}
     B, T = idx.size()
-    pos = torch.arange(T, device=idx.device)
-    x = model.transformer.wte(idx) + model.transformer.wpe(pos)  # (B, T, C)
+    x = model.embed(idx)  # (B, T, C)
     full = torch.ones(T, T, dtype=torch.bool, device=idx.device)
     causal = full.tril()
     for i, block in enumerate(model.transformer.h):

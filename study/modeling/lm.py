@@ -27,7 +27,8 @@ from torchmetrics.aggregation import MeanMetric
 
 from study.config import RunConfig, lr_at, peak_lr, run_seeds
 from study.modeling.diagnostics import curve_diagnostics, diagnostics
-from study.modeling.model import GPT, flops_per_token, param_counts
+from study.modeling.accounting import flops_per_token, param_counts
+from study.modeling.model import GPT
 from study.tasks import get_task
 from study.tasks.common import scored
 

@@ -1,8 +1,8 @@
 """GPT decoder whose attention projections are chosen by name.
 
 One readable file in the manner of nanoGPT: pre-LayerNorm blocks, learned
-absolute positions, tied input/output embeddings, no biases, exact-GELU MLP,
-causal SDPA attention.  The subject of the study is how attention maps the
+absolute positions (or, with ``model.position=rope``, rotary q and k: :func:`rotary`),
+tied input/output embeddings, no biases, exact-GELU MLP, causal SDPA attention.  The subject of the study is how attention maps the
 block's normalised input x (B, T, C) to queries, keys and values:
 
 =================  ===========================================  =====================
@@ -66,6 +66,18 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from study.config import ModelConfig, VariantConfig
+
+
+def rotary(x: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding (RoFormer, arXiv 2104.09864; the half-split pairing of GPT-NeoX and LLaMA):
+    x (B, n_head, T, head_dim) -> the same shape, the pair (x_i, x_{i + head_dim/2}) of position t rotated by the
+    angle t 10000^(-2i / head_dim), so a query-key score depends on the two positions only through their offset."""
+    T, half = x.size(-2), x.size(-1) // 2
+    inv_freq = 10000.0 ** (-torch.arange(half, dtype=torch.float32, device=x.device) / half)  # (half,)
+    angle = torch.arange(T, dtype=torch.float32, device=x.device)[:, None] * inv_freq  # (T, half)
+    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+    x1, x2 = x[..., :half], x[..., half:]  # (B, n_head, T, half) each
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
 
 class ReLU2(nn.Module):
@@ -246,6 +258,7 @@ class CausalSelfAttention(nn.Module):
             self.proj["o"] = build_projection(variant.output, config.n_embd, variant)
         self.scale = recipe.scale
         self.self_only = variant.context == "self"  # the no-context yardstick: a diagonal mask
+        self.rope = config.position == "rope"
         self.dropout = config.dropout
         self.resid_dropout = nn.Dropout(config.dropout)
 
@@ -270,6 +283,8 @@ class CausalSelfAttention(nn.Module):
             q = self.q_norm(q)
         if self.k_norm is not None:
             k = self.k_norm(k)
+        if self.rope:  # positions enter here, after the norm (the wpe table is absent)
+            q, k = rotary(q), rotary(k)
         return q, k, v
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -334,7 +349,7 @@ class GPT(nn.Module):
         self.config, self.variant, self.causal = config, variant, causal
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
+            **({"wpe": nn.Embedding(config.block_size, config.n_embd)} if config.position == "learned" else {}),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config, variant, i, causal) for i in range(config.n_layer)]),
             ln_f=_norm(config),
@@ -378,6 +393,14 @@ class GPT(nn.Module):
             else:
                 p.copy_(_keyed_normal(tuple(p.shape), std, init_seed, name))
 
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """idx (B, T) -> (B, T, C): token embeddings, plus the learned positions where the model has them (with
+        ``position=rope`` the positions enter q and k in every block instead)."""
+        x = self.transformer.wte(idx)  # (B, T, C)
+        if "wpe" in self.transformer:
+            x = x + self.transformer.wpe(torch.arange(idx.size(1), dtype=torch.long, device=idx.device))  # (T, C)
+        return x
+
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None):
         """idx (B, T) int64 token ids -> (logits (B, T, vocab_size), mean cross-entropy in nats or None); ``targets``
         (B, T): the id to predict at each position, -100 where nothing is scored (mlm, mqar; cross_entropy's default).
@@ -388,8 +411,7 @@ class GPT(nn.Module):
         B, T = idx.size()
         if T > self.config.block_size:
             raise ValueError(f"sequence length {T} > block_size {self.config.block_size}")
-        pos = torch.arange(T, dtype=torch.long, device=idx.device)  # (T,)
-        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))  # (B, T, C)
+        x = self.transformer.drop(self.embed(idx))  # (B, T, C)
         for block in self.transformer.h:
             x = block(x)
         logits = self.lm_head(self.transformer.ln_f(x))  # (B, T, vocab_size)
@@ -398,43 +420,3 @@ class GPT(nn.Module):
             # (B, T, V) -> (B*T, V) against (B*T,)
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
-
-
-# -- parameter and FLOP accounting, next to the model ---------------------------------------------
-def param_counts(model: GPT) -> dict[str, int]:
-    """Parameter counts of a model.
-
-    Returns:
-        ``total``: every parameter, the tied embedding once; ``non_embedding``:
-        total minus token and position embeddings (the convention of
-        arXiv 2001.08361 and of the paper's 84.95M baseline).
-    """
-    total = sum(p.numel() for p in model.parameters())
-    emb = model.transformer.wte.weight.numel() + model.transformer.wpe.weight.numel()
-    return {"total": total, "non_embedding": total - emb}
-
-
-def flops_per_token(model: GPT) -> int:
-    """Training FLOPs per token, forward + backward: 6 N + 12 n_layer n_embd block_size.
-
-    N counts the weights of every matrix multiply (all nn.Linear weights, the
-    tied output head included); 12 L C T is the attention score and value
-    products (PaLM, arXiv 2204.02311, Appendix B; Kaplan et al., arXiv
-    2001.08361, Table 1, times 3 for the backward pass).  Causal masking is
-    not discounted, as in those sources.
-    """
-    n = sum(m.weight.numel() for m in model.modules() if isinstance(m, nn.Linear))
-    c = model.config
-    return 6 * n + 12 * c.n_layer * c.n_embd * c.block_size
-
-
-def describe(config: ModelConfig, variant: VariantConfig) -> dict[str, int]:
-    """Counts of a model without allocating its weights (built on the meta device).
-
-    Returns: {"total_params", "non_embedding_params", "flops_per_token"}.
-    """
-    with torch.device("meta"):
-        model = GPT(config, variant)
-    counts = param_counts(model)
-    return {"total_params": counts["total"], "non_embedding_params": counts["non_embedding"],
-            "flops_per_token": flops_per_token(model)}

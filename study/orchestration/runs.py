@@ -56,7 +56,7 @@ def _flops(cfg, root: Path, cache: dict) -> tuple[int, int]:
     cfg = resolve(copy.deepcopy(cfg), root)
     key = json.dumps([dict(cfg.model), dict(cfg.variant)], sort_keys=True, default=str)
     if key not in cache:
-        from study.modeling.model import describe  # built on the meta device: no weights allocated
+        from study.modeling.accounting import describe  # built on the meta device: no weights allocated
         cache[key] = describe(cfg.model, cfg.variant)["flops_per_token"]
     fpt, steps = cache[key], max_steps(cfg)
     evals = steps // max(1, int(cfg.train.eval_every)) + 1  # forward only: a third of a training token's FLOPs

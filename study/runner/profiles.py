@@ -38,7 +38,7 @@ def resolve(cfg: RunConfig, root: Path) -> RunConfig:
         ConfigError: a wsd schedule's decay would start inside the warmup at the resolved tokens.
     """
     if cfg.train.tokens_per_param is not None:
-        from study.modeling.model import describe
+        from study.modeling.accounting import describe
 
         base = load_config([f"variant={cfg.study.baseline}"], root).variant
         n = describe(cfg.model, base)["non_embedding_params"]

@@ -146,7 +146,8 @@ def measure_row(cfg, name: str, steps: int, precision: str, mode: str, repeats: 
     """One row of the bench for variant ``name`` (configured by ``cfg``): the medians (and ranges) of :func:`measure`'s
     tokens/s of both loops, their ratio, MFU against ``peak`` FLOP/s, peak GPU memory; returns
     (row, the largest peak memory of all measurements in bytes, None on CPUs)."""
-    from study.modeling.model import GPT, flops_per_token
+    from study.modeling.accounting import flops_per_token
+    from study.modeling.model import GPT
 
     with torch.device("meta"):
         fpt = flops_per_token(GPT(cfg.model, cfg.variant))
