@@ -143,16 +143,17 @@ def test_help_lists_the_groups_and_their_options():
     assert "--cfg job" in out and "--multirun" in out and "model.n_layer=3" in out
 
 
-@pytest.mark.slow  # an interpreter started, timed
+@pytest.mark.slow  # an interpreter started
 def test_a_config_error_fails_fast_in_one_line_before_lightning_is_imported():
-    code = ("import sys, time; sys.argv = ['train', 'variant=nonlinar_q']; t = time.perf_counter()\n"
+    """Fast means before torch and Lightning are imported (what costs seconds), not a timed bound: a loaded
+    machine must not fail it."""
+    code = ("import sys; sys.argv = ['train', 'variant=nonlinar_q']\n"
             "from study.train import main\nrc = main()\n"
-            "print(rc, time.perf_counter() - t, 'lightning' in sys.modules, 'torch' in sys.modules)")
+            "print(rc, 'lightning' in sys.modules, 'torch' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env_for(ROOT), capture_output=True, text=True,
                        timeout=120)
-    rc, seconds, lightning, torch = r.stdout.split()
+    rc, lightning, torch = r.stdout.split()
     assert (rc, lightning, torch) == ("2", "False", "False"), r.stdout
-    assert float(seconds) < 2.0  # measured ~0.35 s (import of the stage, Hydra and the composition)
     lines = r.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: unknown variant 'nonlinar_q'"), r.stderr
 
