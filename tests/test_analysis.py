@@ -141,6 +141,22 @@ def test_lm_runs_recorded_under_other_defaults_of_another_task_still_pair(tmp_pa
         check(runs, "x")
 
 
+def test_runs_recorded_before_model_position_pair_as_learned_and_a_rope_run_does_not(tmp_path):
+    """A run folder written before model.position existed trained learned positions: it pairs with one that records
+    position 'learned'; a rotary run is named with the setting that differs."""
+    from study.analysis.pairing import PairingError, check
+    from study.analysis.runs import read_run
+
+    old = {s: read_run(write_run(tmp_path / f"b{s}", "baseline", s, 4.0)) for s in (1, 2)}
+    assert all("model.position" not in r["settings"] for r in old.values())
+    new = {s: read_run(write_run(tmp_path / f"n{s}", "nonlinear_q", s, 3.9, model={"position": "learned"}))
+           for s in (1, 2)}
+    assert check({"baseline": old, "nonlinear_q": new}, "x")["model.position"] == "learned"
+    new[2] = read_run(write_run(tmp_path / "rope", "nonlinear_q", 2, 3.9, model={"position": "rope"}))
+    with pytest.raises(PairingError, match=r"rope differs in model.position 'rope' \(vs 'learned'\)"):
+        check({"baseline": old, "nonlinear_q": new}, "x")
+
+
 # -- statistics at small n ----------------------------------------------------------------------------
 def test_verdict_power_and_figures_against_scipy(nano_project, tmp_path, monkeypatch):
     var = {1: 3.97, 2: 4.02, 3: 3.94}

@@ -122,7 +122,7 @@ def test_an_lr_tuned_at_another_recipe_is_refused():
     """Every committed lr* was tuned at the study's model, budget and schedule (conf/study.yaml, read here on its
     own); the test stage refuses one tuned at another warmup, in one line, and a fixed-lr arm is never checked."""
     from study.config import ConfigError, load_config
-    from study.runner.arms import recipe, tuned_lr
+    from study.runner.arms import recipe, recipe_difference, tuned_lr
 
     train = yaml.safe_load((ROOT / "conf/study.yaml").read_text())["train"]
     cfg = load_config([], ROOT)
@@ -132,8 +132,14 @@ def test_an_lr_tuned_at_another_recipe_is_refused():
     committed = yaml.safe_load((ROOT / "conf/tuned.yaml").read_text())["tuned"]
     assert committed["lr"] and set(committed["recipe"]) == set(committed["lr"])
     for arm, lr in committed["lr"].items():
-        assert committed["recipe"][arm] == at, arm
+        # a recipe recorded before model.position existed means learned positions, the study's
+        assert "position" not in committed["recipe"][arm]["model"] and at["model"]["position"] == "learned"
+        assert recipe_difference(committed["recipe"][arm], at) == [], arm
         assert tuned_lr(cfg, arm) == lr
+    rope = load_config(["model.position=rope"], ROOT)  # an lr* tuned at learned positions is not a rope model's
+    with pytest.raises(ConfigError, match=r"was tuned at model.position=learned, but this study runs "
+                                          r"model.position=rope: re-tune it"):
+        tuned_lr(rope, sorted(committed["lr"])[0])
     other = load_config([f"train.warmup_tokens={2 * train['warmup_tokens']}"], ROOT)
     arm = sorted(committed["lr"])[0]
     with pytest.raises(ConfigError) as e:

@@ -78,7 +78,9 @@ def ladder_report(cfg, root: Path) -> dict | None:
         size["tokens"] = size["variants"][base]["tokens"]
         size["vs_baseline"] = verdict(ok, base)
         sizes.append(size)
-    check(groups, "the scale ladder's sizes", ignore=("model", "train.tokens"))
+    # sizes differ in shape and budget only (model.position or vocab_size must agree across the ladder)
+    check(groups, "the scale ladder's sizes", ignore=("model.name", "model.n_layer", "model.n_head", "model.n_embd",
+                                                     "train.tokens"))
     fits = {}
     fit_note = not_fitted(len({s["variants"][base]["train_flops"] for s in sizes}))
     if fit_note is None:

@@ -75,9 +75,10 @@ def rotary(x: torch.Tensor) -> torch.Tensor:
     T, half = x.size(-2), x.size(-1) // 2
     inv_freq = 10000.0 ** (-torch.arange(half, dtype=torch.float32, device=x.device) / half)  # (half,)
     angle = torch.arange(T, dtype=torch.float32, device=x.device)[:, None] * inv_freq  # (T, half)
-    cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
-    x1, x2 = x[..., :half], x[..., half:]  # (B, n_head, T, half) each
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    cos, sin = angle.cos(), angle.sin()
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))  # rotated in fp32 (or fp64) whatever x's dtype (under bf16 autocast every arm alike), cast back after
+    x1, x2 = xf[..., :half], xf[..., half:]  # (B, n_head, T, half) each
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
 
 
 class ReLU2(nn.Module):

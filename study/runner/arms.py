@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from study.config import ConfigError, StudyError, load_config, run_dir, task_data_dir
-from study.config.naming import RECIPE, lr_key
+from study.config.naming import RECIPE, RECORDED_DEFAULTS, lr_key
 
 
 def arm_of(cfg, name: str):
@@ -46,11 +46,17 @@ def recipe(cfg, tokens: int | None = None) -> dict[str, dict]:
     return json.loads(json.dumps(out))
 
 
+def recipe_value(r: dict, key: str):
+    """The value of flat ``key`` ("model.position") in a :func:`recipe` record; a key the record predates reads as
+    its :data:`RECORDED_DEFAULTS` value (None where it has none)."""
+    sec, k = key.split(".", 1)
+    return r.get(sec, {}).get(k, RECORDED_DEFAULTS.get(key))
+
+
 def recipe_difference(tuned_at: dict, now: dict) -> list[str]:
     """``SECTION.KEY`` of every setting in which two :func:`recipe` records differ (sorted)."""
-    return sorted(f"{sec}.{k}" for sec in set(tuned_at) | set(now)
-                  for k in set(tuned_at.get(sec, {})) | set(now.get(sec, {}))
-                  if tuned_at.get(sec, {}).get(k) != now.get(sec, {}).get(k))
+    keys = {f"{sec}.{k}" for r in (tuned_at, now) for sec in r for k in r[sec]}
+    return sorted(k for k in keys if recipe_value(tuned_at, k) != recipe_value(now, k))
 
 
 def tuned_lr(cfg, name: str, root: Path | None = None) -> float:
@@ -74,7 +80,7 @@ def tuned_lr(cfg, name: str, root: Path | None = None) -> float:
         diff = recipe_difference(at, now)
         if diff:
             def show(r):
-                return ", ".join(f"{k}={r.get(k.split('.')[0], {}).get(k.split('.')[1])}" for k in diff)
+                return ", ".join(f"{k}={recipe_value(r, k)}" for k in diff)
             raise ConfigError(f"arm {name!r}'s lr* (conf/tuned.yaml) was tuned at {show(at)}, but this study runs "
                               f"{show(now)}: re-tune it (`make tune` with {name} in tune.arms) or set those back")
     return float(cfg.tuned.lr[name])

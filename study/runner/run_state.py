@@ -30,10 +30,11 @@ STUDY = Path(__file__).resolve().parent.parent  # the study package
 
 
 def code_files() -> list[str]:
-    """The training code a checkpoint depends on, relative to study/: modeling/model.py, modeling/lm.py,
+    """The training code a checkpoint depends on, relative to study/: modeling/model.py, modeling/accounting.py
+    (the parameter and FLOP counts a run records), modeling/lm.py,
     modeling/diagnostics.py (what curve.csv's diagnostics mean: one definition per run) and every module of the data and
     tasks packages (``data/*.py``, ``tasks/*.py``, sorted), so that the resume key is the same on every machine."""
-    return ["modeling/model.py", "modeling/lm.py", "modeling/diagnostics.py",
+    return ["modeling/model.py", "modeling/accounting.py", "modeling/lm.py", "modeling/diagnostics.py",
             *sorted(p.relative_to(STUDY).as_posix() for pkg in ("data", "tasks") for p in (STUDY / pkg).glob("*.py"))]
 
 
