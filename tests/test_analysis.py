@@ -374,7 +374,7 @@ def test_two_ladder_sizes_are_not_fitted_and_a_size_at_another_lr_is_refused(nan
     assert _compare(nano_project, monkeypatch, args) == 0
     la = _summary(tmp_path)["scale_ladder"]
     assert la["fits"] == {} and "not fitted: 2 size(s)" in la["fit_note"]
-    assert all(s["compute_multiplier"] == {} for s in la["sizes"])
+    assert all(s["compute_multiplier"] == {} and "baseline_fit" not in s for s in la["sizes"])
     b = np.array([BASE[s] - 0.064 for s in SEEDS])
     v = b - 0.002 * np.array(SEEDS)
     assert la["sizes"][0]["vs_baseline"]["nonlinear_q"]["p_value"] == pytest.approx(stats.ttest_rel(v, b).pvalue)

@@ -49,10 +49,16 @@ def test_scale_ladder_report(nano_project, tmp_path, monkeypatch):
         assert size["vs_baseline"]["nonlinear_q"]["pct_log_loss"] == pytest.approx(
             100 * (np.mean(v) - np.mean(b)) / np.mean(b), rel=1e-9)
         assert size["variants"]["baseline"]["train_flops"] == 6 * params * tokens
+        # an exact power law: the fit passes through the baseline's mean at every size
+        assert size["baseline_fit"]["fitted"] == pytest.approx(np.mean(b), rel=1e-3)
+        assert abs(size["baseline_fit"]["residual"]) < 5e-3
     t = la["trend"]["nonlinear_q"]
     assert t["n_points"] == 9 and t["ci95"][0] <= t["slope_pct_per_decade"] <= t["ci95"][1]
     md = (tmp_path / "reports/comparison.md").read_text()
     assert "## Scale ladder: the effect against model size" in md and "| ladder-128 | 4 x 128 |" in md
+    fit = la["sizes"][0]["baseline_fit"]
+    assert (f"ladder-64 {fit['fitted']:.4f} / {fit['fitted'] + fit['residual']:.4f} (residual "
+            f"{fit['residual']:+.4f})") in md
     assert (tmp_path / "reports/figures/scale_ladder.png").read_bytes()[:4] == b"\x89PNG"
 
 

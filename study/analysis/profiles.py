@@ -34,7 +34,8 @@ def ladder_report(cfg, root: Path) -> dict | None:
     over its finished seeds, nats: whether attention does the work at this size)}},
     "vs_baseline": paired verdicts with power, "compute_multiplier": {v: ...}}], "fits": {v: {"slope",
     "intercept"}} of log L = intercept + slope log C (C: training FLOPs; only over >= 3 sizes),
-    "fit_note" (why no fit), "trend": {v: effect_trend}}.  The compute multiplier of v at one size is
+    "fit_note" (why no fit), "trend": {v: effect_trend}}; with a baseline fit each size also has "baseline_fit":
+    {"fitted": the fit's loss at the size's compute, "residual": the baseline's mean minus it (nats)}.  The compute multiplier of v at one size is
     C_base(L_v) / C_v, C_base(L) read off the baseline's fit over all sizes, with a t interval over
     per-seed multipliers (:func:`study.analysis.stats.parameter_multiplier`, compute in place of
     parameters).  Model shapes are read from the runs' recorded settings.
@@ -90,6 +91,11 @@ def ladder_report(cfg, root: Path) -> dict | None:
             if not_fitted(len({c for c, _ in pts})) is None:
                 slope, intercept = fit_power_law([c for c, _ in pts], [x for _, x in pts])
                 fits[v] = {"slope": slope, "intercept": intercept}
+    for s in sizes:  # how far the baseline's own mean lies off its fit: a multiplier is only as good as the fit
+        b = s["variants"][base]
+        if base in fits and math.isfinite(b["val_loss_mean"]):
+            fitted = math.exp(fits[base]["intercept"] + fits[base]["slope"] * math.log(b["train_flops"]))
+            s["baseline_fit"] = {"fitted": fitted, "residual": b["val_loss_mean"] - fitted}
     family = {s["variants"][base]["train_flops"]: s["_ok"][base] for s in sizes if s["_ok"][base]}
     for s in sizes:
         s["compute_multiplier"] = {}

@@ -268,6 +268,13 @@ def ladder_section(la: dict, base: str) -> list[str]:
     lines += ["", "Fits of log L = a + b log C (C: training FLOPs = FLOPs per token x tokens):", ""]
     lines += ([f"- {v}: b = {f['slope']:+.4f}, a = {f['intercept']:.4f}" for v, f in la["fits"].items()]
               or [f"- {la.get('fit_note') or 'not fitted'}"])
+    fitted = [(z["model"], z["baseline_fit"]) for z in la["sizes"] if z.get("baseline_fit")]
+    if fitted:
+        lines += ["", f"The baseline's fit at each size (fitted / measured loss, nats): " + "; ".join(
+            f"{m} {f['fitted']:.4f} / {f['fitted'] + f['residual']:.4f} (residual {f['residual']:+.4f})"
+            for m, f in fitted) + ". A compute multiplier reads the variant's loss off this fit: where the residual "
+            "is larger than the variant's difference from the baseline, the multiplier measures the fit's miss, "
+            "not the variant."]
     lines += ["", "Trend with scale: slope of the per-seed percent change against log10(parameters), "
               "with its 95% interval (negative: the variant's advantage grows with size):", ""]
     lines += [f"- {v}: {fmt(t['slope_pct_per_decade'], '+.2f')} points per decade "
