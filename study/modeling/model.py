@@ -2,8 +2,9 @@
 
 One readable file in the manner of nanoGPT: pre-LayerNorm blocks, learned
 absolute positions (or, with ``model.position=rope``, rotary q and k: :func:`rotary`),
-tied input/output embeddings, no biases, exact-GELU MLP, causal SDPA attention.  The subject of the study is how attention maps the
-block's normalised input x (B, T, C) to queries, keys and values:
+tied input/output embeddings, no biases, exact-GELU MLP, causal SDPA attention.
+The subject of the study is how attention maps the block's normalised input
+x (B, T, C) to queries, keys and values:
 
 =================  ===========================================  =====================
 mode               map                                          parameters (C = n_embd)
@@ -76,7 +77,8 @@ def rotary(x: torch.Tensor) -> torch.Tensor:
     inv_freq = 10000.0 ** (-torch.arange(half, dtype=torch.float32, device=x.device) / half)  # (half,)
     angle = torch.arange(T, dtype=torch.float32, device=x.device)[:, None] * inv_freq  # (T, half)
     cos, sin = angle.cos(), angle.sin()
-    xf = x.to(torch.promote_types(x.dtype, torch.float32))  # rotated in fp32 (or fp64) whatever x's dtype (under bf16 autocast every arm alike), cast back after
+    # rotated in fp32 (fp64 stays fp64) whatever x's dtype, so every arm alike under bf16 autocast; cast back after
+    xf = x.to(torch.promote_types(x.dtype, torch.float32))
     x1, x2 = xf[..., :half], xf[..., half:]  # (B, n_head, T, half) each
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
 
