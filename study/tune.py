@@ -283,7 +283,8 @@ def tune_ladder(cfg, root: Path, model: str, params: str | None, base: list[str]
                           "'scale_ladder.variants=[baseline,nonlinear_q]' (the tables already written are kept)")
     for v in cfg.scale_ladder.variants:
         check_transferable(cfg, v, "scale_ladder.variants:", "leave it out of scale_ladder.variants")
-    check_tuned_file(root / TUNED_FILE if tuned_file is None else tuned_file)  # before any training
+    tuned_file = root / TUNED_FILE if tuned_file is None else tuned_file
+    check_tuned_file(tuned_file)  # before any training
     over = [*base, *ladder_overrides(cfg, model)]
     sub = load_config(over, root, params=params)
     transferred = {v: transferred_lr(cfg, v) for v in sub.tune.arms}
@@ -293,7 +294,6 @@ def tune_ladder(cfg, root: Path, model: str, params: str | None, base: list[str]
     out = root / sub.tune.table_dir
     (out / TRANSFER_JSON).write_text(json.dumps(t, indent=1, sort_keys=True) + "\n")
     (out / TRANSFER_MD).write_text(transfer_markdown(t))
-    tuned_file = root / TUNED_FILE if tuned_file is None else tuned_file
     here = {v: a["lr_star"] for v, a in results.items() if a["lr_star"] is not None}
     current = _read_tuned(tuned_file)
     sizes = {**tuned_sizes(tuned_file), model: here}

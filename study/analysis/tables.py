@@ -270,7 +270,7 @@ def ladder_section(la: dict, base: str) -> list[str]:
               or [f"- {la.get('fit_note') or 'not fitted'}"])
     fitted = [(z["model"], z["baseline_fit"]) for z in la["sizes"] if z.get("baseline_fit")]
     if fitted:
-        lines += ["", f"The baseline's fit at each size (fitted / measured loss, nats): " + "; ".join(
+        lines += ["", "The baseline's fit at each size (fitted / measured loss, nats): " + "; ".join(
             f"{m} {f['fitted']:.4f} / {f['fitted'] + f['residual']:.4f} (residual {f['residual']:+.4f})"
             for m, f in fitted) + ". A compute multiplier reads the variant's loss off this fit: where the residual "
             "is larger than the variant's difference from the baseline, the multiplier measures the fit's miss, "
