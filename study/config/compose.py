@@ -29,6 +29,7 @@ composed and validated.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import os
 from pathlib import Path
@@ -143,7 +144,7 @@ def composed_params(root: Path, overrides: list[str] | None = None) -> str:
     _check_overrides(overrides)
     cfg, choices = _compose(root / "conf", "study", overrides)
     _name_groups(cfg, choices, root / "conf", set_names=False)  # refused, not renamed: DVC writes the files' own
-    _check(cfg, root)  # nothing is written from a config a stage would refuse
+    _check(copy.deepcopy(cfg), root)  # nothing is written from a config a stage would refuse; DVC writes it unresolved
     OmegaConf.resolve(cfg)
     return OmegaConf.to_yaml(cfg)
 
@@ -208,7 +209,7 @@ def stale_sections(root: Path, params: DictConfig, study_file: Path | None = Non
     study_file = study_file or root / "conf" / "study.yaml"
     fresh, choices = _compose(study_file.parent, study_file.stem, [])
     _name_groups(fresh, choices, study_file.parent, set_names=False)
-    _check(fresh, root)
+    _check(copy.deepcopy(fresh), root)  # checked, not resolved: params.yaml holds DVC's composition (model.position None)
     OmegaConf.resolve(fresh)
     params, fresh = _stage_inputs(params), _stage_inputs(fresh)
     return [k for k in sorted(set(params) | set(fresh)) if params.get(k) != fresh.get(k)]

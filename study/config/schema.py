@@ -58,7 +58,8 @@ class ModelConfig:
     dropout: float = 0.0
     norm: str = "layernorm"  # "layernorm" (the paper's) or "none" (the exact algebra of arXiv 2510.23912)
     max_block_size: Optional[int] = None  # largest context the positions table allows (None: block_size)
-    position: str = "learned"  # "learned" (nanoGPT's table wpe) or "rope" (rotary q and k, arXiv 2104.09864; no wpe)
+    position: Optional[str] = None  # "learned" (nanoGPT's table wpe), "rope" (rotary q and k, arXiv 2104.09864; no
+    # wpe) or None: the task's (task.position, set by study.config.task.apply_task)
 
 
 @dataclass
@@ -139,6 +140,7 @@ class TaskConfig:
     """
 
     name: str = "lm"
+    position: str = "learned"  # the positions of this task's models where model.position is None (mlm: rope)
     mask_fraction: float = 0.15  # mlm: tokens chosen per window (round(fraction x block_size) of them)
     mask_token_fraction: float = 0.8  # mlm: of the chosen, replaced by the mask token
     random_token_fraction: float = 0.1  # mlm: of the chosen, replaced by a uniform random token (the rest kept)

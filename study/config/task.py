@@ -12,7 +12,11 @@ study.reports_dir      reports                        reports/T (its verdict in 
 tune.runs_dir          runs_tune                      runs_tune/T
 tune.table_dir         conf/tuning                    conf/tuning/T
 tuned.lr, .recipe      tuned.lr, tuned.recipe         tuned.task.T.lr, tuned.task.T.recipe
+model.position         learned (task.position)        task.position (mlm: rope), where it is None
 =====================  =============================  ==========================================
+
+``model.position`` left at None takes the task's ``task.position`` (conf/task/T.yaml); a run that names its own
+(``model.position=learned``) keeps it.
 """
 from __future__ import annotations
 
@@ -25,7 +29,8 @@ def _suffixed(value: str, suffix: str) -> str:
 
 
 def apply_task(cfg: RunConfig) -> RunConfig:
-    """Give a task other than ``lm`` its own runs folder, MLflow experiment, tuning folders and lr* (in place).
+    """Give a task other than ``lm`` its own runs folder, MLflow experiment, tuning folders and lr*, and every task
+    its positions where ``model.position`` is None (in place).
 
     Raises:
         ConfigError: an unknown ``task.name`` (one line naming the choices).
@@ -33,6 +38,8 @@ def apply_task(cfg: RunConfig) -> RunConfig:
     t = cfg.task.name
     if t not in TASKS:
         raise ConfigError(f"task.name={t!r} is not a task: choose one of {list(TASKS)} (task=NAME)")
+    if cfg.model.position is None:  # the task's positions, unless the run names its own (model.position=...)
+        cfg.model.position = cfg.task.position
     if t == "lm":
         return cfg
     cfg.study.runs_dir = _suffixed(str(cfg.study.runs_dir).rstrip("/"), f"/{t}")

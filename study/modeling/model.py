@@ -352,7 +352,7 @@ class GPT(nn.Module):
         self.config, self.variant, self.causal = config, variant, causal
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(config.vocab_size, config.n_embd),
-            **({"wpe": nn.Embedding(config.block_size, config.n_embd)} if config.position == "learned" else {}),
+            **({"wpe": nn.Embedding(config.block_size, config.n_embd)} if config.position != "rope" else {}),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config, variant, i, causal) for i in range(config.n_layer)]),
             ln_f=_norm(config),
