@@ -66,3 +66,25 @@ def test_bad_positions_are_refused_in_one_line(nano_project, over, words):
     with pytest.raises(ConfigError) as e:
         load_config(["model=nano", *over], nano_project)
     assert "\n" not in str(e.value) and all(w in str(e.value) for w in words)
+
+
+def test_the_task_picks_the_positions_a_run_does_not_name(nano_project, tmp_path):
+    """model.position null takes task.position: mlm rope, lm and mqar learned; a run that names its own keeps it;
+    params.yaml keeps DVC's unresolved composition, and a stage reading it with task=mlm resolves rope."""
+    import yaml
+
+    from study.config.compose import composed_params
+
+    picked = {t: load_config(["model=nano", f"task={t}"], nano_project).model.position for t in ("lm", "mlm", "mqar")}
+    assert picked == {"lm": "learned", "mlm": "rope", "mqar": "learned"}
+    assert load_config(["model=nano", "task=mlm", "model.position=learned"], nano_project).model.position == "learned"
+    assert load_config(["model=nano", "model.position=rope"], nano_project).model.position == "rope"
+    assert yaml.safe_load(composed_params(nano_project, ["task=mlm"]))["model"]["position"] is None
+    (tmp_path / "params.yaml").write_text(composed_params(nano_project))
+    assert load_config(["task=mlm"], nano_project, params=tmp_path / "params.yaml").model.position == "rope"
+    assert load_config([], nano_project, params=tmp_path / "params.yaml").model.position == "learned"
+    # the schema's null builds nanoGPT's position table (a config that never met a task is an lm's)
+    assert "wpe" in GPT(model_cfg("nano", position=None), variant_cfg("baseline"), init_seed=0).transformer
+    with pytest.raises(ConfigError) as e:  # an odd head_dim under mlm's rotary default names both fixes
+        load_config(["model=nano", "task=mlm", "model.n_embd=36", "model.n_head=4"], nano_project)
+    assert "\n" not in str(e.value) and "model.position=learned" in str(e.value)

@@ -32,7 +32,7 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"model.position={m.position!r}: choose 'learned' or 'rope' (or null: the task's)")
     if m.position == "rope" and (m.n_embd // m.n_head) % 2:
         raise ConfigError(f"model.position=rope rotates pairs of head_dim = {m.n_embd // m.n_head}, which is odd: "
-                          f"choose n_embd / n_head even")
+                          f"choose n_embd / n_head even, or model.position=learned")
     for key in ("query", "key", "value", "output"):
         if getattr(v, key) not in PROJECTION_MODES:
             raise ConfigError(f"variant.{key}={getattr(v, key)!r} is not a projection mode: "
