@@ -89,6 +89,36 @@ def test_compare_refuses_a_test_run_without_its_arms_lr_or_recipe(nano_project, 
         tested_runs(cfg, nano_project)
 
 
+def test_compare_refuses_a_run_that_predates_the_positions_it_would_count_for(nano_project, tmp_path, monkeypatch):
+    """A run recorded before model.position existed trained with learned positions: under a rotary study (mlm's
+    default) it is not the arm's run, and compare says so rather than count it."""
+    from study.analysis.runs import RunsError
+    from study.analysis.verdict import tested_runs
+    from study.config import load_config
+
+    monkeypatch.chdir(nano_project)
+    monkeypatch.setenv("DVC_EXP_NAME", "test")
+    params = study_params(nano_project, tmp_path)
+    data = yaml.safe_load(params.read_text())
+    data["model"]["position"] = "rope"
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    cfg = load_config([], nano_project, params=str(params))
+    (tmp_path / "runs" / "test").mkdir(parents=True)
+    (tmp_path / "runs" / "test" / "plan.json").write_text(json.dumps({"seeds": {"nlqd": [1, 2, 3, 4, 5],
+                                                                                "base": [1, 2, 3, 4, 5]}}))
+    for s in range(1, 6):
+        _arm_run(cfg, nano_project, str(params), "nlqd", s, 4.0 + 0.01 * s)
+        _arm_run(cfg, nano_project, str(params), "base", s, 4.05 + 0.01 * s)
+    assert sorted(tested_runs(cfg, nano_project)["nlqd"]) == [1, 2, 3, 4, 5]  # rotary runs: counted
+    path = tmp_path / "runs/test/nlqd/nonlinear_q-s2/config.json"
+    old = json.loads(path.read_text())
+    assert old["model"].pop("position") == "rope"
+    path.write_text(json.dumps(old))
+    with pytest.raises(RunsError) as e:
+        tested_runs(cfg, nano_project)
+    assert "\n" not in str(e.value) and "was trained at model.position 'learned', but arm 'nlqd' trains at 'rope'" in str(e.value)
+
+
 @pytest.mark.slow  # two nano trainings of 8,192 tokens (~1 min on 2 cores)
 def test_the_printed_command_re_trains_the_run_it_names(nano_project, tmp_path, monkeypatch):
     """A test run whose metrics.json was lost: compare prints a command; run as printed, it trains the same run

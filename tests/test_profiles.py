@@ -98,6 +98,15 @@ def test_resolve_tokens_per_param_and_tuned_lr(nano_project, tmp_path, monkeypat
     with pytest.raises(ConfigError, match=r"tuned as arms.nonlinear_q_ph = variant 'nonlinear_q_ph' with overrides "
                                           r"\['train.schedule=d2z'\]"):
         load_config(["variant=nonlinear_q_ph", "train.lr_from_tuned=true"], nano_project, params=str(params))
+    # an lr* whose recipe predates model.position was tuned at learned positions: a rotary run may not take it
+    data["tuned"]["recipe"] = {"nonlinear_q": {"model": {"name": "nano"}}}
+    params.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"tuned at model.position=learned, but this run trains at model.position=rope"):
+        load_config(["variant=nonlinear_q", "train.lr_from_tuned=true", "model.position=rope"], nano_project,
+                    params=str(params))
+    assert resolve(load_config(["variant=nonlinear_q", "train.lr_from_tuned=true"], nano_project, params=str(params)),
+                   nano_project).variant.lr == 0.0071  # learned, as tuned
+    del data["tuned"]["recipe"]
 
     # lr_per_size: the lr* tuned at this size (tuned.size, `make ladder-tune`), not the default size's
     data["tuned"]["size"] = {"ladder-96": {"nonlinear_q": 0.0123, "baseline": 0.011}, "ladder-64": {"baseline": 0.02}}
@@ -112,6 +121,9 @@ def test_resolve_tokens_per_param_and_tuned_lr(nano_project, tmp_path, monkeypat
                     nano_project, params=str(params))
     assert "\n" not in str(e.value) and "'nonlinear_q' has no lr* tuned at size ladder-64" in str(e.value)
     assert "(tuned.size.ladder-64 in conf/tuned.yaml has ['baseline'])" in str(e.value) and "make ladder-tune" in str(e.value)
+    with pytest.raises(ConfigError, match=r"the lr\* of tuned.size were tuned on the lm task, not on task=mlm"):
+        load_config(["variant=nonlinear_q", "model=ladder-96", "train.lr_from_tuned=true", "train.lr_per_size=true",
+                     "task=mlm"], nano_project, params=str(params))
     # the ladder checks every size x variant before a run trains; lr_per_size=false transfers the default size's
     ladder = ["scale_ladder.models=[ladder-64,ladder-96]", "scale_ladder.variants=[baseline,nonlinear_q]"]
     with pytest.raises(ConfigError, match=r"scale_ladder.variants: 'nonlinear_q' has no lr\* tuned at size ladder-64.*"

@@ -60,6 +60,7 @@ def test_a_rope_model_has_no_position_table_and_the_same_non_embedding_parameter
 
 
 @pytest.mark.parametrize("over,words", [(["model.position=alibi"], ["model.position='alibi'", "'learned' or 'rope'"]),
+                                        (["task.position=alibi"], ["task.position='alibi'", "'learned' or 'rope'"]),
                                         (["model.position=rope", "model.n_embd=36", "model.n_head=4"],
                                          ["head_dim = 9", "odd"])])
 def test_bad_positions_are_refused_in_one_line(nano_project, over, words):

@@ -51,8 +51,14 @@ def _composed(overrides: list[str], root: Path):
     try:
         return load_config(overrides, root)
     except ConfigError:
+        from study.config.task import apply_task
+
         cfg, choices = _compose(root / "conf", "study", overrides)
         _name_groups(cfg, choices, root / "conf")
+        try:
+            apply_task(cfg)  # the task's folders and positions, as a validated config has them
+        except ConfigError:
+            pass
         return cfg
 
 

@@ -15,7 +15,7 @@ from study.analysis.decision import compare_pair, decide, decomposition, seed_li
 from study.analysis.pairing import check
 from study.analysis.runs import RunsError, final_losses, load_runs
 from study.analysis.stats import mean_ci
-from study.config.naming import TEST_GROUP, testing_group
+from study.config.naming import TEST_GROUP, testing_group, with_recorded_defaults
 
 #: the test stage's plan, under runs_dir/test: which seeds each arm needs (Stein's N from the first stage)
 PLAN = "plan.json"
@@ -184,9 +184,10 @@ def check_arm_run(cfg, root: Path, name: str, seed: int, run: dict) -> None:
     """
     from study.analysis.runs import train_command, train_hint_overrides
 
-    got = {**run["settings"], "lr": run.get("lr")}
+    settings = with_recorded_defaults(run["settings"])  # a key the run predates reads as its value then
+    got = {**settings, "lr": run.get("lr")}
     for key, want in arm_settings(cfg, name).items():
-        if key != "lr" and key not in run["settings"]:
+        if key != "lr" and key not in settings:
             continue  # a key runs of this code do not record: nothing to compare
         if not _same(got.get(key), want):
             group = testing_group(name)

@@ -144,7 +144,7 @@ def composed_params(root: Path, overrides: list[str] | None = None) -> str:
     _check_overrides(overrides)
     cfg, choices = _compose(root / "conf", "study", overrides)
     _name_groups(cfg, choices, root / "conf", set_names=False)  # refused, not renamed: DVC writes the files' own
-    _check(copy.deepcopy(cfg), root)  # nothing is written from a config a stage would refuse; DVC writes it unresolved
+    _check(copy.deepcopy(cfg), root)  # nothing written that a stage would refuse; DVC writes it unresolved
     OmegaConf.resolve(cfg)
     return OmegaConf.to_yaml(cfg)
 

@@ -62,6 +62,9 @@ def validate_task(cfg: RunConfig) -> None:
     k = cfg.task
     if k.name not in TASKS:
         raise ConfigError(f"task.name={k.name!r} is not a task: choose one of {list(TASKS)} (task=NAME)")
+    if k.position not in ("learned", "rope"):
+        raise ConfigError(f"task.position={k.position!r}: choose 'learned' or 'rope' (a run may name its own with "
+                          f"model.position)")
     if k.name == "mlm":
         for key in ("mask_fraction", "mask_token_fraction", "random_token_fraction"):
             if not 0.0 <= getattr(k, key) <= 1.0:

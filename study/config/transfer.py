@@ -2,6 +2,7 @@
 at its size (tuned.size) or the default size's, and the checks that it exists and applies."""
 from __future__ import annotations
 
+from .naming import RECORDED_DEFAULTS
 from .schema import ConfigError, RunConfig
 
 
@@ -35,6 +36,9 @@ def check_transferable(cfg: RunConfig, v: str, what: str, off: str, model: str |
                           f"{[str(o) for o in arm.overrides]}, which a run of the plain variant does not apply: choose "
                           f"variants whose arm is the plain variant, or {off}")
     size = model if model is not None else (cfg.model.name if cfg.train.lr_per_size else None)
+    if size is not None and cfg.task.name != "lm":
+        raise ConfigError(f"{what} {v!r} at size {size}: the lr* of tuned.size were tuned on the lm task, not on "
+                          f"task={cfg.task.name}: run the scale ladder with task=lm, or {off}")
     if size is not None and transferred_lr(cfg, v, size) is None:
         raise ConfigError(f"{what} {v!r} has no lr* tuned at size {size} (tuned.size.{size} in conf/tuned.yaml has "
                           f"{sorted(cfg.tuned.size.get(size) or {})}): tune that size (`make ladder-tune`, or "
@@ -44,3 +48,10 @@ def check_transferable(cfg: RunConfig, v: str, what: str, off: str, model: str |
     if arm.lr is None and v not in cfg.tuned.lr:
         raise ConfigError(f"{what} {v!r} has no lr* in conf/tuned.yaml (tuned.lr has {sorted(cfg.tuned.lr)}): add "
                           f"arms.{v} to tune.arms and run `make tune`, or {off}")
+    tuned_at = (cfg.tuned.recipe or {}).get(v)
+    if arm.lr is None and tuned_at is not None:  # the positions an lr* was tuned at (a record without: learned)
+        was = (tuned_at.get("model") or {}).get("position", RECORDED_DEFAULTS["model.position"])
+        if was != cfg.model.position:
+            raise ConfigError(f"{what} {v!r}: its lr* was tuned at model.position={was}, but this run trains at "
+                              f"model.position={cfg.model.position}: re-tune it (`make tune`) or set "
+                              f"model.position={was}, or {off}")
