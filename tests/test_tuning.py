@@ -148,6 +148,16 @@ def test_an_lr_tuned_at_another_recipe_is_refused():
                             f"but this study runs train.warmup_tokens={2 * train['warmup_tokens']}: re-tune it (`make tune` "
                             f"with {arm} in tune.arms) or set those back")
     assert tuned_lr(other, "baseline_today") == 3e-3
+    # mlm's lr* were tuned at its default, rotary positions: a learned-position run is told how to tune its task
+    mlm = yaml.safe_load((ROOT / "conf/tuned.yaml").read_text())["tuned"]["task"]["mlm"]
+    assert {r["model"]["position"] for r in mlm["recipe"].values()} == {"rope"}
+    assert tuned_lr(load_config(["task=mlm"], ROOT), "baseline") == mlm["lr"]["baseline"]
+    with pytest.raises(ConfigError) as e:
+        tuned_lr(load_config(["task=mlm", "model.position=learned"], ROOT), "baseline")
+    assert "\n" not in str(e.value) and str(e.value).endswith(
+        "model.position=learned: re-tune it (`python -m study.tune --arm baseline task=mlm`, then `python -m "
+        "study.tune --write task=mlm`, with the run's own overrides; `make tasks TASKS=mlm` tunes every arm) or set "
+        "those back")
 
 
 def test_tune_seeds_overlapping_test_seeds_is_a_one_line_error():

@@ -53,6 +53,16 @@ def apply_task(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
+def retune_hint(cfg: RunConfig, arm: str) -> str:
+    """The command that tunes ``arm`` again under this config's task, for a one-line refusal (``make tune`` tunes
+    lm's arms only; another task's are tuned by ``study.tune`` with ``task=T``, or all at once by ``make tasks``)."""
+    t = cfg.task.name
+    if t == "lm":
+        return f"`make tune` with {arm} in tune.arms"
+    return (f"`python -m study.tune --arm {arm} task={t}`, then `python -m study.tune --write task={t}`, with the "
+            f"run's own overrides; `make tasks TASKS={t}` tunes every arm")
+
+
 def validate_task(cfg: RunConfig) -> None:
     """The task's own settings: fractions in [0, 1], MQAR sizes Zoology's generator accepts.
 

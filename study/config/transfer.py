@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .naming import RECORDED_DEFAULTS
 from .schema import ConfigError, RunConfig
+from .task import retune_hint
 
 
 def transferred_lr(cfg: RunConfig, v: str, model: str | None = None) -> float | None:
@@ -53,5 +54,5 @@ def check_transferable(cfg: RunConfig, v: str, what: str, off: str, model: str |
         was = (tuned_at.get("model") or {}).get("position", RECORDED_DEFAULTS["model.position"])
         if was != cfg.model.position:
             raise ConfigError(f"{what} {v!r}: its lr* was tuned at model.position={was}, but this run trains at "
-                              f"model.position={cfg.model.position}: re-tune it (`make tune`) or set "
-                              f"model.position={was}, or {off}")
+                              f"model.position={cfg.model.position}: re-tune it ({retune_hint(cfg, v)}) or "
+                              f"set model.position={was}, or {off}")

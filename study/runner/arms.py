@@ -20,6 +20,7 @@ from pathlib import Path
 
 from study.config import ConfigError, StudyError, load_config, run_dir, task_data_dir
 from study.config.naming import RECIPE, RECORDED_DEFAULTS, lr_key
+from study.config.task import retune_hint
 
 
 def arm_of(cfg, name: str):
@@ -82,7 +83,7 @@ def tuned_lr(cfg, name: str, root: Path | None = None) -> float:
             def show(r):
                 return ", ".join(f"{k}={recipe_value(r, k)}" for k in diff)
             raise ConfigError(f"arm {name!r}'s lr* (conf/tuned.yaml) was tuned at {show(at)}, but this study runs "
-                              f"{show(now)}: re-tune it (`make tune` with {name} in tune.arms) or set those back")
+                              f"{show(now)}: re-tune it ({retune_hint(cfg, name)}) or set those back")
     return float(cfg.tuned.lr[name])
 
 
