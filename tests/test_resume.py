@@ -83,11 +83,19 @@ def test_a_key_stored_under_an_older_rule_matches_when_it_differs_only_in_what_t
 def test_every_task_names_the_fields_it_reads():
     from dataclasses import fields
 
-    from study.config.schema import TASK_FIELDS, TASKS, TaskConfig
+    from study.config import load_config
+    from study.config.naming import config_hash as key
+    from study.config.schema import TASK_FIELDS, TASK_RESOLVED, TASKS, TaskConfig
 
     assert set(TASK_FIELDS) == set(TASKS)
     named = {f for fs in TASK_FIELDS.values() for f in fs}
-    assert named == {f.name for f in fields(TaskConfig)}  # each field is read by some task, and exists
+    assert not named & set(TASK_RESOLVED)
+    assert named | set(TASK_RESOLVED) == {f.name for f in fields(TaskConfig)}  # each field is read, and exists
+    # a resolved field reaches the key through the section it fills: mlm's default positions are the named ones
+    assert key(load_config(["task=mlm"])) == key(load_config(["task=mlm", "model.position=rope"]))
+    assert key(load_config(["task=mlm"])) != key(load_config(["task=mlm", "model.position=learned"]))
+    assert key(load_config(["task=mlm", "task.position=learned"])) == key(load_config(["task=mlm",
+                                                                                     "model.position=learned"]))
 
 
 def test_a_folder_stored_under_the_older_rule_is_resumed_or_kept_under_todays_key(nano_project, tmp_path, monkeypatch):

@@ -163,6 +163,9 @@ TASK_FIELDS = {
     "mqar": ("name", "vocab_size", "seq_len", "num_kv_pairs", "power_a", "random_non_queries", "train_examples",
              "test_examples", "test_seed"),
 }
+# The fields of TaskConfig resolved into another section by study.config.task.apply_task (task.position fills a null
+# model.position): a run's key holds their effect there, in the resolved model section, not the field itself.
+TASK_RESOLVED = ("position",)
 
 
 @dataclass
