@@ -55,6 +55,16 @@ def _arm_run(cfg, root: Path, params: str, arm: str, seed: int, loss: float, dro
     (d / "config.json").write_text(json.dumps(recorded_config(run, "0123456789abcdef")))
 
 
+def _five_seeds(cfg, root: Path, params: Path, tmp: Path) -> None:
+    """Seeds 1-5 of both arms finished, with the plan that asks for them."""
+    (tmp / "runs" / "test").mkdir(parents=True)
+    (tmp / "runs" / "test" / "plan.json").write_text(json.dumps({"seeds": {"nlqd": [1, 2, 3, 4, 5],
+                                                                           "base": [1, 2, 3, 4, 5]}}))
+    for s in range(1, 6):
+        _arm_run(cfg, root, str(params), "nlqd", s, 4.0 + 0.01 * s)
+        _arm_run(cfg, root, str(params), "base", s, 4.05 + 0.01 * s)
+
+
 def test_compare_refuses_a_test_run_without_its_arms_lr_or_recipe(nano_project, tmp_path, monkeypatch):
     """The issue's case: a test run re-trained without variant.lr (train.lr 3e-3 instead of the arm's 3.1e-2), or
     without the arm's train.schedule=d2z, pairs with the others (pairing ignores the variant's lr and the arms'
@@ -67,12 +77,7 @@ def test_compare_refuses_a_test_run_without_its_arms_lr_or_recipe(nano_project, 
     monkeypatch.setenv("DVC_EXP_NAME", "test")  # params.yaml holds values conf/ does not: inside `dvc exp run`
     params = study_params(nano_project, tmp_path)
     cfg = load_config([], nano_project, params=str(params))
-    (tmp_path / "runs" / "test").mkdir(parents=True)
-    (tmp_path / "runs" / "test" / "plan.json").write_text(json.dumps({"seeds": {"nlqd": [1, 2, 3, 4, 5],
-                                                                                "base": [1, 2, 3, 4, 5]}}))
-    for s in range(1, 6):
-        _arm_run(cfg, nano_project, str(params), "nlqd", s, 4.0 + 0.01 * s)
-        _arm_run(cfg, nano_project, str(params), "base", s, 4.05 + 0.01 * s)
+    _five_seeds(cfg, nano_project, params, tmp_path)
     runs = tested_runs(cfg, nano_project)
     assert [runs["nlqd"][s]["lr"] for s in range(1, 6)] == [LR] * 5
     d = tmp_path / "runs/test/nlqd/nonlinear_q-s2"
@@ -103,12 +108,7 @@ def test_compare_refuses_a_run_that_predates_the_positions_it_would_count_for(na
     data["model"]["position"] = "rope"
     params.write_text(yaml.safe_dump(data, sort_keys=False))
     cfg = load_config([], nano_project, params=str(params))
-    (tmp_path / "runs" / "test").mkdir(parents=True)
-    (tmp_path / "runs" / "test" / "plan.json").write_text(json.dumps({"seeds": {"nlqd": [1, 2, 3, 4, 5],
-                                                                                "base": [1, 2, 3, 4, 5]}}))
-    for s in range(1, 6):
-        _arm_run(cfg, nano_project, str(params), "nlqd", s, 4.0 + 0.01 * s)
-        _arm_run(cfg, nano_project, str(params), "base", s, 4.05 + 0.01 * s)
+    _five_seeds(cfg, nano_project, params, tmp_path)
     assert sorted(tested_runs(cfg, nano_project)["nlqd"]) == [1, 2, 3, 4, 5]  # rotary runs: counted
     path = tmp_path / "runs/test/nlqd/nonlinear_q-s2/config.json"
     old = json.loads(path.read_text())
