@@ -1,7 +1,7 @@
 """Stage ``python -m study.levers [--params params.yaml] [overrides]``: the measured table of choices for the default.
 
 For each row of conf/levers.yaml (a name and the overrides of one lever: tokenizer, context length, width,
-depth, tokens per run or per step), the token data are prepared once into ``data/levers/DATA`` (DATA named
+depth, tokens per run or per step; the command line's overrides go to every row, before its own), the token data are prepared once into ``data/levers/DATA`` (DATA named
 by the tokenizer, its vocabulary and block_size), then :data:`VARIANTS` (the baseline and the no-context
 yardstick, whose attention sees its own position only) train on one seed at one lr into
 ``runs/levers/ROW/VARIANT-sSEED`` (``study.jobs`` at once; finished runs are reused).  The table, printed and
@@ -109,17 +109,34 @@ def table(rows: list[dict], margin_pct: float) -> list[str]:
     return lines
 
 
-def _levers(cfg, root: Path, params: str | None) -> int:
-    spec = read_levers(root)
-    runs, rows = [], []
+def plan_rows(spec: dict, root: Path, params: str | None, base: list[str] = ()) -> list[tuple[str, list[str], list]]:
+    """Each row of ``spec`` (:func:`read_levers`) as (name, its data overrides, the override lists of its
+    :data:`VARIANTS`' runs): the stage's own overrides ``base`` first, then the row's, then the row's data folder.
+
+    Raises:
+        ConfigError: an override of the command line sets a key that a row sets too (the row would silently win)."""
+    keys = {str(o).split("=", 1)[0].lstrip("+~") for o in base}
+    out = []
     for name, over in spec["rows"].items():
-        row_cfg = load_config([str(o) for o in over], root, params=params)
-        data = [*map(str, over), f"data.dir={data_dir_of(row_cfg)}"]
+        clash = sorted(keys & {str(o).split("=", 1)[0].lstrip("+~") for o in over})
+        if clash:
+            raise ConfigError(f"{', '.join(clash)} is set by row {name} of {LEVERS} and on the command line: drop it "
+                              f"from the command line (or edit the row)")
+        row_cfg = load_config([*base, *map(str, over)], root, params=params)
+        data = [*base, *map(str, over), f"data.dir={data_dir_of(row_cfg)}"]
+        runs = [[*data, f"variant={v}", f"seed={spec['seed']}", f"variant.lr={float(spec['lr'])!r}",
+                 f"study.group={GROUP}/{name}", "trainer.progress_bar=false"] for v in VARIANTS]
+        out.append((name, data, runs))
+    return out
+
+
+def _levers(cfg, root: Path, params: str | None, base: list[str] = ()) -> int:
+    spec = read_levers(root)
+    planned = plan_rows(spec, root, params, list(base))
+    for _, data, _ in planned:
         _prepare(data, root, params)
-        for v in VARIANTS:
-            runs.append([*data, f"variant={v}", f"seed={spec['seed']}", f"variant.lr={float(spec['lr'])!r}",
-                         f"study.group={GROUP}/{name}", "trainer.progress_bar=false"])
-        rows.append((name, data))
+    runs = [r for _, _, rr in planned for r in rr]
+    rows = [(name, data) for name, data, _ in planned]
     ensure_runs(runs, root, params, jobs=cfg.study.jobs)
     try:
         results = [_row(load_config(data, root, params=params), root, spec, name) for name, data in rows]
@@ -144,7 +161,9 @@ def main(argv: list[str] | None = None) -> int:
             params = a.split("=", 1)[1]
         elif a == "--params" and i + 1 < len(argv):
             params = argv[i + 1]
-    return run_stage(lambda cfg, root: _levers(cfg, root, params), argv)
+    # the stage's own overrides reach every row (and every run of it), before the row's own
+    base = [a for i, a in enumerate(argv) if not a.startswith("-") and not (i and argv[i - 1] in ("--params", "--cfg"))]
+    return run_stage(lambda cfg, root: _levers(cfg, root, params, base), argv)
 
 
 if __name__ == "__main__":

@@ -51,3 +51,45 @@ def test_a_malformed_levers_file_is_refused_in_one_line(tmp_path):
     r = run_cli(project, "study.levers")
     assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
     assert "rows must map each row's name to a list of overrides" in r.stderr
+
+
+def test_the_command_lines_overrides_reach_every_row(tmp_path, monkeypatch):
+    """`python -m study.levers OVERRIDES`: every row's data and every run of it carry the overrides (before the row's
+    own), so a quick trial prepares a small corpus into its own folder instead of the full default one."""
+    import study.levers as levers
+    from study.config import StudyError, load_config
+    from tests.conftest import ROOT
+
+    monkeypatch.chdir(ROOT)
+    (tmp_path / "levers.yaml").write_text(LEVERS)
+    monkeypatch.setattr(levers, "LEVERS", str(tmp_path / "levers.yaml"))
+    prepared, trained = [], []
+    monkeypatch.setattr(levers, "_prepare", lambda data, root, params: prepared.append(list(data)))
+
+    def stop(runs, root, params, jobs=1):
+        trained.extend(runs)
+        raise StudyError("stopped before training")
+    monkeypatch.setattr(levers, "ensure_runs", stop)
+    over = ["data.max_docs_per_corpus=3", f"study.runs_dir={tmp_path / 'runs'}", "train.tokens=1048576"]
+    assert levers.main(over) == 2
+    assert len(prepared) == 2 and len(trained) == 4
+    for overrides in [*prepared, *trained]:
+        cfg = load_config(overrides, ROOT)
+        assert (cfg.data.max_docs_per_corpus, cfg.study.runs_dir, cfg.train.tokens) == (3, str(tmp_path / "runs"), 1048576)
+    bytes_cfg = load_config(trained[-1], ROOT)
+    assert (bytes_cfg.model.vocab_size, bytes_cfg.variant.name) == (257, "no_context")
+    default = load_config(["data.bpe_vocab_size=257", "model.vocab_size=257"], ROOT)
+    assert bytes_cfg.data.dir != levers.data_dir_of(default)  # the small corpus has its own folder
+
+
+def test_an_override_that_a_row_sets_too_is_refused_in_one_line(tmp_path, monkeypatch, capsys):
+    import study.levers as levers
+    from tests.conftest import ROOT
+
+    monkeypatch.chdir(ROOT)
+    (tmp_path / "levers.yaml").write_text(LEVERS)
+    monkeypatch.setattr(levers, "LEVERS", str(tmp_path / "levers.yaml"))
+    monkeypatch.setattr(levers, "_prepare", lambda *a: pytest.fail("prepared despite a clash"))
+    assert levers.main(["model.vocab_size=512"]) == 2
+    assert capsys.readouterr().err == (f"error: model.vocab_size is set by row bytes of {tmp_path / 'levers.yaml'} and on "
+                                       f"the command line: drop it from the command line (or edit the row)\n")
