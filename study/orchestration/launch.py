@@ -3,35 +3,38 @@
 ``local``: ``study.jobs`` trainings at once on this machine, a ``concurrent.futures`` thread pool whose workers each
 run one :mod:`study.orchestration.job` command as a child process (its lines in ``launcher.log_dir``); every
 training dies with its stage (PR_SET_PDEATHSIG, armed by the training itself: ``STUDY_PARENT_PID``), and Ctrl-C or
-SIGTERM of the stage terminates them (each marks its run KILLED and frees its lock).
+SIGTERM of the stage terminates them (each marks its run KILLED and frees its lock); so does SIGHUP (the terminal closed).
 
 ``slurm``: one job array per batch of missing runs, submitted by submitit's SLURM executor (``map_array``), one
-training per job; the stage polls ``squeue`` (every state, so a finished task's own state is read) until every task
-has ended, and Ctrl-C or SIGTERM of the stage cancels the array.  A requeued task (preemption, time limit) stays in
-the queue and resumes from its checkpoint.
+training per job, and recorded beside the runs (study.orchestration.arrays); the stage polls ``squeue`` (every state,
+so a finished task's own state is read, and a queued task's reason) until every task has ended, and Ctrl-C, SIGTERM or
+SIGHUP of the stage cancels the array.  A requeued task (preemption, time limit) stays in the queue and resumes from
+its checkpoint.  A stage that ended without cancelling (SIGKILL) leaves its array queued: the next start waits for
+the tasks that still train its runs instead of submitting them again.
 
 Either way the stage then reads the run folders: a run without metrics.json is a failure, named with its job
 (exit status or SLURM job id and state) and its log; a diverged run is a lost point, not a failure.
 """
 from __future__ import annotations
 
-import collections
 import os
+import signal
 import subprocess
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from pathlib import Path
 
+from study.config import StudyError
 from study.config.launcher import resolve_launcher
+from study.config.signals import Killed
+from study.orchestration.arrays import ACTIVE, check_commands, drop_if_ended, squeue_tasks, write_record
 from study.orchestration.job import TrainJob, log_path, train_command
-from study.orchestration.progress import StageLine, run_outcome
+from study.orchestration.progress import StageLine, queue_words, run_outcome
 
 #: the environment variable that tells a training the pid of the stage it must die with (study.runner.launch)
 PARENT_ENV = "STUDY_PARENT_PID"
-#: SLURM states of a task that has not ended (it may still run, or run again after a requeue)
-ACTIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING",
-          "SUSPENDED", "STOPPED", "SIGNALING", "STAGE_OUT", "RESV_DEL_HOLD", "SPECIAL_EXIT"}
 
 
 def _last_line(path: Path) -> str:
@@ -46,15 +49,20 @@ def _last_line(path: Path) -> str:
 
 
 def launch(todo: list[tuple[Path, list[str]]], root: Path, params: str | None, cfg, line: StageLine,
-           jobs: int | None = None) -> list[str]:
+           jobs: int | None = None, earlier: dict | None = None) -> list[str]:
     """Train every (run folder, study.train overrides) of ``todo`` on ``cfg``'s launcher; wait until all have ended.
+    ``earlier`` (slurm): {run folder: the task of an earlier array that trains it} (study.orchestration.arrays.
+    earlier_tasks): waited for, not submitted again.
 
     Returns: one description per run that did not finish (no metrics.json): the folder, the job (exit status, or
     SLURM job id and state) and its log.
+
+    Raises:
+        StudyError: under slurm, SLURM's commands are missing or sbatch refused the array (one line).
     """
     res = resolve_launcher(cfg)
     if res["executor"] == "slurm":
-        return SlurmLauncher(res, root, params).run(todo, line)
+        return SlurmLauncher(res, root, params).run(todo, line, earlier)
     return LocalLauncher(res, root, params, jobs or cfg.study.jobs).run(todo, line)
 
 
@@ -92,7 +100,7 @@ class LocalLauncher:
         failed = []
         pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="study-train")
         try:
-            with terminate_as_exception():
+            with terminate_as_exception(), hangup_as_exception():
                 futures = {pool.submit(self._one, d, o): d for d, o in todo}
                 left = set(futures)
                 while left:
@@ -139,19 +147,6 @@ def slurm_parameters(res: dict, root: Path, name: str) -> dict:
     return p
 
 
-def squeue_states(array_id: str) -> dict[str, str] | None:
-    """{task id "ARRAY_TASK": state} of every task of the array SLURM still knows (any state; None on an error)."""
-    try:
-        got = subprocess.run(["squeue", "-h", "-r", "-t", "all", "-j", str(array_id), "-o", "%i %T"],
-                             capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if got.returncode:
-        return None if "Invalid job id" not in got.stderr else {}
-    out = got.stdout
-    return dict(x.split(None, 1) for x in out.splitlines() if len(x.split(None, 1)) == 2)
-
-
 def sacct_state(job_id: str) -> str:
     """The final state of one job from SLURM's accounting, or "ended" where accounting is off."""
     try:
@@ -162,55 +157,127 @@ def sacct_state(job_id: str) -> str:
     return out[0] if out else "ended"
 
 
+@contextmanager
+def hangup_as_exception():
+    """SIGHUP (the stage's terminal closed, a login session lost) raises :class:`study.config.signals.Killed` in the
+    block, as SIGTERM does, so that the stage stops its trainings (cancels its array) before it exits.  Not where
+    SIGHUP is ignored (``nohup``) or off the main thread."""
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGHUP) is signal.SIG_IGN:
+        yield
+        return
+
+    def on_hup(signum, _frame):
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # one is enough: the clean-up is not cut short by another
+        raise Killed(128 + signum)
+
+    previous = signal.signal(signal.SIGHUP, on_hup)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
+def _say(text: str) -> None:
+    """Print a line; a terminal that is gone (SIGHUP) is no reason to stop a clean-up."""
+    try:
+        print(text, flush=True)
+    except OSError:
+        pass
+
+
 class SlurmLauncher:
-    """One job array per batch, through submitit (see the module docstring)."""
+    """One job array per batch, through submitit (see the module docstring); the tasks of an earlier array that
+    still train runs of the batch (study.orchestration.arrays) are waited for, not submitted again."""
 
     def __init__(self, res: dict, root: Path, params: str | None):
         self.res, self.root, self.params = res, Path(root), params
         self.folder = self.root / res["log_dir"]
 
     def submit(self, todo: list[tuple[Path, list[str]]], name: str):
-        """Submit the array; returns submitit's jobs (one per run, in order)."""
+        """Submit the array; returns submitit's jobs (one per run, in order).
+
+        Raises:
+            StudyError: SLURM's commands are not on PATH, or sbatch refused the array (what it said; one line).
+        """
         import submitit
+        from submitit.core.utils import FailedJobError, FailedSubmissionError
 
-        ex = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=int(self.res["max_requeues"]))
-        ex.update_parameters(**slurm_parameters(self.res, self.root, name))
-        return ex.map_array(TrainJob(str(self.root), self.params), [list(o) for _, o in todo])
+        check_commands()
+        try:
+            ex = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=int(self.res["max_requeues"]))
+            ex.update_parameters(**slurm_parameters(self.res, self.root, name))
+            return ex.map_array(TrainJob(str(self.root), self.params), [list(o) for _, o in todo])
+        except (FailedJobError, FailedSubmissionError, subprocess.SubprocessError, RuntimeError, ValueError) as e:
+            said = "; ".join(x.strip() for x in str(e).splitlines() if x.strip())[:400] or type(e).__name__
+            raise StudyError(f"SLURM refused the job array: {said}: fix what it names (conf/launcher/slurm.yaml, "
+                             f"launcher.* overrides such as launcher.partition, or the cluster's SLURM set-up), or "
+                             f"train on this machine with launcher=local") from None
 
-    def run(self, todo: list[tuple[Path, list[str]]], line: StageLine) -> list[str]:
+    def run(self, todo: list[tuple[Path, list[str]]], line: StageLine, earlier: dict | None = None) -> list[str]:
+        """Submit the runs of ``todo`` that no task of ``earlier`` ({folder: task}, study.orchestration.arrays.
+        earlier_tasks) trains, wait for all; Ctrl-C, SIGTERM or SIGHUP cancels them (the new array and the earlier
+        tasks).  Returns the failures (see :func:`launch`)."""
         from study.runner.run_state import terminate_as_exception
 
-        jobs = self.submit(todo, "study-" + line.label.replace(" ", "-").replace(":", ""))
-        array = jobs[0].job_id.split("_")[0]
-        print(f"{line.label}: submitted SLURM job array {array} ({len(jobs)} runs; logs in {self.folder})", flush=True)
-        ids = [j.job_id for j in jobs]
-        states, t0 = {i: "PENDING" for i in ids}, time.time()
+        earlier = dict(earlier or {})
+        jobs_of = {d: (t["job"], Path(t["log_folder"]) / f"{t['job']}_0_log.err") for d, t in earlier.items()}
+        arrays = sorted({t["job"].split("_")[0] for t in earlier.values()})
+        records = {t["record"] for t in earlier.values()}
+        for a in arrays:
+            n = sum(t["job"].split("_")[0] == a for t in earlier.values())
+            _say(f"{line.label}: waiting for SLURM job array {a}, submitted earlier: {n} of its runs are still queued "
+                 f"or running (not submitted again)")
+        new = [(d, o) for d, o in todo if d not in earlier]
+        states = {}
         try:
-            with terminate_as_exception():
-                while True:
-                    now = squeue_states(array)
-                    for i in ids if now is not None else ():
-                        if i in now:
-                            states[i] = now[i]
-                        elif states[i] != "PENDING" or time.time() - t0 > 60:  # gone from SLURM's memory: ended
-                            states[i] = "GONE" if states[i] in ACTIVE else states[i]
-                    active = [i for i in ids if states[i] in ACTIVE]
-                    count = collections.Counter(states[i].lower() for i in active)
-                    line.update(f"slurm array {array}: " + (", ".join(f"{n} {s}" for s, n in sorted(count.items()))
-                                                            or "all ended"))
-                    if not active:
-                        break
-                    time.sleep(float(self.res["poll_s"]))
+            with terminate_as_exception(), hangup_as_exception():
+                if new:
+                    jobs = self.submit(new, "study-" + line.label.replace(" ", "-").replace(":", ""))
+                    array = jobs[0].job_id.split("_")[0]
+                    records.add(write_record(new, [j.job_id for j in jobs], array, self.folder, self.params))
+                    jobs_of.update({d: (j.job_id, j.paths.stderr) for (d, _), j in zip(new, jobs)})
+                    arrays.append(array)
+                    _say(f"{line.label}: submitted SLURM job array {array} ({len(jobs)} runs; logs in {self.folder})")
+                states = self._wait(arrays, [j for j, _ in jobs_of.values()], line)
         except BaseException:
-            subprocess.run(["scancel", array], capture_output=True)
-            print(f"\n{line.label}: cancelled SLURM job array {array}", flush=True)
+            self._cancel(arrays, earlier, records, line)
             raise
-        line.close(f"slurm array {array}: all ended")
+        for rec in records:
+            drop_if_ended(rec)
         failed = []
-        for (d, _), job in zip(todo, jobs):
+        for d, _ in todo:
             if run_outcome(d) is None:
-                state = states.get(job.job_id)
-                state = sacct_state(job.job_id) if state in (None, "GONE") else state
-                err = job.paths.stderr
-                failed.append(f"{d} (SLURM job {job.job_id}, {state}, log {err}: {_last_line(err) or 'empty'})")
+                job, err = jobs_of[d]
+                state = states.get(job)
+                state = sacct_state(job) if state in (None, "GONE") else state
+                failed.append(f"{d} (SLURM job {job}, {state}, log {err}: {_last_line(err) or 'empty'})")
         return failed
+
+    def _wait(self, arrays: list[str], ids: list[str], line: StageLine) -> dict[str, str]:
+        """Poll squeue (every state) until no task of ``ids`` is queued or running; returns their last states."""
+        states, reasons, t0 = {i: "PENDING" for i in ids}, {}, time.time()
+        while True:
+            for a in arrays:
+                now = squeue_tasks(a)
+                for i in [i for i in ids if i.split("_")[0] == a] if now is not None else ():
+                    if i in now:
+                        states[i], reasons[i] = now[i]
+                    elif states[i] != "PENDING" or time.time() - t0 > 60:  # gone from SLURM's memory: ended
+                        states[i] = "GONE" if states[i] in ACTIVE else states[i]
+            active = [(states[i], reasons.get(i, "")) for i in ids if states[i] in ACTIVE]
+            line.update(f"slurm array {', '.join(arrays)}: " + (queue_words(active) or "all ended"))
+            if not active:
+                line.close(f"slurm array {', '.join(arrays)}: all ended")
+                return states
+            time.sleep(float(self.res["poll_s"]))
+
+    def _cancel(self, arrays: list[str], earlier: dict, records: set, line: StageLine) -> None:
+        """scancel the stage's new array (whole) and the earlier tasks it had taken over; drop the new array's record."""
+        mine = [a for a in arrays if a not in {t["job"].split("_")[0] for t in earlier.values()}]
+        got = subprocess.run(["scancel", *mine, *[t["job"] for t in earlier.values()]], capture_output=True)
+        if got.returncode == 0:
+            for rec in records:
+                if rec.stem in mine:
+                    rec.unlink(missing_ok=True)
+        _say(f"\n{line.label}: cancelled SLURM job array {', '.join(arrays)}")

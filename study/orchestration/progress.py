@@ -1,13 +1,15 @@
 """The one live line of a stage while it waits for its trainings, on either launcher::
 
-    tune baseline: 3/8 runs (1 lost), 02:41 elapsed, ~04:10 left | slurm 2 running, 3 pending
+    tune baseline: 3/8 runs (1 lost), 02:41 elapsed, ~04:10 left | slurm array 812: 2 running, 3 pending (Resources)
 
 runs finished (reused ones included) of the batch's total, lost points (diverged runs), elapsed time, the time
-left estimated from the runs finished since the launch, and the launcher's queue state.  On a terminal the line is
+left estimated from the runs finished since the launch, and the launcher's queue state (under SLURM, why queued tasks
+wait: squeue's reason, e.g. ``ReqNodeNotAvail, UnavailableNodes:n12`` for a drained node).  On a terminal the line is
 rewritten in place; elsewhere (DVC's log, CI) it is printed when a count changes and once a minute.  Each
 training's own lines are in its log (launcher.log_dir)."""
 from __future__ import annotations
 
+import collections
 import json
 import sys
 import time
@@ -28,6 +30,20 @@ def run_outcome(d: Path) -> str | None:
     except (OSError, ValueError, AttributeError):
         return "ok"
     return "lost" if status == "diverged" else "ok"
+
+
+def queue_words(tasks: list[tuple[str, str]]) -> str:
+    """The queue of a SLURM stage from its active tasks' (state, reason): ``1 running, 3 pending (Resources)``; the
+    pending tasks' reasons (squeue's %r; "None" left out) follow their count, each with its count when they differ."""
+    count = collections.Counter(state.lower() for state, _ in tasks)
+    why = collections.Counter(r for state, r in tasks if state == "PENDING" and r and r != "None")
+    parts = []
+    for state, n in sorted(count.items()):
+        words = f"{n} {state}"
+        if state == "pending" and why:
+            words += " (" + "; ".join(k if len(why) == 1 else f"{m} {k}" for k, m in why.most_common()) + ")"
+        parts.append(words)
+    return ", ".join(parts)
 
 
 class StageLine:
