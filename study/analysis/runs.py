@@ -24,6 +24,8 @@ module finds the runs of a study and loads them, from run folders or the MLflow 
 """
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 from study.analysis.pairing import check
@@ -74,7 +76,7 @@ def train_hint_overrides(cfg, root: Path, group: str = "") -> list[str]:
     out, picks = [], []
     try:
         base = load_config([], root)
-        picks = [f"{g}={getattr(cfg, g).name}" for g in ("model", "data", "trainer")
+        picks = [f"{g}={getattr(cfg, g).name}" for g in ("model", "data", "trainer", "task")
                  if getattr(getattr(cfg, g), "name", None) != getattr(getattr(base, g), "name", None)]
         out = list(picks)
         # the picks alone may fail validation (model=nano with the default BPE vocabulary): compared
@@ -112,7 +114,8 @@ def load_runs(cfg, root: Path, variants=None, seeds=None, group: str = "", pair:
         pair: check that the runs agree on every setting but the variant (default True).
 
     Raises:
-        RunsError: a run has no metrics.json or config.json (with the command that makes it).
+        RunsError: a run has no metrics.json or config.json (with the command that makes it); a run of another task
+            than ``cfg.task.name`` (:func:`check_task`); a val_accuracy outside [0, 1] (:func:`check_task_metrics`).
         PairingError: a run differs from the others in a setting other than the variant.
     """
     runs: dict[str, dict[int, dict]] = {}
@@ -128,11 +131,13 @@ def load_runs(cfg, root: Path, variants=None, seeds=None, group: str = "", pair:
                                  else str(d / REPLACED))
                 continue
             try:
-                runs.setdefault(variant, {})[seed] = read_run(d, root)
+                run = runs.setdefault(variant, {})[seed] = read_run(d, root)
             except RunsError:  # again, with the overrides this run needs in the advice (computed only now)
                 overrides = train_hint_overrides(cfg, root, group) if overrides is None else overrides
                 read_run(d, root, train_command(variant, seed, group, overrides))
                 raise
+            check_task(cfg, run)
+            check_task_metrics(d, run, lambda: train_command(variant, seed, group, train_hint_overrides(cfg, root, group)))
     if missing:
         kept = (f" ({len(aside)} of them finished before: {', '.join(aside[:3])}{' ...' if len(aside) > 3 else ''} "
                 f"holds what a start killed before its Trainer existed had set aside; that train command puts it "
@@ -143,6 +148,46 @@ def load_runs(cfg, root: Path, variants=None, seeds=None, group: str = "", pair:
     if pair:
         check(runs, f"the runs of {group}" if group else "the study's runs")
     return runs
+
+
+def recorded_task(run: dict) -> str:
+    """The task a run trained (config.json's ``task.name``, else record.json's ``task``); "lm" for a run recorded
+    before runs had tasks (they all learned the next token)."""
+    return str(run["settings"].get("task.name") or run.get("task") or "lm")
+
+
+def check_task(cfg, run: dict) -> None:
+    """Refuse a run of another task than the one compare was asked for (``cfg.task.name``): an mlm run's loss is a
+    masked-LM loss, never an lm result, whatever settings it shares with the lm runs.
+
+    Raises:
+        RunsError: one line naming the run, both tasks and the command that compares the run's own task.
+    """
+    got, want = recorded_task(run), str(cfg.task.name)
+    if got != want:
+        raise RunsError(f"{run['name']} is a run of task {got!r}, but compare was asked for task {want!r} (its runs "
+                        f"folder, study.runs_dir {cfg.study.runs_dir}, holds another task's runs): compare them with "
+                        f"`python -m study.compare --params params.yaml task={got}`, or point study.runs_dir at the "
+                        f"{want} runs")
+
+
+def check_task_metrics(d: Path, run: dict, command) -> None:
+    """Refuse a finished run whose metrics.json holds a ``val_accuracy`` (the mlm and mqar tasks: the share of scored
+    positions predicted right) that is not a number in [0, 1]; null or absent is no accuracy (task lm).
+
+    Args:
+        command: () -> the command (in backquotes) that re-trains the run, for the advice.
+
+    Raises:
+        RunsError: one line naming the file, the value and the fix.
+    """
+    v = run.get("val_accuracy")
+    if v is None or run["status"] != "ok":
+        return
+    if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 1:
+        return
+    raise RunsError(f"{d / 'metrics.json'}: 'val_accuracy' is {json.dumps(v)[:40]}, expected a share in [0, 1] "
+                    f"(the scored positions predicted right): restore the file, or re-run the run with {command()}")
 
 
 def final_losses(runs: dict[str, dict[int, dict]]) -> dict[str, dict[int, float]]:
