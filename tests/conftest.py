@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+import study  # noqa: F401  (first: pins the CPU kernels before anything imports torch, as every stage does)
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 

@@ -18,6 +18,8 @@ VARIANT_KEYS = ("variant.",)
 #: the variant keys that may differ between the seeds of one variant (its tuned or swept lr, its wording);
 #: every other variant key (projections, widths, qk_norm, ...) is the variant's architecture
 VARIANT_TUNING = ("variant.lr", "variant.min_lr", "variant.description")
+#: the recorded numerics (config.json's ``numerics``: CPU kernels, torch, threads; study/config/numerics.py)
+NUMERICS_PREFIX = "numerics."
 SEED_KEYS = ("seed", "train.data_seed", "train.init_seed")
 #: how a run executes or is logged, not what it computes (also left out of the resume key,
 #: study/config/naming.py); ``train.overwrite`` only let a hand-started run replace a finished one
@@ -78,6 +80,12 @@ def check(runs: dict[str, dict[int, dict]], where: str, ignore: tuple[str, ...] 
     bad = []
     for v, s, r, c in keyed:
         keys = sorted(k for k in set(c) | set(ref) if _fmt(c.get(k)) != _fmt(ref.get(k)))
+        numerics = [k for k in keys if k.startswith(NUMERICS_PREFIX)]
+        if numerics:  # another machine's kernels, torch or threads: never paired, whatever else differs
+            shown = ", ".join(f"{k} {_fmt(c.get(k))} (vs {_fmt(ref.get(k))})" for k in numerics[:4])
+            raise PairingError(f"{where} do not pair: {r['name']} was trained under other numerics than {ref_name} "
+                               f"({shown}): runs under different numerics never pair; re-train it under this "
+                               f"machine's numerics (`dvc repro`), or compare each machine's runs apart")
         if keys:
             shown = ", ".join(f"{k} {_fmt(c.get(k))} (vs {_fmt(ref.get(k))})" for k in keys[:6])
             bad.append(f"{r['name']} differs in {shown}{' ...' if len(keys) > 6 else ''}")

@@ -12,7 +12,8 @@ A run folder (``runs/[GROUP/]VARIANT-sSEED/``, :func:`study.config.run_dir`) hol
   positions.csv  (:data:`POSITIONS_FILE`) position, val_loss: the per-position validation loss of the final
                  evaluation (:func:`write_positions`, :func:`read_positions`)
   config.json    (:data:`CONFIG_FILE`) the resolved config the run trained with, without :data:`NOT_SETTINGS`, plus
-                 the prepared data's digest (:func:`recorded_config`, :func:`settings_of`, :func:`recorded_settings`)
+                 the numerics it computed under (``numerics``: CPU kernels, torch, threads) and the prepared data's
+                 digest (:func:`recorded_config`, :func:`settings_of`, :func:`recorded_settings`)
   checkpoints/   (:data:`CHECKPOINTS`) last.ckpt (resumable) and run.json (the resume key and the settings it
                  covers, the MLflow run id): study.runner.run_state
   .lock          (:data:`LOCK_FILE`) held by the one process that writes the folder
@@ -69,10 +70,13 @@ NOT_SETTINGS = ("study", "scale_ladder", "defaults", *VERDICT_SECTIONS, *LAUNCH_
 
 def recorded_config(cfg, data_digest: str) -> dict:
     """config.json of a run: the resolved config it trained with (without :data:`NOT_SETTINGS`, which say which
-    runs exist) plus the prepared data's digest; compare pairs only runs whose config.json agree on everything
-    but the variant."""
+    runs exist), the numerics it computed under (:func:`study.config.numerics.run_numerics`: kernels, torch,
+    threads) and the prepared data's digest; compare pairs only runs whose config.json agree on everything but the
+    variant."""
+    from study.config.numerics import run_numerics
+
     d = {k: v for k, v in to_dict(cfg).items() if k not in NOT_SETTINGS}
-    return {**d, "data_digest": data_digest}
+    return {**d, "numerics": run_numerics(cfg.trainer), "data_digest": data_digest}
 
 
 def settings_of(config: dict) -> dict:

@@ -117,6 +117,7 @@ def plan_run(cfg, root: Path) -> Plan:
     import torch
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
+    from study.config.numerics import check_numerics
     from study.runner.profiles import resolve
     from study.runner.tracking import tracking_uri
     from study.tasks import get_task
@@ -141,6 +142,7 @@ def plan_run(cfg, root: Path) -> Plan:
         val_micro -= 1
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
+    check_numerics()  # CPU kernels pinned (study/config/numerics.py) unless STUDY_NUMERICS=native
     return Plan(cfg, root, name, out_dir, task, data_dir, uri, meta, steps, ws, micro, accum, rank, n_val, val_micro)
 
 
@@ -167,6 +169,7 @@ def open_run(plan: Plan, stack: ExitStack) -> OpenRun:
     Raises:
         RunBusy: another process writes the folder.  StudyError: an unreadable checkpoint to resume.
     """
+    from study.config.numerics import machine_tags
     from study.runner.progress import quiet_logs
     from study.runner.tracking import (artifact_location, ensure_experiment, git_commit, logged_steps,
                                        step_aligned_logger, store_lock)
@@ -200,7 +203,7 @@ def open_run(plan: Plan, stack: ExitStack) -> OpenRun:
             artifact_location=artifact_location(root, cfg.study), run_id=run.state.get("mlflow_run_id"),
             tags={"variant": cfg.variant.name, "seed": str(cfg.seed), "git_commit": git_commit(root),
                   "config_hash": digest, "model": cfg.model.name,
-                  "group": cfg.study.group or "main", RUN_FOLDER_TAG: run_folder_tag(out_dir)})
+                  "group": cfg.study.group or "main", RUN_FOLDER_TAG: run_folder_tag(out_dir), **machine_tags()})
         run.run_id = run.logger.run_id
         if rank == 0 and resume is not None and run.state.get("mlflow_run_id") == run.run_id:  # each step logged once
             run.logger.logged_through = logged_steps(run.logger.experiment, run.run_id)
@@ -215,7 +218,10 @@ def start_tracking(plan: Plan, run: OpenRun) -> None:
     if run.state.get("mlflow_run_id"):
         return
     cfg = plan.cfg
-    run.logger.log_hyperparams(run_params(cfg))  # what shapes the run; the whole config is config.yaml
+    from study.config.numerics import run_numerics
+
+    # the numerics are params (they pair runs); what the run ran on is tags (open_run: machine_tags)
+    run.logger.log_hyperparams({**run_params(cfg), **{f"numerics.{k}": v for k, v in run_numerics(cfg.trainer).items()}})
     if plan.rank == 0:
         from omegaconf import OmegaConf
         log_text(plan.root, cfg.study, run.run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
@@ -315,6 +321,7 @@ def end_failed(plan: Plan, run: OpenRun, exc: BaseException) -> None:
 def result_of(plan: Plan, run: OpenRun, module, trainer, seconds: float) -> dict:
     """The run's result (metrics.json and record.json in one dict, study.runfolder.split_result); marks run.json's
     state completed and saves the final checkpoint (on every rank: it ends with a barrier)."""
+    from study.config.numerics import machine_record
     from study.modeling.diagnostics import final_diagnostics
 
     cfg = plan.cfg
@@ -353,6 +360,7 @@ def result_of(plan: Plan, run: OpenRun, module, trainer, seconds: float) -> dict
         "wall_time_s": round(run.state["seconds"], 2),
         "tokens_per_s": round(trained_tokens / seconds, 1) if seconds > 0 else None,
         "tokenizer": plan.meta["tokenizer"],
+        "machine": machine_record(),  # CPU model, vendor, vector flags, torch/MKL/oneDNN versions, threads, pins
         "config_hash": run.digest,
         "mlflow_run_id": run.state["mlflow_run_id"],
     }

@@ -40,10 +40,15 @@ def code_files() -> list[str]:
 
 def resume_record(cfg, data_dir: Path) -> dict:
     """What a checkpoint must match to be resumed, flat: :func:`study.config.resume_config` (the
-    settings that change a run's numbers, not devices, strategy, threads, compile, logging), the sha256
+    settings that change a run's numbers, not devices, strategy, threads, compile, logging), the numerics it computes
+    under (``numerics:cpu_capability``, ``numerics:torch``, ``numerics:threads`` ...:
+    :func:`study.config.numerics.run_numerics`), the sha256
     of the training code (``code:study/modeling/model.py``, ``code:study/data/loader.py`` ...: :func:`code_files`)
     and ``data:meta.json`` (:func:`study.data.records.data_digest`)."""
+    from study.config.numerics import run_numerics
+
     rec = dict(resume_config(cfg))
+    rec.update({f"numerics:{k}": v for k, v in run_numerics(cfg.trainer).items()})  # the kernels, torch, threads
     for n in code_files():
         rec[f"code:study/{n}"] = hashlib.sha256((STUDY / n).read_bytes()).hexdigest()[:16]
     rec["data:meta.json"] = data_digest(data_dir)

@@ -1,0 +1,124 @@
+"""Numerics: CPU kernels pinned to AVX2 in every process that imports study, so a run's losses are the same floats on
+any x86-64 CPU; each run records what it ran on, and runs under different numerics never pair or resume."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+PROBE = ("import json, os, torch; print(json.dumps({'cap': torch.backends.cpu.get_cpu_capability(), "
+         "'env': {k: os.environ.get(k) for k in ('ATEN_CPU_CAPABILITY', 'MKL_CBWR', 'ONEDNN_MAX_CPU_ISA')}}))")
+
+
+def probe(code: str, **env) -> dict:
+    """Run ``code`` + :data:`PROBE` in a fresh interpreter without any pin in its environment (but ``env``)."""
+    import os
+
+    clean = {k: v for k, v in os.environ.items() if k not in ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "ONEDNN_MAX_CPU_ISA",
+                                                               "STUDY_NUMERICS")}
+    r = subprocess.run([sys.executable, "-c", code + "; " + PROBE], cwd=ROOT, env={**clean, **env},
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def has_avx512() -> bool:
+    from study.config.numerics import cpu_info
+
+    return "avx512f" in cpu_info()["flags"]
+
+
+@pytest.mark.slow  # three interpreters
+def test_importing_study_pins_the_kernels_before_torch_and_native_leaves_them():
+    pinned = probe("import study")
+    assert pinned == {"cap": "AVX2", "env": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2",
+                                             "ONEDNN_MAX_CPU_ISA": "AVX2"}}
+    native = probe("import study", STUDY_NUMERICS="native")
+    assert native["env"] == {"ATEN_CPU_CAPABILITY": None, "MKL_CBWR": None, "ONEDNN_MAX_CPU_ISA": None}
+    if has_avx512():
+        assert native["cap"].startswith("AVX512")
+    own = probe("import study", ATEN_CPU_CAPABILITY="default")  # a user's own setting is kept
+    assert own["cap"] == "DEFAULT" and own["env"]["MKL_CBWR"] == "AVX2"
+
+
+def test_a_bad_numerics_setting_is_refused_in_one_line(monkeypatch):
+    from study.config import ConfigError
+    from study.config.numerics import check_numerics, numerics_mode
+
+    with pytest.raises(ConfigError) as e:
+        check_numerics({"STUDY_NUMERICS": "avx512"})
+    assert "\n" not in str(e.value) and "STUDY_NUMERICS='avx512' is not one of avx2, native" in str(e.value)
+    assert numerics_mode({"STUDY_NUMERICS": "avx512"}) == "avx2"  # pinned until refused: the safe default
+    check_numerics({"STUDY_NUMERICS": "native"})
+    check_numerics({})  # this test process imported study first (conftest): pinned
+
+
+@pytest.mark.slow  # one interpreter
+@pytest.mark.skipif(not has_avx512(), reason="torch imported first runs AVX2 anyway on a CPU without AVX-512")
+def test_a_training_process_that_imported_torch_first_is_refused():
+    code = ("import torch; torch.backends.cpu.get_cpu_capability(); import study; "
+            "from study.config.numerics import check_numerics\ntry:\n check_numerics()\nexcept Exception as e:\n print(e)")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in __import__("os").environ.items() if k not in ("ATEN_CPU_CAPABILITY",)})
+    assert r.stdout.startswith("the CPU kernels are not pinned (ATen runs AVX512"), r.stdout + r.stderr
+    assert "import study first, or set STUDY_NUMERICS=native" in r.stdout
+
+
+def test_the_resume_key_holds_the_numerics(nano_project):
+    from study.config import load_config
+    from study.runner.run_state import resume_record
+
+    one = resume_record(load_config(["trainer.threads=1"], nano_project), nano_project / "data/tokens")
+    two = resume_record(load_config(["trainer.threads=2"], nano_project), nano_project / "data/tokens")
+    assert one["numerics:cpu_capability"] == "AVX2" and one["numerics:mkl_cbwr"] == "AVX2"
+    assert one["numerics:threads"] == 1 and two["numerics:threads"] == 2
+    assert {k for k in one if one[k] != two[k]} == {"numerics:threads"}  # threads change the sums: never resumed
+
+
+def test_runs_under_other_numerics_never_pair(tmp_path):
+    from synthetic_runs import write_run
+
+    from study.analysis.pairing import PairingError, check
+    from study.runfolder import read_run
+
+    for variant, seed, threads in (("baseline", 1, 1), ("nonlinear_q", 1, 1), ("baseline", 2, 1), ("nonlinear_q", 2, 2)):
+        d = write_run(tmp_path / f"{variant}-s{seed}", variant, seed, 4.0 + seed / 100)
+        config = json.loads((d / "config.json").read_text())
+        config["numerics"] = {"device": "cpu", "cpu_capability": "AVX2", "threads": threads}
+        (d / "config.json").write_text(json.dumps(config))
+    runs = {}
+    for d in sorted(tmp_path.iterdir()):
+        run = read_run(d, tmp_path)
+        runs.setdefault(run["variant"], {})[run["seed"]] = run
+    with pytest.raises(PairingError) as e:
+        check(runs, "the study's runs")
+    msg = str(e.value)
+    assert "\n" not in msg and "nonlinear_q-s2 was trained under other numerics than" in msg
+    assert "numerics.threads 2 (vs 1)" in msg and "runs under different numerics never pair" in msg
+
+
+#: a short fixed run (the nano study's data, a 64-wide 4-layer nonlinear_q, one thread, 40 steps of 2,048 tokens):
+#: its final val_loss under the pinned kernels, the full float.  Unpinned, an AVX-512 EPYC gives 5.137331008911133.
+PINNED_SHORT_RUN = 5.137331962585449
+
+
+@pytest.mark.slow  # one short training
+def test_a_short_run_gives_the_pinned_float_and_records_its_machine(run_in, tmp_path, nano_project):
+    from conftest import mlflow_runs
+
+    r = run_in("variant=nonlinear_q", "seed=1", "model.n_embd=64", "model.n_layer=4", "model.n_head=4",
+               "trainer.threads=1", "train.tokens=81920", "train.eval_every=20")
+    assert r["steps"] == 40 and r["val_loss"] == PINNED_SHORT_RUN
+    d = tmp_path / "runs" / "nonlinear_q-s1"
+    numerics = json.loads((d / "config.json").read_text())["numerics"]
+    assert numerics["cpu_capability"] == "AVX2" and numerics["threads"] == 1 and numerics["mode"] == "avx2"
+    machine = json.loads((d / "record.json").read_text())["machine"]
+    assert machine["cpu"]["vendor"] in ("AuthenticAMD", "GenuineIntel") and "avx2" in machine["cpu"]["flags"]
+    assert machine["torch"].startswith("2.13.0") and machine["env"]["MKL_CBWR"] == "AVX2" and machine["mkl"]
+    (run,) = [x for x in mlflow_runs(tmp_path / "mlruns.db")[1] if x.info.run_name == "nonlinear_q-s1"]
+    assert run.data.params["numerics.cpu_capability"] == "AVX2" and run.data.params["numerics.threads"] == "1"
+    assert run.data.tags["cpu"] == machine["cpu"]["model"] and "avx2" in run.data.tags["cpu_flags"].split()
