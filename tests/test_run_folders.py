@@ -260,3 +260,44 @@ def test_a_corrupt_metrics_json_advises_the_command_with_its_overrides(nano_proj
     assert "metrics.json is not valid JSON" in err
     cmd = err[err.index("`python -m study.train"):].split("`")[1]
     assert "variant=baseline seed=2" in cmd and f"study.runs_dir={runs}" in cmd and "train.tokens=40960" in cmd
+
+
+# -- a finished run is a result: started again by hand it is reused, re-trained only on request -------------
+@pytest.mark.slow  # one nano training
+def test_a_finished_run_started_again_by_hand_is_reused_not_retrained(run_in, tmp_path, monkeypatch, capsys):
+    """The same command twice: the second start trains nothing, rewrites nothing and opens no MLflow run; it says
+    so in one line and returns the finished result."""
+    monkeypatch.delenv("DVC_STAGE", raising=False)
+    tiny = ["train.tokens=4096", "train.warmup_tokens=0"]
+    first = run_in(*tiny)
+    run = tmp_path / "runs/baseline-s1"
+    before = _folder(run)
+    capsys.readouterr()
+    again = run_in(*tiny)
+    out = capsys.readouterr().out
+    assert "baseline-s1: " in out and "holds this run finished (same settings, code, data and numerics): reused" in out
+    assert again["val_loss"] == first["val_loss"] and again["mlflow_run_id"] == first["mlflow_run_id"]
+    assert _folder(run) == before
+    assert [r.info.status for r in mlflow_runs(tmp_path / "mlruns.db")[1]] == ["FINISHED"]
+
+
+@pytest.mark.slow  # two nano trainings
+def test_an_interrupted_overwrite_keeps_the_finished_run(run_in, tmp_path, monkeypatch):
+    """train.overwrite=true stopped by Ctrl-C while it trains: the finished run's files (metrics, record, curve,
+    config, positions) are back as they were and nothing is left aside."""
+    import study.runner.run as run_module
+
+    monkeypatch.delenv("DVC_STAGE", raising=False)
+    tiny = ["train.tokens=4096", "train.warmup_tokens=0"]
+    run_in(*tiny)
+    run = tmp_path / "runs/baseline-s1"
+    outputs = {n: (run / n).read_bytes() for n in ("metrics.json", "record.json", "curve.csv", "config.json",
+                                                    "positions.csv")}
+    def interrupted(plan, run_, module, dm, trainer, clock):  # Ctrl-C once the Trainer exists
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_module, "fit_run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_in(*tiny, "train.lr=1e-3", "train.overwrite=true")
+    assert {n: (run / n).read_bytes() for n in outputs} == outputs
+    assert not (run / ".replaced").exists() and not (run / ".replaced.discarded").exists()

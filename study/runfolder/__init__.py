@@ -44,7 +44,7 @@ LOCK_FILE = ".lock"
 REPLACED = ".replaced"  # a run folder's sub-folder holding what a start replaces until its Trainer exists
 
 #: what a new start of a run folder replaces: the outputs of its last run and (starting afresh) its checkpoints
-RUN_OUTPUTS = (METRICS_FILE, RECORD_FILE, CURVE_FILE, CONFIG_FILE)
+RUN_OUTPUTS = (METRICS_FILE, RECORD_FILE, CURVE_FILE, CONFIG_FILE, POSITIONS_FILE)
 #: what a finished run logs to MLflow as artifacts, in this order
 LOGGED_FILES = (CURVE_FILE, POSITIONS_FILE, METRICS_FILE, RECORD_FILE)
 

@@ -21,12 +21,12 @@ from study.config.signals import Killed, terminate_as_exception
 from study.data import DataError
 from study.data.records import data_digest as prepared_data_digest
 from study.runfolder import (CHECKPOINTS, CONFIG_FILE, CURVE_FILE, LAST_CKPT, LOGGED_FILES, METRICS_FILE,
-                             POSITIONS_FILE, RECORD_FILE, RUN_JSON, recorded_config, split_result, write_curve,
-                             write_json, write_positions)
+                             POSITIONS_FILE, RECORD_FILE, RUN_JSON, read_result, recorded_config, split_result,
+                             write_curve, write_json, write_positions)
 from study.runner.launch import build_trainer, check_multi_node, launch_rank, make_strategy, world_size
-from study.runner.run_state import (RUN_FOLDER_TAG, ctrl_c, end_orphaned_runs, end_status, hold_run_lock,
-                                    loop_state_callback, open_run_folder, read_resume_checkpoint, restore_env,
-                                    run_folder_tag, settle_previous_run)
+from study.runner.run_state import (RUN_FOLDER_TAG, ctrl_c, end_orphaned_runs, end_status, finished_here,
+                                    hold_run_lock, loop_state_callback, open_run_folder, read_resume_checkpoint,
+                                    restore_env, run_folder_tag, settle_previous_run)
 
 #: the checkpoint key of a run's training time up to that checkpoint (s, every segment of a resumed run)
 WALL_CLOCK_KEY = "study_wall_time_s"
@@ -69,6 +69,11 @@ def train(cfg, root: Path) -> dict:
 
 def _train(cfg, root: Path, stack: ExitStack) -> dict:
     plan = plan_run(cfg, root)
+    if finished_here(plan.cfg, plan.out_dir, plan.data_dir):  # started again by hand: the finished run is the result
+        if plan.rank == 0:
+            print(f"{plan.name}: {plan.out_dir} holds this run finished (same settings, code, data and numerics): "
+                  f"reused; train.overwrite=true trains it again", flush=True)
+        return read_result(plan.out_dir)
     run = open_run(plan, stack)
     try:  # from here on an exception ends the MLflow run FAILED (KILLED on SIGTERM), never RUNNING
         start_tracking(plan, run)
@@ -269,7 +274,7 @@ def build_run(plan: Plan, run: OpenRun) -> tuple:
         logger=run.logger, callbacks=callbacks, enable_progress_bar=isinstance(progress, ProgressBar),
         enable_model_summary=False, deterministic=cfg.trainer.accelerator == "cpu",
         default_root_dir=str(plan.out_dir))
-    run.replaced.discard()  # the Trainer took its settings: this run replaces the folder's last one
+    run.replaced.drop_checkpoints()  # the Trainer took its settings; the last run's outputs stay aside until the end
     run.logger.step_of = lambda: trainer.global_step  # metric steps = optimizer steps, as in curve.csv
     return module, dm, trainer, clock
 
@@ -380,6 +385,7 @@ def record_run(plan: Plan, run: OpenRun, module, trainer, metrics: dict) -> None
     from study.runner.tracking import log_files
 
     client, run_id, out_dir = run.logger.experiment, run.logger.run_id, plan.out_dir
+    run.replaced.discard()  # this run's outputs replace the last run's (kept aside until now: study.runner.run_state)
     if metrics["val_loss"] is not None:
         client.log_metric(run_id, "final_val_loss", metrics["val_loss"])
         if metrics["in_context_gain"] is not None:

@@ -206,6 +206,18 @@ class Replaced:
         self.moved = []
         shutil.rmtree(self.aside, ignore_errors=True)
 
+    def drop_checkpoints(self) -> None:
+        """The Trainer exists: the last run's checkpoints go (this run writes its own), its outputs stay aside until
+        this run writes its own (:meth:`discard`) and come back (:meth:`restore`) if it stops before: an interrupted
+        re-run never loses the finished result it was replacing."""
+        if not self.owner or CHECKPOINTS not in self.moved:
+            return
+        self.moved.remove(CHECKPOINTS)
+        gone = self.out_dir / f"{REPLACED}.discarded"
+        shutil.rmtree(gone, ignore_errors=True)
+        (self.aside / CHECKPOINTS).replace(gone)  # one step: a kill while deleting leaves nothing to put back
+        shutil.rmtree(gone, ignore_errors=True)
+
     def discard(self) -> None:
         """Drop what was set aside: renamed first (one step), so that a process dying while it is deleted
         leaves nothing that a later start would take for a set-aside run and put back."""
@@ -217,6 +229,22 @@ class Replaced:
             shutil.rmtree(gone, ignore_errors=True)
             self.aside.replace(gone)
             shutil.rmtree(gone, ignore_errors=True)
+
+
+def finished_here(cfg, out_dir: Path, data_dir: Path) -> bool:
+    """Whether ``out_dir`` holds a finished run of this very resume key (run.json completed under it, metrics.json
+    there), which a hand-started run reuses instead of training it again: not with ``train.overwrite`` (train it
+    again) nor as a DVC stage (:func:`dvc_stage`: DVC decides what it re-runs)."""
+    if cfg.train.overwrite or dvc_stage() or not (out_dir / METRICS_FILE).is_file():
+        return False
+    try:
+        state = json.loads((out_dir / CHECKPOINTS / RUN_JSON).read_text())
+    except (OSError, ValueError):
+        return False
+    if not isinstance(state, dict) or state.get("completed") is not True:
+        return False
+    record = resume_record(cfg, data_dir)
+    return state.get("config_hash") == run_digest(cfg, data_dir, record) or same_key(state.get("resume"), record)
 
 
 def dvc_stage() -> str | None:
@@ -234,9 +262,10 @@ def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) ->
     A checkpoint is resumed only under the same resume key (:func:`run_digest`) and when its run has not
     finished; otherwise rank 0 prints the keys that differ (``NAME: starting afresh, ...``) and moves
     the checkpoints aside.  Rank 0 moves the outputs of the folder's last run (metrics.json, curve.csv,
-    config.json) aside, into ``out_dir/.replaced/``; they appear again when this run ends.  The caller
-    calls the returned :class:`Replaced`'s ``discard()`` once its Trainer is built and ``restore()`` if
-    the start fails before that; a ``.replaced/`` left by a process that died in between is restored here.
+    config.json ...) aside, into ``out_dir/.replaced/``; they appear again when this run ends.  The caller
+    calls the returned :class:`Replaced`'s ``drop_checkpoints()`` once its Trainer is built, ``discard()`` when it
+    writes its own outputs and ``restore()`` if it stops before that; a ``.replaced/`` left by a process that died
+    in between is restored here (the outputs of the last finished run come back beside this run's checkpoints).
 
     Returns:
         (resume record, resume key, run.json's state (empty when starting afresh), the MLflow run id of
@@ -247,7 +276,7 @@ def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) ->
             the run is not a DVC stage's (:func:`dvc_stage`).
     """
     ckpt_dir = out_dir / CHECKPOINTS
-    if rank == 0 and (out_dir / REPLACED).is_dir():  # a start that died before its Trainer existed
+    if rank == 0 and (out_dir / REPLACED).is_dir():  # a start that died before it wrote its own outputs
         Replaced(out_dir, [p.name for p in (out_dir / REPLACED).iterdir()]).restore()
     if rank == 0:  # one that died while dropping what it had replaced
         shutil.rmtree(out_dir / f"{REPLACED}.discarded", ignore_errors=True)
