@@ -122,3 +122,27 @@ def test_a_short_run_gives_the_pinned_float_and_records_its_machine(run_in, tmp_
     (run,) = [x for x in mlflow_runs(tmp_path / "mlruns.db")[1] if x.info.run_name == "nonlinear_q-s1"]
     assert run.data.params["numerics.cpu_capability"] == "AVX2" and run.data.params["numerics.threads"] == "1"
     assert run.data.tags["cpu"] == machine["cpu"]["model"] and "avx2" in run.data.tags["cpu_flags"].split()
+
+
+def test_a_run_of_other_training_code_is_refused_by_compare_as_the_test_stage_replaces_it(tmp_path):
+    """A run folder copied from a checkout with other training code: config.json records its code digest, and
+    compare refuses it in one line (the test stage's reuse, keyed on the same code, would train it again)."""
+    from synthetic_runs import write_run
+
+    from study.analysis.pairing import PairingError, check
+    from study.runfolder import code_digest, read_run
+
+    runs = {}
+    for variant in ("baseline", "nonlinear_q"):
+        d = write_run(tmp_path / f"{variant}-s1", variant, 1, 4.0)
+        config = json.loads((d / "config.json").read_text())
+        config["code_digest"] = code_digest() if variant == "baseline" else "0000000000000000"
+        (d / "config.json").write_text(json.dumps(config))
+        runs[variant] = {1: read_run(d, tmp_path)}
+    with pytest.raises(PairingError) as e:
+        check(runs, "the study's runs")
+    assert "\n" not in str(e.value)
+    assert f"nonlinear_q-s1 was trained by other training code (code digest 0000000000000000, this checkout's " \
+           f"{code_digest()}" in str(e.value)
+    runs["nonlinear_q"][1]["settings"]["code_digest"] = code_digest()
+    assert check(runs, "the study's runs")["code_digest"] == code_digest()

@@ -72,6 +72,7 @@ def check(runs: dict[str, dict[int, dict]], where: str, ignore: tuple[str, ...] 
     flat = [(v, s, r) for v, by_seed in runs.items() for s, r in sorted(by_seed.items())]
     if not flat:
         return {}
+    check_code(flat, where)
     keyed = [(v, s, r, comparable(r["settings"], ignore)) for v, s, r in flat]
     counts = Counter(tuple(sorted((k, _fmt(x)) for k, x in c.items())) for *_, c in keyed)
     top = max(counts.values())
@@ -115,6 +116,27 @@ def check(runs: dict[str, dict[int, dict]], where: str, ignore: tuple[str, ...] 
             raise PairingError(f"{where} do not pair at seed {s}: (data seed, init seed) differ: {shown}; paired runs "
                                f"must see the same batches from the same initialisation")
     return ref
+
+
+def check_code(flat: list[tuple], where: str) -> None:
+    """Refuse a run whose config.json records another training code than this checkout's
+    (:func:`study.runfolder.code_digest`): the test stage would train it again, so compare does not count it either
+    (one rule for both).  A run recorded without a code digest (before it was recorded) is not checked here; it has
+    no recorded numerics either, so it never pairs with a run that has.
+
+    Raises:
+        PairingError: one line naming the run, both digests and the fix.
+    """
+    from study.runfolder import code_digest
+
+    now = code_digest()
+    for _, _, r in flat:
+        recorded = r["settings"].get("code_digest")
+        if recorded is not None and recorded != now:
+            raise PairingError(f"{where} do not pair: {r['name']} was trained by other training code (code digest "
+                               f"{recorded}, this checkout's {now}: study/modeling, data or tasks changed), so the test "
+                               f"stage would train it again; re-train it here (`dvc repro`), or compare it in the "
+                               f"checkout that trained it")
 
 
 def shared_settings(groups: list[dict]) -> dict:

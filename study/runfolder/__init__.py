@@ -12,8 +12,8 @@ A run folder (``runs/[GROUP/]VARIANT-sSEED/``, :func:`study.config.run_dir`) hol
   positions.csv  (:data:`POSITIONS_FILE`) position, val_loss: the per-position validation loss of the final
                  evaluation (:func:`write_positions`, :func:`read_positions`)
   config.json    (:data:`CONFIG_FILE`) the resolved config the run trained with, without :data:`NOT_SETTINGS`, plus
-                 the numerics it computed under (``numerics``: CPU kernels, torch, threads) and the prepared data's
-                 digest (:func:`recorded_config`, :func:`settings_of`, :func:`recorded_settings`)
+                 the numerics it computed under (``numerics``: CPU kernels, torch, threads), the training code's
+                 digest (``code_digest``) and the prepared data's digest (:func:`recorded_config`, :func:`settings_of`, :func:`recorded_settings`)
   checkpoints/   (:data:`CHECKPOINTS`) last.ckpt (resumable) and run.json (the resume key and the settings it
                  covers, the MLflow run id): study.runner.run_state
   .lock          (:data:`LOCK_FILE`) held by the one process that writes the folder
@@ -27,6 +27,7 @@ config and data only: analysis, runner and orchestration all import it.
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
 from pathlib import Path
@@ -63,6 +64,29 @@ def split_result(result: dict) -> tuple[dict, dict]:
     return metrics, {k: v for k, v in result.items() if k not in keys}
 
 
+STUDY = Path(__file__).resolve().parent.parent  # the study package
+
+
+def code_files() -> list[str]:
+    """The training code a run's numbers depend on, relative to study/: modeling/model.py, modeling/accounting.py
+    (the parameter and FLOP counts a run records), modeling/lm.py, modeling/diagnostics.py (what curve.csv's
+    diagnostics mean) and every module of the data and tasks packages (``data/*.py``, ``tasks/*.py``, sorted), so
+    that the digests are the same on every machine."""
+    return ["modeling/model.py", "modeling/accounting.py", "modeling/lm.py", "modeling/diagnostics.py",
+            *sorted(p.relative_to(STUDY).as_posix() for pkg in ("data", "tasks") for p in (STUDY / pkg).glob("*.py"))]
+
+
+def code_digests() -> dict[str, str]:
+    """{file of :func:`code_files`: sha256 of its bytes (16 hex digits)}: the code part of the resume key."""
+    return {n: hashlib.sha256((STUDY / n).read_bytes()).hexdigest()[:16] for n in code_files()}
+
+
+def code_digest() -> str:
+    """One sha256 (16 hex digits) over :func:`code_digests`: config.json's ``code_digest``, which compare checks
+    against this checkout's as the test stage's reuse does (a run trained by other code counts for neither)."""
+    return hashlib.sha256(json.dumps(code_digests(), sort_keys=True).encode()).hexdigest()[:16]
+
+
 #: sections of the resolved config that say which runs exist, not how one run trained: left out of config.json
 #: and of a run's settings
 NOT_SETTINGS = ("study", "scale_ladder", "defaults", *VERDICT_SECTIONS, *LAUNCH_SECTIONS)
@@ -71,12 +95,12 @@ NOT_SETTINGS = ("study", "scale_ladder", "defaults", *VERDICT_SECTIONS, *LAUNCH_
 def recorded_config(cfg, data_digest: str) -> dict:
     """config.json of a run: the resolved config it trained with (without :data:`NOT_SETTINGS`, which say which
     runs exist), the numerics it computed under (:func:`study.config.numerics.run_numerics`: kernels, torch,
-    threads) and the prepared data's digest; compare pairs only runs whose config.json agree on everything but the
-    variant."""
+    threads), the training code's digest (:func:`code_digest`) and the prepared data's digest; compare pairs only runs
+    whose config.json agree on everything but the variant."""
     from study.config.numerics import run_numerics
 
     d = {k: v for k, v in to_dict(cfg).items() if k not in NOT_SETTINGS}
-    return {**d, "numerics": run_numerics(cfg.trainer), "data_digest": data_digest}
+    return {**d, "numerics": run_numerics(cfg.trainer), "code_digest": code_digest(), "data_digest": data_digest}
 
 
 def settings_of(config: dict) -> dict:
@@ -94,6 +118,7 @@ def recorded_settings(out_dir: Path) -> dict | None:
     if not isinstance(recorded, dict):
         return None
     recorded.pop("data_digest", None)
+    recorded.pop("code_digest", None)
     return resume_part(flatten(recorded))
 
 

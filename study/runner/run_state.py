@@ -23,19 +23,7 @@ from study.config.signals import Killed, terminate_as_exception  # noqa: F401 (p
 from study.config.stage import INTERRUPTED  # noqa: F401 (public here too: the line of a stage stopped by Ctrl-C)
 from study.data.records import data_digest
 from study.runfolder import (CHECKPOINTS, LOCK_FILE, METRICS, METRICS_FILE, REPLACED, RUN_JSON, RUN_OUTPUTS,  # noqa: F401
-                             TASK_METRICS, LAST_CKPT, recorded_settings, split_result)  # (public here too)
-
-
-STUDY = Path(__file__).resolve().parent.parent  # the study package
-
-
-def code_files() -> list[str]:
-    """The training code a checkpoint depends on, relative to study/: modeling/model.py, modeling/accounting.py
-    (the parameter and FLOP counts a run records), modeling/lm.py,
-    modeling/diagnostics.py (what curve.csv's diagnostics mean: one definition per run) and every module of the data and
-    tasks packages (``data/*.py``, ``tasks/*.py``, sorted), so that the resume key is the same on every machine."""
-    return ["modeling/model.py", "modeling/accounting.py", "modeling/lm.py", "modeling/diagnostics.py",
-            *sorted(p.relative_to(STUDY).as_posix() for pkg in ("data", "tasks") for p in (STUDY / pkg).glob("*.py"))]
+                             TASK_METRICS, LAST_CKPT, code_digests, recorded_settings, split_result)  # (public here too)
 
 
 def resume_record(cfg, data_dir: Path) -> dict:
@@ -43,14 +31,14 @@ def resume_record(cfg, data_dir: Path) -> dict:
     settings that change a run's numbers, not devices, strategy, threads, compile, logging), the numerics it computes
     under (``numerics:cpu_capability``, ``numerics:torch``, ``numerics:threads`` ...:
     :func:`study.config.numerics.run_numerics`), the sha256
-    of the training code (``code:study/modeling/model.py``, ``code:study/data/loader.py`` ...: :func:`code_files`)
+    of the training code (``code:study/modeling/model.py``, ``code:study/data/loader.py`` ...:
+    :func:`study.runfolder.code_digests`)
     and ``data:meta.json`` (:func:`study.data.records.data_digest`)."""
     from study.config.numerics import run_numerics
 
     rec = dict(resume_config(cfg))
     rec.update({f"numerics:{k}": v for k, v in run_numerics(cfg.trainer).items()})  # the kernels, torch, threads
-    for n in code_files():
-        rec[f"code:study/{n}"] = hashlib.sha256((STUDY / n).read_bytes()).hexdigest()[:16]
+    rec.update({f"code:study/{n}": digest for n, digest in code_digests().items()})
     rec["data:meta.json"] = data_digest(data_dir)
     return json.loads(json.dumps(rec))  # as run.json will hold it (lists, floats)
 
