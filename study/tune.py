@@ -35,7 +35,8 @@ import math
 import sys
 from pathlib import Path
 
-from study.analysis.tuned_file import _read_tuned, task_section, tuned_sizes, tuned_tasks, tuned_yaml  # noqa: F401 (tuned_yaml: public here too)
+from study.analysis.tuned_file import (_read_tuned, task_section, tuned_size_recipes, tuned_sizes, tuned_tasks,  # noqa: F401
+                                      tuned_yaml)  # (tuned_yaml: public here too)
 from study.analysis.tuning import choose, initial_grid, score, tune_arm
 from study.analysis.tuning_table import check_result, figure, table_markdown  # noqa: F401 (public here too)
 from study.orchestration.arms import TABLE_JSON, _finite, arm_losses, check_tuned, seed_losses  # noqa: F401 (public here too)
@@ -162,7 +163,8 @@ def write_table(cfg, root: Path, tuned_file: Path | None | bool = None) -> dict:
         if task != "lm":
             tasks[task] = task_section(table)
             table_lm = {"arms": _read_tuned(tuned_file)}  # lm's lr* as they are
-        files[tuned_file] = tuned_yaml(table if task == "lm" else table_lm, tuned_sizes(tuned_file), tasks)
+        files[tuned_file] = tuned_yaml(table if task == "lm" else table_lm, tuned_sizes(tuned_file), tasks,
+                                       tuned_size_recipes(tuned_file))
     out.mkdir(parents=True, exist_ok=True)
     made = []
     try:
@@ -267,7 +269,8 @@ def tune_ladder(cfg, root: Path, model: str, params: str | None, base: list[str]
                 tuned_file: Path | None = None) -> dict:
     """``--ladder MODEL`` (module docstring): tune scale_ladder.variants at ``model``, write the table, the
     transfer check and each variant's lr* at that size to conf/tuned.yaml (``tuned.size.MODEL``, ``tuned_file``;
-    its other entries kept); returns the check (:func:`transfer_check`).
+    its other entries kept) with the recipe it was tuned at and the ladder's ``train.tokens_per_param``
+    (``tuned.size_recipe.MODEL``: a ladder run at another is refused); returns the check (:func:`transfer_check`).
 
     Raises:
         ConfigError: a variant has no arm of its name, or no lr* in conf/tuned.yaml to transfer.
@@ -297,8 +300,11 @@ def tune_ladder(cfg, root: Path, model: str, params: str | None, base: list[str]
     here = {v: a["lr_star"] for v, a in results.items() if a["lr_star"] is not None}
     current = _read_tuned(tuned_file)
     sizes = {**tuned_sizes(tuned_file), model: here}
+    at = {v: {**results[v]["recipe"], "train": {**results[v]["recipe"]["train"],
+                                                "tokens_per_param": sub.train.tokens_per_param}} for v in here}
+    recipes = {**tuned_size_recipes(tuned_file), model: at}  # what a ladder run at this size must train at
     tuned_file.write_text(tuned_yaml({"arms": current}, {m: x for m, x in sizes.items() if x},
-                                     tuned_tasks(tuned_file)))  # the other tasks' lr* kept
+                                     tuned_tasks(tuned_file), recipes))  # the other tasks' lr* kept
     for name, a in t["arms"].items():
         print(f"ladder {model} {name}: transferred lr {a['transferred']:.4g}, lr* here "
               f"{'n/a' if a['lr_star'] is None else format(a['lr_star'], '.4g')} ({a['status']})")

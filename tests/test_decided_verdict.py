@@ -384,16 +384,23 @@ def test_the_ladder_transfer_check_tunes_one_size_by_the_same_rule(nano_project,
     assert {p.name for p in out.iterdir()} == {"table.json", "table.md", "tuning.png", "transfer.json", "transfer.md"}
     after = (nano_project / "conf" / "tuned.yaml").read_text()
     # every line already there is kept, in order (the default size's lr*, recipes, other sizes, the tasks' lr*);
-    # the one line added is this size's, inside the size section
+    # the two lines added are this size's lr* and the recipe they were tuned at, in the size and size_recipe sections
     added = list(after.splitlines())
     for line in before.decode().splitlines():
         added.remove(line)
     old, new = yaml.safe_load(before)["tuned"], yaml.safe_load(after)["tuned"]
     assert old.get("task")  # the tasks' lr* are there to be kept (conf/tuned.yaml's mlm and mqar)
-    sizes = old.get("size") or {}
-    assert [line[:11] for line in added] == ([] if sizes else ["  size:"]) + ["    nano: {"]
+    sizes, recipes = old.get("size") or {}, old.get("size_recipe") or {}
+    assert [line[:11] for line in added] == ["    nano: {", "    nano: {"]
+    assert after.index(added[0]) < after.index("  size_recipe:") < after.index(added[1])
     assert new["size"] == {**sizes, "nano": {"baseline": pytest.approx(4e-3, rel=1e-9), "nonlinear_q": 1.2e-2}}
-    assert {k: v for k, v in new.items() if k != "size"} == {k: v for k, v in old.items() if k != "size"}
+    tuned_at = {v: json.loads((tmp_path / f"runs_tune/ladder/nano/{v}/tuning.json").read_text())["recipe"]
+                for v in ("baseline", "nonlinear_q")}
+    for r in tuned_at.values():
+        r["train"]["tokens_per_param"] = 0.5  # the ladder's budget rule, which a ladder run must share
+    assert new["size_recipe"] == {**recipes, "nano": tuned_at}
+    assert {k: v for k, v in new.items() if k not in ("size", "size_recipe")} == \
+        {k: v for k, v in old.items() if k not in ("size", "size_recipe")}
     assert not (tmp_path / "tuning" / "table.json").exists()
     base = json.loads((tmp_path / "runs_tune/ladder/nano/baseline/tuning.json").read_text())
     assert base["model"] == "nano" and base["lr_star"] == pytest.approx(4e-3, rel=1e-9)

@@ -6,10 +6,13 @@ import json
 from pathlib import Path
 
 
-def tuned_yaml(table: dict, size: dict | None = None, tasks: dict | None = None) -> str:
+def tuned_yaml(table: dict, size: dict | None = None, tasks: dict | None = None,
+               size_recipe: dict | None = None) -> str:
     """conf/tuned.yaml's text: every arm's lr* (repr: the exact float of table.json) and the recipe it was tuned at,
-    then ``size`` ({model: {variant: lr*}}, the scale ladder's sizes tuned by ``--ladder``), then ``tasks``
-    ({task: {"lr": {arm: lr*}, "recipe": {arm: ...}}}: each task but lm tuned apart, ``tuned.task``)."""
+    then ``size`` ({model: {variant: lr*}}, the scale ladder's sizes tuned by ``--ladder``) and ``size_recipe``
+    ({model: {variant: the recipe it was tuned at, with train.tokens_per_param}}; a size's entries kept only where
+    ``size`` holds that size), then ``tasks`` ({task: {"lr": {arm: lr*}, "recipe": {arm: ...}}}: each task but lm
+    tuned apart, ``tuned.task``)."""
     lines = ["# Each arm's tuned peak lr (lr*), written by `make tune` from the tuning table beside it "
              "(conf/tuning/table.json,", "# table.md, tuning.png): tracked, so a fresh `make study` tests at these "
              "values without tuning again.", "# Edit only through `make tune`: tests/test_tuning.py fails when this "
@@ -22,6 +25,9 @@ def tuned_yaml(table: dict, size: dict | None = None, tasks: dict | None = None)
     if size:  # the ladder's sizes, each tuned by the same rule (scale_ladder.lr_per_size)
         lines += ["  size:"] + [f"    {m}: {json.dumps({v: float(x) for v, x in size[m].items()}, sort_keys=True)}"
                                 for m in sorted(size)]
+    at_size = {m: r for m, r in (size_recipe or {}).items() if r and m in (size or {})}
+    if at_size:  # the settings each size's lr* was tuned at: a ladder run at other settings is refused
+        lines += ["  size_recipe:"] + [f"    {m}: {json.dumps(at_size[m], sort_keys=True)}" for m in sorted(at_size)]
     if tasks:  # the other tasks' lr*, never lent across tasks (study.config.task.apply_task reads them)
         lines += ["  task:"] + [f"    {t}: {json.dumps(tasks[t], sort_keys=True)}" for t in sorted(tasks)]
     return "\n".join(lines) + "\n"
@@ -61,5 +67,15 @@ def tuned_sizes(path: Path) -> dict:
 
     try:
         return dict((yaml.safe_load(path.read_text()) or {}).get("tuned", {}).get("size") or {})
+    except (OSError, ValueError, AttributeError, yaml.YAMLError):
+        return {}
+
+
+def tuned_size_recipes(path: Path) -> dict:
+    """``tuned.size_recipe`` of the tuned file at ``path`` ({} when the file or the section is missing)."""
+    import yaml
+
+    try:
+        return dict((yaml.safe_load(path.read_text()) or {}).get("tuned", {}).get("size_recipe") or {})
     except (OSError, ValueError, AttributeError, yaml.YAMLError):
         return {}

@@ -290,6 +290,7 @@ class TunedConfig:
     lr: Dict[str, float] = field(default_factory=dict)  # arm -> lr*
     recipe: Dict[str, Any] = field(default_factory=dict)  # arm -> {model: {...}, train: {...}} it was tuned at
     size: Dict[str, Any] = field(default_factory=dict)  # model -> {variant: lr*} tuned at that size (the scale ladder)
+    size_recipe: Dict[str, Any] = field(default_factory=dict)  # model -> {variant: the recipe of its tuned.size lr*}
     task: Dict[str, Any] = field(default_factory=dict)  # task (not lm) -> {lr: {arm: lr*}, recipe: {...}}: its own lr*
 
 

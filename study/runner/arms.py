@@ -21,6 +21,7 @@ from pathlib import Path
 from study.config import ConfigError, StudyError, load_config, run_dir, task_data_dir
 from study.config.naming import RECIPE, RECORDED_DEFAULTS, lr_key
 from study.config.task import retune_hint
+from study.config.transfer import recipe_difference, recipe_value  # noqa: F401 (public here too)
 
 
 def arm_of(cfg, name: str):
@@ -45,19 +46,6 @@ def recipe(cfg, tokens: int | None = None) -> dict[str, dict]:
     if tokens is not None:
         out["train"]["tokens"] = int(tokens)
     return json.loads(json.dumps(out))
-
-
-def recipe_value(r: dict, key: str):
-    """The value of flat ``key`` ("model.position") in a :func:`recipe` record; a key the record predates reads as
-    its :data:`RECORDED_DEFAULTS` value (None where it has none)."""
-    sec, k = key.split(".", 1)
-    return r.get(sec, {}).get(k, RECORDED_DEFAULTS.get(key))
-
-
-def recipe_difference(tuned_at: dict, now: dict) -> list[str]:
-    """``SECTION.KEY`` of every setting in which two :func:`recipe` records differ (sorted)."""
-    keys = {f"{sec}.{k}" for r in (tuned_at, now) for sec in r for k in r[sec]}
-    return sorted(k for k in keys if recipe_value(tuned_at, k) != recipe_value(now, k))
 
 
 def tuned_lr(cfg, name: str, root: Path | None = None) -> float:

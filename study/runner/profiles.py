@@ -35,7 +35,8 @@ def resolve(cfg: RunConfig, root: Path) -> RunConfig:
     with ``train.lr_per_size`` to ``tuned.size[MODEL][VARIANT]`` (the lr* tuned at this size).
 
     Raises:
-        ConfigError: a wsd schedule's decay would start inside the warmup at the resolved tokens.
+        ConfigError: a wsd schedule's decay would start inside the warmup at the resolved tokens; with
+            ``train.lr_per_size``, the size's lr* was tuned at another recipe (its tokens included).
     """
     if cfg.train.tokens_per_param is not None:
         from study.modeling.accounting import describe
@@ -48,7 +49,11 @@ def resolve(cfg: RunConfig, root: Path) -> RunConfig:
 
         check_wsd_fits(cfg)  # validate() could not: the tokens were not known then
     if cfg.train.lr_from_tuned:  # validate() checked the variant's arm is plain and has one
-        from study.config.validation import transferred_lr
+        from study.config.transfer import check_size_recipe, size_recipe_now, transferred_lr
 
         cfg.variant.lr = transferred_lr(cfg, cfg.variant.name)
+        if cfg.train.lr_per_size:  # the tokens are known now: the whole recipe its size's lr* was tuned at
+            check_size_recipe(cfg, cfg.variant.name, cfg.model.name,
+                              size_recipe_now(cfg, cfg.model.name, ladder=False, tokens=cfg.train.tokens),
+                              "train.lr_per_size=true: variant", "set train.lr_from_tuned=false")
     return cfg

@@ -1,0 +1,93 @@
+"""A scale ladder size's lr* carries the recipe it was tuned at (conf/tuned.yaml tuned.size_recipe): a ladder run
+at another recipe is refused in one line naming the tuning command, and a corrupt tuned.size entry is refused in one
+line naming the entry."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from conftest import ROOT
+from study.config import ConfigError, load_config
+
+LADDER = ["study.arms=[]", "study.variants=[baseline,nonlinear_q]", "scale_ladder.models=[bytes-32,bytes-48,bytes-64]"]
+RUN = ["model=bytes-32", "variant=baseline", "train.tokens_per_param=10.64", "train.lr_from_tuned=true",
+       "train.lr_per_size=true"]
+
+
+def refusal(overrides: list[str], resolved: bool = False) -> str:
+    """The one-line ConfigError that composing (and, ``resolved``, resolving) ``overrides`` raises."""
+    from study.runner.profiles import resolve
+
+    with pytest.raises(ConfigError) as e:
+        cfg = load_config(overrides, ROOT)
+        if resolved:
+            resolve(cfg, ROOT)
+    assert "\n" not in str(e.value)
+    return str(e.value)
+
+
+def test_the_committed_sizes_record_the_recipe_of_their_tuning_table():
+    tuned = yaml.safe_load((ROOT / "conf" / "tuned.yaml").read_text())["tuned"]
+    assert set(tuned["size_recipe"]) == set(tuned["size"]) >= {"bytes-32", "bytes-48", "bytes-64"}
+    for m, lrs in tuned["size"].items():
+        table = json.loads((ROOT / "conf" / "tuning" / m / "table.json").read_text())["arms"]
+        for v, lr in lrs.items():
+            at, row = tuned["size_recipe"][m][v], table[v]
+            assert lr == row["lr_star"] and at["train"]["tokens"] == row["tokens"] == row["recipe"]["train"]["tokens"]
+            assert at["model"]["n_embd"] == row["recipe"]["model"]["n_embd"]
+            assert at["train"]["tokens_per_param"] == (10.64 if m.startswith("bytes-") else 1.0)
+
+
+def test_a_ladder_at_another_budget_is_refused_before_it_trains():
+    assert load_config(LADDER, ROOT).scale_ladder.tokens_per_param == 10.64  # the budget the sizes were tuned at
+    msg = refusal([*LADDER, "scale_ladder.tokens_per_param=0.2"])
+    assert msg.startswith("scale_ladder.variants: 'baseline' at size bytes-32: its lr* (conf/tuned.yaml "
+                          "tuned.size.bytes-32) was tuned at train.tokens_per_param=10.64, but this run trains at "
+                          "train.tokens_per_param=0.2: re-tune that size at these settings (`python -m study.tune "
+                          "--ladder bytes-32 scale_ladder.tokens_per_param=0.2`)")
+    msg = refusal([*LADDER, "scale_ladder.warmup_tokens=131072"])
+    assert "tuned at train.warmup_tokens=262144, but this run trains at train.warmup_tokens=131072" in msg
+    assert "scale_ladder.warmup_tokens=131072`" in msg
+    # the BPE-era ladder, reproduced as docs/history.md says, is at the recipe its sizes were tuned at
+    bpe = load_config(["model=cpu-bpe2048", "data.bpe_vocab_size=2048", *LADDER[:2],
+                       "scale_ladder.models=[ladder-64,ladder-96,ladder-128]", "scale_ladder.tokens_per_param=1.0",
+                       "scale_ladder.warmup_tokens=32768"], ROOT)
+    assert bpe.scale_ladder.models == ["ladder-64", "ladder-96", "ladder-128"]
+    # and at bytes it is not (its lr* were tuned on BPE 2048)
+    assert "tuned at data.bpe_vocab_size=2048" in refusal(
+        [*LADDER[:2], "scale_ladder.models=[ladder-64,ladder-96]", "scale_ladder.tokens_per_param=1.0",
+         "scale_ladder.warmup_tokens=32768"])
+
+
+def test_one_ladder_run_at_another_recipe_is_refused_once_its_tokens_are_known():
+    from study.runner.profiles import resolve
+
+    assert resolve(load_config(RUN, ROOT), ROOT).variant.lr == 0.007154653871171246
+    assert "tuned at model.n_embd=32, model.n_head=2, but this run trains at model.n_embd=48, model.n_head=3" in \
+        refusal([*RUN, "model.n_embd=48", "model.n_head=3"])
+    # the tokens come from the budget rule when the run resolves: a record of other tokens is refused then
+    msg = refusal([*RUN, "tuned.size_recipe.bytes-32.baseline.train.tokens=1024"], resolved=True)
+    assert "tuned at train.tokens=1024, but this run trains at train.tokens=524288" in msg
+    assert "`python -m study.tune --ladder bytes-32`" in msg and msg.endswith("set train.lr_from_tuned=false")
+
+
+@pytest.mark.parametrize("bad, shown", [("0", "0"), ("-0.01", "-0.01"), ("abc", "'abc'"), ("null", "null")])
+def test_a_corrupt_size_lr_is_refused_in_one_line_naming_the_entry(bad, shown):
+    for overrides in ([*RUN, f"tuned.size.bytes-32.baseline={bad}"],
+                      [*LADDER, f"tuned.size.bytes-32.baseline={bad}"]):
+        msg = refusal(overrides, resolved=True)
+        assert msg.startswith(f"tuned.size.bytes-32.baseline={shown} in conf/tuned.yaml is not an lr* (a number > 0): "
+                              f"re-tune that size (`python -m study.tune --ladder bytes-32`")
+
+
+def test_the_tuned_file_keeps_each_size_recipe(tmp_path):
+    from study.analysis.tuned_file import tuned_size_recipes, tuned_sizes, tuned_yaml
+
+    at = {"model": {"name": "nano"}, "train": {"tokens": 2048, "tokens_per_param": 0.5}}
+    f = tmp_path / "tuned.yaml"
+    f.write_text(tuned_yaml({"arms": {}}, {"nano": {"baseline": 4e-3}}, None,
+                            {"nano": {"baseline": at}, "gone": {"baseline": at}}))
+    assert tuned_sizes(f) == {"nano": {"baseline": 4e-3}}
+    assert tuned_size_recipes(f) == {"nano": {"baseline": at}}  # a recipe without its size's lr* is not kept
