@@ -66,6 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     import logging
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     from study.config import ConfigError
+    from study.config.numerics import cpu_capability, numerics_mode
 
     base = load_config(overrides, root)
     device = bench_device(base)
@@ -88,9 +89,11 @@ def main(argv: list[str] | None = None) -> int:
               "cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
               "bf16_fast": fast, "steps": args.steps, "repeats": args.repeats, "model": base.model.name,
               "n_layer": base.model.n_layer, "n_embd": base.model.n_embd, "block_size": base.model.block_size,
-              "vocab_size": base.model.vocab_size, "batch_tokens": base.train.batch_tokens, "trainer": base.trainer.name}
+              "vocab_size": base.model.vocab_size, "batch_tokens": base.train.batch_tokens, "trainer": base.trainer.name,
+              "kernels": f"{cpu_capability()} ({numerics_mode()})"}  # pinned AVX2, or native (STUDY_NUMERICS)
     print(f"# {header['date']}  {device_name}  {platform.machine()} {os.cpu_count()} cores  torch {torch.__version__}"
-          f"  threads {torch.get_num_threads()}  bf16 fast: {fast}  steps {args.steps} x {args.repeats} repeats (median)")
+          f"  threads {torch.get_num_threads()}  kernels {header['kernels']}  bf16 fast: {fast}  steps {args.steps} x "
+          f"{args.repeats} repeats (median)")
     rows = []
 
     def dump():
