@@ -59,10 +59,21 @@ study-bpe2048: params
 # The three tasks' verdicts (docs/tasks.md), each with its own runs, MLflow experiment, lr* and report, never pooled:
 # lm is `make study`; each task of TASKS tunes tune.arms by the same rule (finished runs reused), writes its lr* into
 # conf/tuned.yaml (tuned.task.TASK) and conf/tuning/TASK/, then runs its verdict and its report (reports/TASK/).
+# TASKS is checked against conf/task/ before anything runs (lm is `make study` itself).
 TASKS ?= mlm mqar
+ifneq ($(filter tasks,$(MAKECMDGOALS)),)
+TASK_CHOICES := $(filter-out lm,$(basename $(notdir $(wildcard conf/task/*.yaml))))
+ifeq ($(strip $(TASKS)),)
+$(error TASKS is empty: name the tasks to run, e.g. make tasks TASKS="$(TASK_CHOICES)")
+endif
+ifneq ($(filter-out $(TASK_CHOICES),$(TASKS)),)
+$(error TASKS=$(TASKS) names $(filter-out $(TASK_CHOICES),$(TASKS)), which make tasks does not run: choose among $(TASK_CHOICES) (conf/task/; lm is make study), e.g. make tasks TASKS=mlm)
+endif
+endif
 tasks: study
 	for t in $(TASKS); do \
-	  for a in $$($(PY) -m study.tune --targets --params params.yaml task=$$t | sed 's/^tune@//'); do \
+	  arms=$$($(PY) -m study.tune --targets --params params.yaml task=$$t) || exit 1; \
+	  for a in $$(echo "$$arms" | sed 's/^tune@//'); do \
 	    $(PY) -m study.tune --arm $$a --params params.yaml task=$$t || exit 1; done; \
 	  $(PY) -m study.tune --write --params params.yaml task=$$t || exit 1; \
 	  $(PY) -m study.config || exit 1; \

@@ -43,6 +43,7 @@ from study.orchestration.arms import TABLE_JSON, _finite, arm_losses, check_tune
 from study.runner.arms import arm_of, recipe, tune_group
 from study.config import ConfigError, StudyError, run_stage
 from study.config.naming import lr_key
+from study.config.task import tune_command
 from study.runner.run_state import INTERRUPTED  # noqa: F401 (public here too)
 
 TABLE_MD, FIGURE, RESULT = "table.md", "tuning.png", "tuning.json"
@@ -108,7 +109,8 @@ def read_results(cfg, root: Path) -> dict[str, dict]:
     """{arm: tuning.json} of every arm of tune.arms, each checked (:func:`check_result`).
 
     Raises:
-        StudyError: an arm has no tuning.json (run `make tune`), or one lacks a key or holds a bad value.
+        StudyError: an arm has no tuning.json (run the task's tuning command), or one lacks a key or holds a bad
+            value.
     """
     out = {}
     for name in cfg.tune.arms:
@@ -116,8 +118,9 @@ def read_results(cfg, root: Path) -> dict[str, dict]:
         try:
             out[name] = json.loads(p.read_text())
         except (OSError, ValueError):
-            raise StudyError(f"{p} is missing or unreadable: tune the arm first (`make tune`, or "
-                             f"`python -m study.tune --arm {name} --params params.yaml`)") from None
+            task = "" if cfg.task.name == "lm" else f" task={cfg.task.name}"
+            raise StudyError(f"{p} is missing or unreadable: tune the arm first ({tune_command(cfg)}, or "
+                             f"`python -m study.tune --arm {name} --params params.yaml{task}`)") from None
         check_result(name, out[name], p)
     return out
 

@@ -271,12 +271,30 @@ def load_params(params: Path) -> DictConfig:
     return base
 
 
+def _check_pipeline_task(params: Path, base: DictConfig, root: Path) -> None:
+    """The project's params.yaml is the DVC pipeline's input, and dvc.yaml's outputs (runs/, reports/comparison.md)
+    are the lm task's: a params.yaml composed with another task (``dvc exp run -S task=T``) would train T's runs
+    into runs/T/ and leave compare's outputs unwritten, so every stage refuses it before it starts.
+
+    Raises:
+        ConfigError: one line saying that a task's runs and report are made by ``make tasks TASKS=T``.
+    """
+    task = OmegaConf.select(base, "task.name", default="lm")
+    if task == "lm" or params.name != "params.yaml" or params.resolve().parent != Path(root).resolve():
+        return
+    raise ConfigError(f"params.yaml composes task={task}, but the DVC pipeline (dvc.yaml, `dvc repro`, `dvc exp "
+                      f"run`) trains and reports the lm task only (runs/, reports/comparison.md): a task's lr*, runs "
+                      f"and report (reports/{task}/) are made by `make tasks TASKS={task}`; drop -S task={task} and "
+                      f"restore params.yaml (`make params`)")
+
+
 def _from_params(params: Path, overrides: list[str], root: Path, study_file: Path) -> RunConfig:
     """The config of a DVC stage: params.yaml (DVC's composition), each group chosen in ``overrides``
     replaced by conf/ composed with that choice, then the field overrides."""
     from hydra.core.config_store import ConfigStore
 
     base = load_params(params)
+    _check_pipeline_task(params, base, root)
     config_dir, name = study_file.parent, study_file.stem
     choices, fields = _group_overrides(overrides)
     stale = stale_sections(root, base, study_file)

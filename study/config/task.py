@@ -53,6 +53,16 @@ def apply_task(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
+def tune_command(cfg: RunConfig) -> str:
+    """The command that tunes every arm of this config's task: ``make tune`` (lm), ``make tasks TASKS=T`` (T)."""
+    return "`make tune`" if cfg.task.name == "lm" else f"`make tasks TASKS={cfg.task.name}`"
+
+
+def tuned_where(cfg: RunConfig) -> str:
+    """Where this config's task keeps its lr* in conf/tuned.yaml: ``tuned.lr`` (lm), ``tuned.task.T.lr`` (T)."""
+    return "tuned.lr" if cfg.task.name == "lm" else f"tuned.task.{cfg.task.name}.lr"
+
+
 def retune_hint(cfg: RunConfig, arm: str) -> str:
     """The command that tunes ``arm`` again under this config's task, for a one-line refusal (``make tune`` tunes
     lm's arms only; another task's are tuned by ``study.tune`` with ``task=T``, or all at once by ``make tasks``)."""

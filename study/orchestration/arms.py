@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 from study.config import ConfigError
+from study.config.task import tune_command
 from study.orchestration.runs import dry_run, ensure_runs
 from study.runfolder import read_result
 from study.runner.arms import _plain, recipe_difference, run_overrides
@@ -64,7 +65,8 @@ def check_tuned(cfg, root: Path) -> None:
     """conf/tuned.yaml (``tuned.lr``) agrees with the tuning table it came from (tune.table_dir/table.json).
 
     Raises:
-        ConfigError: an arm's lr differs, or is in one and not the other (one line: re-run `make tune`).
+        ConfigError: an arm's lr differs, or is in one and not the other (one line: re-run the task's tuning,
+            `make tune` or `make tasks TASKS=T`).
     """
     p = root / cfg.tune.table_dir / TABLE_JSON
     table = json.loads(p.read_text()) if p.is_file() else {"arms": {}}
@@ -75,9 +77,9 @@ def check_tuned(cfg, root: Path) -> None:
     bad_at = sorted(k for k in set(want_at) | set(have_at) if recipe_difference(want_at.get(k, {}), have_at.get(k, {})))
     if bad_at and want == have:
         raise ConfigError(f"conf/tuned.yaml (tuned.recipe) disagrees with {p.name} on the settings {bad_at} were tuned at: "
-                          f"re-run `make tune` (which writes both), or restore both from git")
+                          f"re-run {tune_command(cfg)} (which writes both), or restore both from git")
     if want != have:
         bad = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
         raise ConfigError(f"conf/tuned.yaml (tuned.lr) disagrees with {p.relative_to(root) if p.is_relative_to(root) else p} "
                           f"for {bad} ({ {k: have.get(k) for k in bad} } vs {{{', '.join(f'{k!r}: {want.get(k)}' for k in bad)}}}): "
-                          f"re-run `make tune` (which writes both), or restore both from git")
+                          f"re-run {tune_command(cfg)} (which writes both), or restore both from git")

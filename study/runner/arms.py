@@ -20,7 +20,7 @@ from pathlib import Path
 
 from study.config import ConfigError, StudyError, load_config, run_dir, task_data_dir
 from study.config.naming import RECIPE, RECORDED_DEFAULTS, lr_key
-from study.config.task import retune_hint
+from study.config.task import retune_hint, tune_command, tuned_where
 from study.config.transfer import recipe_difference, recipe_value  # noqa: F401 (public here too)
 
 
@@ -53,7 +53,8 @@ def tuned_lr(cfg, name: str, root: Path | None = None) -> float:
     must have been tuned at this study's model and training budget and schedule (``tuned.recipe[NAME]``).
 
     Raises:
-        ConfigError: the arm has neither, or its lr* was tuned at another recipe (run `make tune`).
+        ConfigError: the arm has neither, or its lr* was tuned at another recipe; one line naming the task's tuning
+            command (`make tune`; another task's: `make tasks TASKS=T`).
     """
     arm = arm_of(cfg, name)
     if arm.lr is not None:
@@ -61,8 +62,9 @@ def tuned_lr(cfg, name: str, root: Path | None = None) -> float:
     if name not in cfg.tuned.lr and name in cfg.tune.arms:
         raise ConfigError(_why_untuned(cfg, name, root))
     if name not in cfg.tuned.lr:
-        raise ConfigError(f"arm {name!r} has no tuned lr in conf/tuned.yaml (tuned.lr) and no fixed arms.{name}.lr: "
-                          f"add it to tune.arms and run `make tune` (then commit conf/tuned.yaml and conf/tuning/)")
+        raise ConfigError(f"arm {name!r} has no tuned lr in conf/tuned.yaml ({tuned_where(cfg)}) and no fixed "
+                          f"arms.{name}.lr: add it to tune.arms and tune it ({retune_hint(cfg, name)}; then commit "
+                          f"conf/tuned.yaml and conf/tuning/)")
     at = cfg.tuned.recipe.get(name)
     if at is not None:
         at, now = json.loads(json.dumps(_plain(at))), recipe(cfg)
@@ -89,9 +91,12 @@ def _why_untuned(cfg, name: str, root: Path | None) -> str:
         low, grid = min(p["lr"] for p in points), ", ".join(format(p["lr"], "g") for p in points)
         return (f"arm {name!r} has no lr*: every lr of its tuning grid ({grid}) "
                 f"diverged on a tuning seed ({cfg.tune.table_dir}/table.json): tune it lower (e.g. "
-                f"tune.centre={low / 4:g} and `make tune`), or give it a fixed arms.{name}.lr")
-    return (f"arm {name!r} (in tune.arms) has no lr* in conf/tuned.yaml yet: run `make tune` (then commit "
-            f"conf/tuned.yaml and conf/tuning/)")
+                f"tune.centre={low / 4:g} and {tune_command(cfg)}), or give it a fixed arms.{name}.lr")
+    if cfg.task.name == "lm":
+        return (f"arm {name!r} (in tune.arms) has no lr* in conf/tuned.yaml yet: run `make tune` (then commit "
+                f"conf/tuned.yaml and conf/tuning/)")
+    return (f"arm {name!r} (in tune.arms) has no lr* in conf/tuned.yaml ({tuned_where(cfg)}) yet: tune it "
+            f"({retune_hint(cfg, name)}; then commit conf/tuned.yaml and conf/tuning/)")
 
 
 def _plain(x):
