@@ -17,13 +17,14 @@ Either way the stage then reads the run folders: a run without metrics.json is a
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import signal
 import subprocess
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from contextlib import contextmanager
 from pathlib import Path
 
 from study.config import StudyError
@@ -157,7 +158,7 @@ def sacct_state(job_id: str) -> str:
     return out[0] if out else "ended"
 
 
-@contextmanager
+@contextlib.contextmanager
 def hangup_as_exception():
     """SIGHUP (the stage's terminal closed, a login session lost) raises :class:`study.config.signals.Killed` in the
     block, as SIGTERM does, so that the stage stops its trainings (cancels its array) before it exits.  Not where
@@ -207,7 +208,8 @@ class SlurmLauncher:
         try:
             ex = submitit.SlurmExecutor(folder=self.folder, max_num_timeout=int(self.res["max_requeues"]))
             ex.update_parameters(**slurm_parameters(self.res, self.root, name))
-            return ex.map_array(TrainJob(str(self.root), self.params), [list(o) for _, o in todo])
+            with contextlib.redirect_stderr(io.StringIO()):  # submitit prints sbatch's refusal too: said once, below
+                return ex.map_array(TrainJob(str(self.root), self.params), [list(o) for _, o in todo])
         except (FailedJobError, FailedSubmissionError, subprocess.SubprocessError, RuntimeError, ValueError) as e:
             said = "; ".join(x.strip() for x in str(e).splitlines() if x.strip())[:400] or type(e).__name__
             raise StudyError(f"SLURM refused the job array: {said}: fix what it names (conf/launcher/slurm.yaml, "
