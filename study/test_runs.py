@@ -7,6 +7,8 @@ procedure, study/analysis/decision.py).
 3. From each comparison's first-stage paired sd, Stein's N; each arm gets the largest N of its comparisons,
    capped at ``study.max_seeds`` (a comparison needing more is reported "undecided (N seeds needed)").
 4. Stage two: the extra seeds (after max(study.seeds), skipping the tuning seeds).
+5. Fails (one line) when params.yaml changed while it ran: DVC would record the new values in dvc.lock for runs
+   trained at the old ones, and skip this stage from then on (:func:`check_params_unchanged`).
 Every finished run of the same settings, code and data is reused, never retrained, so a re-run after a kill, or
 after adding an arm, trains only what is missing.  Writes ``runs/test/plan.json`` (byte-stable): the seeds of
 each arm and each comparison's first-stage sd and N; ``compare`` reads the runs and reports the verdict.
@@ -22,10 +24,12 @@ import json
 import sys
 from pathlib import Path
 
+import yaml
+
 from study.analysis.decision import seed_list, seeds_to_train
 from study.analysis.summary import finite_or_null
 from study.analysis.verdict import PLAN, all_seeds, compare_all, comparisons_of, comparison_name
-from study.config import run_stage
+from study.config import StudyError, run_stage
 from study.config.naming import TEST_GROUP, testing_group
 from study.runner.arms import arm_of, tuned_lr
 from study.orchestration.arms import arm_losses, check_tuned
@@ -91,6 +95,39 @@ def run_tests(cfg, root: Path, params: str | None, base: list[str] = (), dry: bo
     return plan
 
 
+def params_snapshot(params: str | None) -> dict | None:
+    """The content of ``params`` (params.yaml, parsed) as the stage starts; None without --params or when unreadable."""
+    if params is None:
+        return None
+    try:
+        return yaml.safe_load(Path(params).read_text())
+    except (OSError, yaml.YAMLError):
+        return None
+
+
+def check_params_unchanged(params: str | None, before: dict | None) -> None:
+    """Refuse to end well when ``params`` (params.yaml) no longer holds what it held when the stage started
+    (``before``, :func:`params_snapshot`): conf/ edited and `make params` run while the stage trained.  DVC writes
+    dvc.lock from the params it reads after the command, so a stage that ended well would record the new values for
+    runs trained at the old ones, and every later `dvc repro` would skip it.
+
+    Raises:
+        StudyError: one line naming the sections that changed and the command that trains at the new values.
+    """
+    if params is None or before is None:
+        return
+    after = params_snapshot(params)
+    if after == before:
+        return
+    keys = sorted(set(before) | set(after or {}), key=str)
+    changed = [k for k in keys if (after or {}).get(k) != before.get(k)] or ["its content"]
+    raise StudyError(f"{params} changed while the test stage ran ({', '.join(map(str, changed))}: conf/ edited and "
+                     f"`make params` run?): the test runs were trained at the values it held when the stage started, "
+                     f"so the stage fails rather than let dvc.lock record the new values for them; run `dvc repro -f "
+                     f"test_runs` (or `dvc repro`): it trains what the new values ask for, reusing every finished "
+                     f"run that still matches")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     dry = "--dry-run" in argv
@@ -102,8 +139,12 @@ def main(argv: list[str] | None = None) -> int:
 
     base = [r for i, r in enumerate(argv) if not r.startswith("-") and not (i and argv[i - 1] == "--params")]
 
+    before = params_snapshot(params)  # the values the runs train at: params.yaml as the stage starts
+
     def body(cfg, root: Path) -> int:
         run_tests(cfg, root, params, base, dry=dry)
+        if not dry:
+            check_params_unchanged(params, before)
         return 0
     return run_stage(body, argv, interruptible="study.test_runs")  # Ctrl-C: each training stopped, marked KILLED
 

@@ -167,7 +167,8 @@ def verdict(v: dict, out: Path) -> Path:
 
 def position_loss(summary: dict, out: Path) -> Path:
     """Validation loss by position (tokens of context, log axis), mean over each arm's seeds, one line per arm;
-    the bigram yardstick dashed and each no-context arm dotted (what the models score without context)."""
+    the bigram yardstick dashed and each no-context arm dotted (what the models score without context); an arm
+    whose runs' positions.csv is missing or truncated ("position_note") is named in the legend as not drawn."""
     v = summary["verdict"]
     fig, ax = panel()
     yard = {r["arm"] for r in v.get("attention") or []}
@@ -176,6 +177,9 @@ def position_loss(summary: dict, out: Path) -> Path:
             y = np.array(r["position_loss"], dtype=float)
             ax.plot(np.arange(1, len(y) + 1), y, color=color(a), ls=":" if a in yard else "-",
                     label=f"{a} (in-context gain {r['in_context_gain']:.3f})")
+        elif r.get("position_note"):
+            ax.plot([], [], " ", label=f"{a}: not drawn ({r.get('position_left_out')} run(s)' positions.csv "
+                                       f"missing or truncated)")
     y = summary.get("yardsticks") or {}
     if y.get("available") and "all" in (y.get("bigram") or {}):
         ax.axhline(y["bigram"]["all"], color="black", ls="--", lw=1, label=f"bigram yardstick {y['bigram']['all']:.3f}")

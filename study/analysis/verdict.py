@@ -61,13 +61,26 @@ def attention_share(cfg, runs: dict[str, dict[int, dict]], ok: dict[str, dict[in
 
 def context_use(runs: dict[int, dict]) -> dict:
     """One arm's context use over its finished seeds: "in_context_gain" (mean, nats), "position_loss" (the mean
-    per-position curve, nats at positions 1..block_size; None when a run did not record it)."""
-    done = [r for r in runs.values() if r["status"] == "ok"]
-    gains = [r["in_context_gain"] for r in done if r.get("in_context_gain") is not None]
-    curves = [r["position_loss"] for r in done if r.get("position_loss")]
-    same = curves and len(curves) == len(done) and len({len(c) for c in curves}) == 1
+    per-position curve, nats at positions 1..block_size; None unless every finished run recorded a whole one) and
+    "position_note" (why runs' curves are left out, in one line: a positions.csv missing, or holding fewer or more
+    positions than the model.block_size its run recorded; None when none is) and "position_left_out" (how many)."""
+    done = [(s, r) for s, r in sorted(runs.items()) if r["status"] == "ok"]
+    gains = [r["in_context_gain"] for _, r in done if r.get("in_context_gain") is not None]
+    curves, notes = [], []
+    for s, r in done:
+        c, block = r.get("position_loss"), (r.get("settings") or {}).get("model.block_size")
+        where = f"{r.get('name') or 'seed ' + str(s)}/positions.csv"
+        if not c:
+            notes.append(f"{where} is missing")
+        elif isinstance(block, int) and len(c) != block:
+            notes.append(f"{where} holds {len(c)} positions, not the run's model.block_size {block} (truncated?)")
+        else:
+            curves.append(c)
+    same = curves and not notes and len({len(c) for c in curves}) == 1
     return {"in_context_gain": float(np.mean(gains)) if gains else float("nan"),
-            "position_loss": np.mean(curves, axis=0).tolist() if same else None}
+            "position_loss": np.mean(curves, axis=0).tolist() if same else None,
+            "position_note": "; ".join(notes[:3]) + (f" ({len(notes)} runs in all)" if len(notes) > 3 else "")
+            if notes else None, "position_left_out": len(notes)}
 
 
 def accuracy(runs: dict[int, dict]) -> dict:
@@ -180,7 +193,8 @@ def check_arm_run(cfg, root: Path, name: str, seed: int, run: dict) -> None:
     re-trained by hand without the arm's lr or overrides would stand in for the arm's.
 
     Raises:
-        RunsError: one line naming the run, the first setting that differs and the command that re-trains it.
+        RunsError: one line naming the run, the first setting that differs, the command that re-trains it and
+            `dvc repro -f test_runs` (which a dvc.lock written for params.yaml's new values needs).
     """
     from study.analysis.runs import train_command, train_hint_overrides
 
@@ -194,8 +208,10 @@ def check_arm_run(cfg, root: Path, name: str, seed: int, run: dict) -> None:
             cmd = train_command(cfg.arms[name].variant, seed, group, train_hint_overrides(cfg, root, group))
             what = "peak lr" if key == "lr" else key
             raise RunsError(f"{run['name']} was trained at {what} {got.get(key)!r}, but arm {name!r} trains at "
-                            f"{want!r}: it is not the arm's run (trained by hand without the arm's settings?); re-run "
-                            f"it with {cmd}, or `dvc repro`")
+                            f"{want!r}: it is not the arm's run at params.yaml's values (trained by hand without the "
+                            f"arm's settings, or params.yaml changed after the test stage ran?); re-run it with {cmd}, or "
+                            f"every test run at params.yaml's values with `dvc repro -f test_runs` (a plain `dvc repro` "
+                            f"skips a test stage whose dvc.lock already records these values)")
 
 
 def verdict_report(cfg, root: Path) -> dict | None:
@@ -278,7 +294,10 @@ def attention_lines(v: dict, task: str = "lm") -> list[str]:
                      f"[{_f(r['ci95'][0], '+.4f')}, {_f(r['ci95'][1], '+.4f')}] | {_f(r['margin_nats'])} | "
                      f"{_f(r['ratio'], '.1f')} |")
     drawn = any(r.get("position_loss") for r in (v.get("arms") or {}).values())  # lm: figures.position_loss
-    return lines + (["", "![loss by position](figures/position_loss.png)", ""] if drawn else [""])
+    left = [f"{a}'s curve is not drawn: {r['position_note']}: restore the file(s), or re-run the run(s)."
+            for a, r in (v.get("arms") or {}).items() if drawn and not r.get("position_loss") and r.get("position_note")]
+    return lines + (["", "![loss by position](figures/position_loss.png)", "", *left, *([""] if left else [])]
+                    if drawn else [""])
 
 
 def verdict_section(v: dict) -> list[str]:
