@@ -85,7 +85,7 @@ def _refused_missing_packages(main, args, run, before, capsys):
     Trainer is built): each refused in one line, the run folder kept."""
     import importlib.util
     for extra, package in ((["trainer.accelerator=tpu", "train.overwrite=true"], "torch_xla"),
-                           (["trainer.strategy=xla"], "torch_xla"),
+                           (["trainer.strategy=xla", "train.overwrite=true"], "torch_xla"),
                            (["trainer.precision=transformer-engine", "train.overwrite=true"], "transformer_engine")):
         if importlib.util.find_spec(package) is None:
             _refused(main, args, run, before, capsys, *extra,
@@ -94,7 +94,7 @@ def _refused_missing_packages(main, args, run, before, capsys):
 
 def test_a_trainer_lightning_refuses_keeps_the_finished_run(nano_project, tmp_path, monkeypatch, capsys):
     """Re-running a finished run with trainer settings that are refused (up front, or by Lightning when the
-    Trainer is built; with train.overwrite=true or with the same resume key, which both replace it) exits 2
+    Trainer is built; with train.overwrite=true, which replaces it) exits 2
     with one `error:` line and leaves the finished run's files as they were: what a start replaces is only
     set aside (the run folder's .replaced/) until its Trainer exists, and put back when it does not.  The
     finished run is written here as train writes one (its resume record, completed); the slow test below
@@ -136,8 +136,8 @@ def test_a_trainer_lightning_refuses_keeps_the_finished_run(nano_project, tmp_pa
                  words=["Lightning refused the trainer settings", "accelerator='mps'", "MPSAccelerator"])
     _refused_missing_packages(main, args, run, before, capsys)
     monkeypatch.setattr(lightning.pytorch, "Trainer", _lightning_refuses)
-    _refused(main, args, run, before, capsys, words=["Lightning refused the trainer settings",
-                                                     "should be an int > 0", "conf/trainer"])
+    _refused(main, args, run, before, capsys, "train.overwrite=true", words=["Lightning refused the trainer settings",
+                                                                             "should be an int > 0", "conf/trainer"])
     _refused(main, args, run, before, capsys, "train.overwrite=true", "train.lr=1e-3", words=["Lightning refused"])
     # a start that died with the outputs set aside (SIGKILL before its Trainer existed): the next start puts
     # them back before it decides anything
@@ -146,7 +146,7 @@ def test_a_trainer_lightning_refuses_keeps_the_finished_run(nano_project, tmp_pa
         (run / name).replace(run / ".replaced" / name)
     (run / "checkpoints").mkdir()
     (run / "checkpoints/run.json").write_text("{}")  # what the dead start had begun to write
-    _refused(main, args, run, before, capsys, words=["Lightning refused"])
+    _refused(main, args, run, before, capsys, "train.overwrite=true", words=["Lightning refused"])
 
 
 @pytest.mark.slow

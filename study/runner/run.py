@@ -69,12 +69,11 @@ def train(cfg, root: Path) -> dict:
 
 def _train(cfg, root: Path, stack: ExitStack) -> dict:
     plan = plan_run(cfg, root)
-    if finished_here(plan.cfg, plan.out_dir, plan.data_dir):  # started again by hand: the finished run is the result
-        if plan.rank == 0:
-            print(f"{plan.name}: {plan.out_dir} holds this run finished (same settings, code, data and numerics): "
-                  f"reused; train.overwrite=true trains it again", flush=True)
-        return read_result(plan.out_dir)
     run = open_run(plan, stack)
+    if run is None:  # started again by hand: the finished run is the result
+        print(f"{plan.name}: {plan.out_dir} holds this run finished (same settings, code, data and numerics): "
+              f"reused; train.overwrite=true trains it again", flush=True)
+        return read_result(plan.out_dir)
     try:  # from here on an exception ends the MLflow run FAILED (KILLED on SIGTERM), never RUNNING
         start_tracking(plan, run)
         module, dm, trainer, clock = build_run(plan, run)
@@ -167,8 +166,9 @@ class OpenRun:
     run_id: str = ""
 
 
-def open_run(plan: Plan, stack: ExitStack) -> OpenRun:
-    """Lock the run folder (rank 0, for the stack's life), turn SIGTERM into Killed, decide resume or afresh
+def open_run(plan: Plan, stack: ExitStack) -> OpenRun | None:
+    """Lock the run folder (rank 0, for the stack's life), turn SIGTERM into Killed; None when the folder holds this
+    very run finished and a hand start reuses it (study.runner.run_state.finished_here); else decide resume or afresh
     (study.runner.run_state.open_run_folder), settle the folder's earlier MLflow runs and open this run's logger.
 
     Raises:
@@ -183,6 +183,8 @@ def open_run(plan: Plan, stack: ExitStack) -> OpenRun:
     if rank == 0:  # one writer per run folder, for the run's life; SIGTERM ends it as KILLED
         stack.enter_context(hold_run_lock(out_dir))
     stack.enter_context(terminate_as_exception())
+    if plan.world == 1 and finished_here(cfg, out_dir, plan.data_dir):  # one process: nothing to agree on
+        return None
 
     # resume only a checkpoint of this very config, code and data that has not finished
     record, digest, state, previous_run_id, resume, replaced = open_run_folder(cfg, plan.name, out_dir, plan.data_dir,

@@ -219,11 +219,23 @@ class Replaced:
             shutil.rmtree(gone, ignore_errors=True)
 
 
+def put_back_dead_start(out_dir: Path) -> None:
+    """What a start that died before writing its own outputs had set aside (``out_dir/.replaced/``) goes back, and
+    what one that died while dropping it had renamed goes (call with the folder's lock held, as global rank 0)."""
+    if (out_dir / REPLACED).is_dir():
+        Replaced(out_dir, [p.name for p in (out_dir / REPLACED).iterdir()]).restore()
+    shutil.rmtree(out_dir / f"{REPLACED}.discarded", ignore_errors=True)
+
+
 def finished_here(cfg, out_dir: Path, data_dir: Path) -> bool:
     """Whether ``out_dir`` holds a finished run of this very resume key (run.json completed under it, metrics.json
     there), which a hand-started run reuses instead of training it again: not with ``train.overwrite`` (train it
-    again) nor as a DVC stage (:func:`dvc_stage`: DVC decides what it re-runs)."""
-    if cfg.train.overwrite or dvc_stage() or not (out_dir / METRICS_FILE).is_file():
+    again) nor as a DVC stage (:func:`dvc_stage`: DVC decides what it re-runs).  One process (world size 1) with the
+    folder's lock held: a dead start's set-aside files are put back first (:func:`put_back_dead_start`)."""
+    if cfg.train.overwrite or dvc_stage():
+        return False
+    put_back_dead_start(out_dir)
+    if not (out_dir / METRICS_FILE).is_file():
         return False
     try:
         state = json.loads((out_dir / CHECKPOINTS / RUN_JSON).read_text())
@@ -264,10 +276,8 @@ def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) ->
             the run is not a DVC stage's (:func:`dvc_stage`).
     """
     ckpt_dir = out_dir / CHECKPOINTS
-    if rank == 0 and (out_dir / REPLACED).is_dir():  # a start that died before it wrote its own outputs
-        Replaced(out_dir, [p.name for p in (out_dir / REPLACED).iterdir()]).restore()
-    if rank == 0:  # one that died while dropping what it had replaced
-        shutil.rmtree(out_dir / f"{REPLACED}.discarded", ignore_errors=True)
+    if rank == 0:  # a start that died before it wrote its own outputs
+        put_back_dead_start(out_dir)
     record = resume_record(cfg, data_dir)
     digest = run_digest(cfg, data_dir, record)
     state_path = ckpt_dir / RUN_JSON
