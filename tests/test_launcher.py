@@ -134,9 +134,10 @@ def test_dry_run_prints_the_array_and_its_gpu_hours_and_trains_nothing(nano_proj
     runs = [x for x in lines if x.startswith("  ")]
     assert len(runs) == 10 and all(" FLOP/token x 10,922 tokens = " in x for x in runs), runs  # 4 steps of 2,048 + 8,192 / 3
     total = [x for x in lines if " FLOP in all = " in x][0]  # a CPU trainer: priced in core-hours, not GPU-hours
-    flop = float(total.split(": ", 1)[1].split(" FLOP")[0])
-    assert total == (f"test: {flop:.3g} FLOP in all = {flop / 15e9 / 3600:.3g} CPU-hours (core-hours) at 15 GFLOP/s per "
+    flop, hours = float(total.split(": ", 1)[1].split(" FLOP")[0]), float(total.split(" = ")[1].split(" ")[0])
+    assert total == (f"test: {flop:.3g} FLOP in all = {hours:.3g} CPU-hours (core-hours) at 28 GFLOP/s per "
                      f"core (a CPU trainer: trainer.accelerator=cpu)"), total
+    assert hours == pytest.approx(flop / 28e9 / 3600, rel=0.01)
     assert all(x.endswith(" CPU-h") for x in runs) and "GPU" not in total
     assert lines[-1] == ("test: then Stein's second stage: up to 2 more seed(s) per arm (study.max_seeds=7), in one "
                          "more batch, as the first stage's spread asks")
@@ -146,5 +147,6 @@ def test_dry_run_prints_the_array_and_its_gpu_hours_and_trains_nothing(nano_proj
                          env={**env_for(nano_project), "DVC_EXP_NAME": "test"}, capture_output=True, text=True, timeout=600)
     assert gpu.returncode == 0, gpu.stderr[-2000:]
     total = [x for x in gpu.stdout.splitlines() if " FLOP in all = " in x][0]  # a GPU trainer: GPU-hours
-    flop = float(total.split(": ", 1)[1].split(" FLOP")[0])
-    assert total == f"test: {flop:.3g} FLOP in all = {flop / (0.4 * 989.4e12) / 3600:.3g} GPU-hours at 40% MFU of 989.4 TFLOP/s per GPU"
+    flop, hours = float(total.split(": ", 1)[1].split(" FLOP")[0]), float(total.split(" = ")[1].split(" ")[0])
+    assert total == f"test: {flop:.3g} FLOP in all = {hours:.3g} GPU-hours at 40% MFU of 989.4 TFLOP/s per GPU"
+    assert hours == pytest.approx(flop / (0.4 * 989.4e12) / 3600, rel=0.01)

@@ -92,8 +92,8 @@ def _flops(cfg, root: Path, cache: dict) -> tuple[int, int]:
 
 
 #: the achieved fp32 FLOP/s of one CPU core that a CPU trainer's --dry-run assumes (GFLOP/s): the default model
-#: (1.67 MFLOP per token) at the levers table's 17,093 tokens/s on 2 cores of an AMD EPYC is ~14 per core
-CPU_GFLOPS_PER_CORE = 15.0
+#: (1.67 MFLOP per token) at 17,093 tokens/s in one thread of an AMD EPYC (docs/profiles.md, the table of choices)
+CPU_GFLOPS_PER_CORE = 28.0
 
 
 def gpu_hours(flops: float, res: dict) -> float:
