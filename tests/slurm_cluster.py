@@ -167,6 +167,23 @@ class Cluster:
             return []
 
 
+def started_cluster(tmp_path_factory):
+    """A pytest fixture body (module scope in the SLURM test modules): a one-node SLURM started for the module and
+    stopped after it, or the module's tests skipped with the one-line reason it cannot start here."""
+    import pytest
+
+    reason = why_not()
+    if reason is not None:
+        pytest.skip(reason)
+    try:
+        install()
+        cluster = Cluster(tmp_path_factory.mktemp("slurm")).start()
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
+        pytest.skip(f"a one-node SLURM did not start here: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    yield cluster
+    cluster.stop()
+
+
 def _kill_pidfile(path: Path, timeout: float = 30) -> None:
     try:
         pid = int(path.read_text().strip())

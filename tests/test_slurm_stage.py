@@ -40,18 +40,7 @@ except StudyError as e:
 """
 
 
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    reason = slurm_cluster.why_not()
-    if reason is not None:
-        pytest.skip(reason)
-    try:
-        slurm_cluster.install()
-        cluster = slurm_cluster.Cluster(tmp_path_factory.mktemp("slurm")).start()
-    except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
-        pytest.skip(f"a one-node SLURM did not start here: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-    yield cluster
-    cluster.stop()
+slurm = pytest.fixture(scope="module")(slurm_cluster.started_cluster)  # a one-node SLURM for this module
 
 
 def _driver(project: Path, tmp: Path, label: str, n: int = 3, *extra: str, **kw) -> subprocess.Popen:
