@@ -301,3 +301,54 @@ def test_an_interrupted_overwrite_keeps_the_finished_run(run_in, tmp_path, monke
         run_in(*tiny, "train.lr=1e-3", "train.overwrite=true")
     assert {n: (run / n).read_bytes() for n in outputs} == outputs
     assert not (run / ".replaced").exists() and not (run / ".replaced.discarded").exists()
+
+
+@pytest.mark.slow  # two nano trainings
+def test_after_an_interrupted_overwrite_the_finished_run_is_still_reused(run_in, tmp_path, monkeypatch, capsys):
+    """QA: an interrupted train.overwrite left its own run.json (not completed, other settings) beside the finished
+    run's files put back; the finished run's own command was then refused as "a finished run with other settings
+    (train.lr: 0.001 -> 0.003)", naming the killed re-run's settings.  It is reused (record.json's key is its key),
+    and the re-run's command without train.overwrite is refused naming the finished run's settings."""
+    import study.runner.run as run_module
+    from study.config import ConfigError
+
+    monkeypatch.delenv("DVC_STAGE", raising=False)
+    tiny = ["train.tokens=4096", "train.warmup_tokens=0"]
+    first = run_in(*tiny)
+    run = tmp_path / "runs/baseline-s1"
+    outputs = {n: (run / n).read_bytes() for n in ("metrics.json", "record.json", "curve.csv", "config.json",
+                                                    "positions.csv")}
+    fit_run = run_module.fit_run
+
+    def interrupted(plan, run_, module, dm, trainer, clock):  # Ctrl-C once the Trainer exists
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_module, "fit_run", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_in(*tiny, "train.lr=1e-3", "train.overwrite=true")
+    monkeypatch.setattr(run_module, "fit_run", fit_run)
+    capsys.readouterr()
+    again = run_in(*tiny)
+    assert "holds this run finished (same settings, code, data and numerics): reused" in capsys.readouterr().out
+    assert again["val_loss"] == first["val_loss"] and again["mlflow_run_id"] == first["mlflow_run_id"]
+    assert {n: (run / n).read_bytes() for n in outputs} == outputs
+    with pytest.raises(ConfigError, match=r"other settings \(train.lr: 0.003 -> 0.001\)"):
+        run_in(*tiny, "train.lr=1e-3")
+    assert {n: (run / n).read_bytes() for n in outputs} == outputs
+
+
+@pytest.mark.slow  # two nano trainings
+def test_a_damaged_finished_run_started_again_by_hand_is_trained_again(run_in, tmp_path, monkeypatch, capsys):
+    """QA: a finished run whose metrics.json was cut short, started again by hand, was "reused" and then refused
+    in one line advising the very command that had just reused it (so it looped); it is trained again."""
+    monkeypatch.delenv("DVC_STAGE", raising=False)
+    tiny = ["train.tokens=4096", "train.warmup_tokens=0"]
+    first = run_in(*tiny)
+    run = tmp_path / "runs/baseline-s1"
+    (run / "metrics.json").write_text('{"val_loss": ')
+    capsys.readouterr()
+    again = run_in(*tiny)
+    out = capsys.readouterr().out
+    assert "the finished run there is damaged" in out and "reused" not in out
+    assert again["val_loss"] == first["val_loss"]
+    assert read_result(run)["val_loss"] == first["val_loss"]

@@ -22,8 +22,9 @@ from study.config import ConfigError, StudyError, diff_keys, flatten, resume_con
 from study.config.signals import Killed, terminate_as_exception  # noqa: F401 (public here too)
 from study.config.stage import INTERRUPTED  # noqa: F401 (public here too: the line of a stage stopped by Ctrl-C)
 from study.data.records import data_digest
-from study.runfolder import (CHECKPOINTS, LOCK_FILE, METRICS, METRICS_FILE, REPLACED, RUN_JSON, RUN_OUTPUTS,  # noqa: F401
-                             TASK_METRICS, LAST_CKPT, code_digests, recorded_settings, split_result)  # (public here too)
+from study.runfolder import (CHECKPOINTS, LOCK_FILE, METRICS, METRICS_FILE, RECORD_FILE, REPLACED, RUN_JSON,  # noqa: F401
+                             RUN_OUTPUTS, TASK_METRICS, LAST_CKPT, code_digests, read_result, recorded_settings,
+                             split_result)  # (public here too)
 
 
 def resume_record(cfg, data_dir: Path) -> dict:
@@ -240,11 +241,26 @@ def finished_here(cfg, out_dir: Path, data_dir: Path) -> bool:
     try:
         state = json.loads((out_dir / CHECKPOINTS / RUN_JSON).read_text())
     except (OSError, ValueError):
-        return False
-    if not isinstance(state, dict) or state.get("completed") is not True:
-        return False
+        state = None
     record = resume_record(cfg, data_dir)
-    return state.get("config_hash") == run_digest(cfg, data_dir, record) or same_key(state.get("resume"), record)
+    digest = run_digest(cfg, data_dir, record)
+    if isinstance(state, dict) and state.get("completed") is True:
+        this = state.get("config_hash") == digest or same_key(state.get("resume"), record)
+    else:  # run.json is an interrupted re-run's (train.overwrite, SIGKILLed): the finished outputs are back beside
+        # its checkpoints, and record.json's key says whose they are
+        try:
+            this = json.loads((out_dir / RECORD_FILE).read_text()).get("config_hash") == digest
+        except (OSError, ValueError, AttributeError):
+            this = False
+    if not this:
+        return False
+    try:  # a damaged finished run (record.json gone, metrics.json cut short) is trained again, not reused
+        read_result(out_dir)
+    except StudyError as e:
+        why = str(e).partition(": restore the file")[0]
+        print(f"{out_dir.name}: the finished run there is damaged ({why}): training it again", flush=True)
+        return False
+    return True
 
 
 def dvc_stage() -> str | None:
@@ -291,7 +307,10 @@ def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) ->
     stored = canonical_key(state.get("resume"))  # the stored record under today's rule of what the key holds
     if (out_dir / METRICS_FILE).is_file() and not cfg.train.overwrite and not dvc_stage():  # a finished run:
         # never replaced silently by a hand-started run
-        old = config_part(stored) if stored is not None else recorded_settings(out_dir)
+        # the finished run's settings: run.json's when it finished, else config.json's (run.json is then an
+        # interrupted re-run's, train.overwrite killed, beside the finished outputs put back)
+        old = config_part(stored) if stored is not None and state.get("completed") is not False \
+            else recorded_settings(out_dir)
         differ = diff_keys(old, config_part(record)) if old is not None else ["(not recorded)"]
         if differ:
             raise ConfigError(f"{out_dir} holds a finished run with other settings ({'; '.join(differ)}): give this "
