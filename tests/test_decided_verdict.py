@@ -205,6 +205,10 @@ def test_tune_then_test_then_compare(nano_project, tmp_path, monkeypatch, fake_t
     diffs = [loss("nonlinear_q", 1.2e-2, s) - loss("baseline", tuned["base"], s) for s in range(1, n + 1)]
     assert c["mean_diff"] == pytest.approx(np.mean(diffs), rel=1e-9)
     assert c["p_value"] == pytest.approx(stats.ttest_1samp(diffs, 0).pvalue, rel=1e-9)
+    claim = -0.024 * np.mean([loss("baseline", tuned["base"], s) for s in range(1, n + 1)])  # the paper's -2.40%
+    assert c["claim"]["p_value"] == pytest.approx(stats.ttest_1samp(diffs, claim, alternative="greater").pvalue,
+                                                  rel=1e-9)
+    assert c["claim"]["excluded"] == (c["claim_p_bh"] < 0.05)
     assert c["word"] in ("better", "worse", "equivalent", "undecided") and c["verdict"].startswith(c["word"])
     assert v["arms"]["nlq"]["val_loss_sd"] == pytest.approx(np.std(
         [loss("nonlinear_q", 1.2e-2, s) for s in range(1, n + 1)], ddof=1), rel=1e-9)

@@ -16,6 +16,8 @@ change is 100 (L - L_ref) / L_ref (arXiv 2603.13381).
   the same decision as the 90% paired t interval lying inside (-delta, +delta) (Schuirmann 1987).
 * Benjamini-Hochberg (scipy.stats.false_discovery_control) over all comparisons, once for the
   difference tests and once for the equivalence tests.
+* The paper's claim (-2.40% log-loss, :data:`PAPER_CLAIM_PCT`): a one-sided paired t test of "the effect is at
+  least as large as claimed" (:func:`claim_test`), Benjamini-Hochberg over the comparisons; p < alpha excludes it.
 * The word: "equivalent" when the adjusted TOST p < alpha (a real difference smaller than the margin
   is still "equivalent": the margin says what matters); else "better"/"worse" when the adjusted
   paired-t p < alpha (the sign of the mean difference; lower loss is better); else "undecided", with
@@ -79,6 +81,25 @@ def tost(diffs: list[float], delta: float) -> dict:
             "undefined": None}
 
 
+#: the paper's claim (arXiv 2603.13381, the abstract's later version): the nonlinear query lowers validation
+#: log-loss by 2.40% (% log-loss change of the arm against its reference)
+PAPER_CLAIM_PCT = -2.40
+
+
+def claim_test(diffs, claim: float) -> dict:
+    """The paper's claim put to a test: a one-sided paired t test of H0 "the mean difference is at most ``claim``"
+    (nats: the effect is as large as claimed, or larger) against H1 "it is above" (a smaller effect, none, or a
+    loss).  A p below alpha (after Benjamini-Hochberg over the comparisons, :func:`decide`) excludes the claim.
+
+    Returns: {"pct" (:data:`PAPER_CLAIM_PCT`), "nats" (``claim``), "p_value"} (NaN p for fewer than two pairs or
+    zero variance)."""
+    d = np.asarray(diffs, dtype=float)
+    p = float("nan")
+    if len(d) > 1 and math.isfinite(claim) and zero_variance(d, 1.0) is None:
+        p = float(stats.ttest_1samp(d, claim, alternative="greater").pvalue)
+    return {"pct": PAPER_CLAIM_PCT, "nats": claim, "p_value": p}
+
+
 def compare_pair(arm: dict[int, float], ref: dict[int, float], seeds: list[int], n0: int, margin_pct: float,
                  halfwidth_pct: float, max_seeds: int, alpha: float = ALPHA) -> dict:
     """One comparison arm - reference, paired by seed, before the BH adjustment (:func:`decide`).
@@ -94,7 +115,7 @@ def compare_pair(arm: dict[int, float], ref: dict[int, float], seeds: list[int],
     "tost": :func:`tost`, "stein": {"n0", "s0", "n_needed", "n_total" (min(N, max_seeds)), "capped",
     "halfwidth" (d), "interval" [mean - d, mean + d], "coverage_min" (0.95 once N pairs are in; NaN before),
     "exact_halfwidth", "exact_interval" (mean +- t s0 / sqrt(n): coverage exactly "exact_coverage", 0.95)},
-    "pct": the mean and both intervals in % log-loss}.
+    "claim": :func:`claim_test` against the paper's -2.40%, "pct": the mean and both intervals in % log-loss}.
     """
     both = [s for s in seeds if s in arm and s in ref]
     a = np.array([arm[s] for s in both], dtype=float)
@@ -129,6 +150,7 @@ def compare_pair(arm: dict[int, float], ref: dict[int, float], seeds: list[int],
                      halfwidth=d, interval=[m - d, m + d], exact_halfwidth=h, exact_interval=[m - h, m + h],
                      coverage_min=(1 - alpha) if n >= need else nan)
     out["stein"] = stein
+    out["claim"] = claim_test(diffs, PAPER_CLAIM_PCT / 100 * base)
     pct = (lambda x: 100 * x / base if math.isfinite(x) else nan)  # noqa: E731
     out["pct"] = {"mean": pct(out["mean_diff"]), "ci95": [pct(x) for x in out["ci95"]],
                   "ci90": [pct(x) for x in out["tost"]["ci90"]], "stein": [pct(x) for x in stein["interval"]],
@@ -155,12 +177,16 @@ def word(c: dict, alpha: float = ALPHA) -> tuple[str, str]:
 
 
 def decide(comparisons: dict[str, dict], alpha: float = ALPHA) -> dict[str, dict]:
-    """Benjamini-Hochberg over all comparisons (paired t p -> "p_value_bh"; TOST p -> "tost_p_bh"), then
-    each comparison's "word" and "verdict" (:func:`word`).  Changes and returns ``comparisons``."""
-    for key, name in (("p_value", "p_value_bh"), ("tost", "tost_p_bh")):
-        ps = {k: (c[key]["p_value"] if key == "tost" else c[key]) for k, c in comparisons.items()}
+    """Benjamini-Hochberg over all comparisons (paired t p -> "p_value_bh"; TOST p -> "tost_p_bh"; the paper's claim
+    -> "claim_p_bh" and "claim"["excluded"]), then each comparison's "word" and "verdict" (:func:`word`).  Changes and
+    returns ``comparisons``."""
+    for key, name in (("p_value", "p_value_bh"), ("tost", "tost_p_bh"), ("claim", "claim_p_bh")):
+        ps = {k: (c[key]["p_value"] if key in ("tost", "claim") else c[key]) for k, c in comparisons.items()}
         for k, p in adjust(ps).items():
             comparisons[k][name] = p
+    for c in comparisons.values():  # the paper's claim excluded (True), not excluded (False), or untestable (None)
+        p = c["claim_p_bh"]
+        c["claim"]["excluded"] = bool(p < alpha) if math.isfinite(p) else None
     for c in comparisons.values():
         c["word"], c["verdict"] = word(c, alpha)
     return comparisons

@@ -124,5 +124,8 @@ def verdict_lines(summary: dict) -> list[str]:
                    f"{tables.fmt(c['pct_perplexity'], '+.2f')}% perplexity vs {summary['baseline']} "
                    f"({p}, n={c['n_pairs']})")
     for k, c in ((summary.get("verdict") or {}).get("comparisons") or {}).items():  # the decided verdict: one word
-        out.append(f"{k:>20s}: {c['verdict']} ({tables.fmt(c['pct']['mean'], '+.2f')}% log-loss, n={c['n_pairs']})")
+        claim = {True: "; the paper's -2.40% excluded", False: "; the paper's -2.40% not excluded"}.get(
+            (c.get("claim") or {}).get("excluded"), "")
+        out.append(f"{k:>20s}: {c['verdict']} ({tables.fmt(c['pct']['mean'], '+.2f')}% log-loss, n={c['n_pairs']}"
+                   f"{claim})")
     return out

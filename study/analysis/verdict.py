@@ -300,6 +300,14 @@ def attention_lines(v: dict, task: str = "lm") -> list[str]:
                     if drawn else [""])
 
 
+def claim_words(c: dict) -> str:
+    """The paper's claim in one cell: ``excluded (p 0.001)``, ``not excluded (p 0.31)`` or ``n/a``."""
+    excluded = (c.get("claim") or {}).get("excluded")
+    if excluded is None:
+        return "n/a"
+    return f"{'excluded' if excluded else 'not excluded'} (p {_f(c['claim_p_bh'], '.3g')})"
+
+
 def verdict_section(v: dict) -> list[str]:
     """comparison.md's section of the decided verdict (every number a field of summary.json "verdict"); the arms'
     accuracy replaces the in-context gain (an lm measure) where the runs recorded one (tasks mlm, mqar)."""
@@ -323,10 +331,11 @@ def verdict_section(v: dict) -> list[str]:
                      + (f"{_f(r.get('val_accuracy_mean'))} | [{_f(lo)}, {_f(hi)}] |" if acc
                         else f"{_f(r.get('in_context_gain'))} |"))
     lines += ["", "| comparison | verdict | pairs | mean diff (nats) | paired sd | % log-loss | 95% t CI (%) | "
-              "Stein mean +- d (%) | Stein exact 95% (%) | Stein N | 90% CI (%) | p (t, BH) | p (TOST, BH) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "Stein mean +- d (%) | Stein exact 95% (%) | Stein N | 90% CI (%) | p (t, BH) | p (TOST, BH) | "
+              "the paper's -2.40% (p, BH) |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     if not v["comparisons"]:
-        lines += ["| (none: every arm of study.arms is a reference; list another arm to compare it) | | | | | | | | | | | | |"]
+        lines += ["| (none: every arm of study.arms is a reference; list another arm to compare it) | | | | | | | | | | | | | |"]
     for k, c in v["comparisons"].items():
         p, st = c["pct"], c["stein"]
         lines.append(f"| {k} | **{c['word']}**{c['verdict'][len(c['word']):]} | {c['n_pairs']} | {_f(c['mean_diff'], '+.4f')} | "
@@ -336,7 +345,11 @@ def verdict_section(v: dict) -> list[str]:
                      f"[{_f(p['stein_exact'][0], '+.2f')}, {_f(p['stein_exact'][1], '+.2f')}] | "
                      f"{st['n_needed'] if st['n_needed'] is not None else 'n/a'} | "
                      f"[{_f(p['ci90'][0], '+.2f')}, {_f(p['ci90'][1], '+.2f')}] | {_f(c['p_value_bh'], '.3g')} | "
-                     f"{_f(c['tost_p_bh'], '.3g')} |")
+                     f"{_f(c['tost_p_bh'], '.3g')} | {claim_words(c)} |")
+    if v["comparisons"]:
+        lines += ["", "The paper's claim (arXiv 2603.13381: -2.40% log-loss) is tested for each comparison by a one-sided "
+                      "paired t test of \"the effect is at least as large as claimed\" (Benjamini-Hochberg over the "
+                      "comparisons): excluded when p < 0.05."]
     dec = v.get("decomposition")
     if dec:
         lines += ["", "### The recipe decomposition", "",
