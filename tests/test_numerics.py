@@ -79,6 +79,36 @@ def test_the_resume_key_holds_the_numerics(nano_project):
     assert {k for k in one if one[k] != two[k]} == {"numerics:threads"}  # threads change the sums: never resumed
 
 
+def test_cpu_ddp_ranks_train_at_the_threads_the_run_records(nano_project, tmp_path, monkeypatch):
+    """QA: with trainer.devices=2 trainer.strategy=ddp trainer.threads=2 on CPU, Lightning's launcher set every rank
+    to cores / ranks threads (OMP_NUM_THREADS unset), after study.train had set 2: config.json's numerics and the
+    resume key said threads 2, record.json's machine 1.  Each rank now trains at the recorded threads."""
+    import os
+
+    import torch
+    from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
+
+    from study.config import load_config
+    from study.config.numerics import run_numerics
+    from study.runner.run import plan_run
+
+    monkeypatch.chdir(nano_project)
+    omp, threads = os.environ.pop("OMP_NUM_THREADS", None), torch.get_num_threads()
+    try:
+        cfg = load_config(["trainer.threads=2", "trainer.devices=2", "trainer.strategy=ddp",
+                           f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={tmp_path / 'm.db'}"],
+                          nano_project)
+        plan = plan_run(cfg, nano_project)
+        assert plan.world == 2
+        _set_num_threads_if_needed(num_processes=plan.world)  # what Lightning's DDP launcher does in every rank
+        assert torch.get_num_threads() == run_numerics(plan.cfg.trainer)["threads"] == 2
+    finally:
+        torch.set_num_threads(threads)
+        os.environ.pop("OMP_NUM_THREADS", None)
+        if omp is not None:
+            os.environ["OMP_NUM_THREADS"] = omp
+
+
 def test_runs_under_other_numerics_never_pair(tmp_path):
     from synthetic_runs import write_run
 

@@ -11,6 +11,7 @@ The pieces are elsewhere: the data and their checks in ``study.data``, the run f
 from __future__ import annotations
 
 import math
+import os
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -146,6 +147,9 @@ def plan_run(cfg, root: Path) -> Plan:
         val_micro -= 1
     if cfg.trainer.threads:
         torch.set_num_threads(cfg.trainer.threads)
+        if ws > 1:  # Lightning's DDP launchers set every rank to cores / ranks threads unless OMP_NUM_THREADS is set:
+            # each rank trains at the threads the run records (config.json's numerics, the resume key)
+            os.environ["OMP_NUM_THREADS"] = str(cfg.trainer.threads)
     check_numerics()  # CPU kernels pinned (study/config/numerics.py) unless STUDY_NUMERICS=native
     return Plan(cfg, root, name, out_dir, task, data_dir, uri, meta, steps, ws, micro, accum, rank, n_val, val_micro)
 
