@@ -68,6 +68,20 @@ def test_a_training_process_that_imported_torch_first_is_refused():
     assert "import study first, or set STUDY_NUMERICS=native" in r.stdout
 
 
+@pytest.mark.slow  # one interpreter
+@pytest.mark.skipif(not has_avx512(), reason="ATEN_CPU_CAPABILITY=avx512 runs AVX2 anyway on a CPU without AVX-512")
+def test_a_users_own_avx512_capability_is_refused_naming_it():
+    """QA: ATEN_CPU_CAPABILITY=avx512 set by the user (kept by the pin) was refused as "torch was imported before
+    study", which it was not; the line names the variable."""
+    code = ("import study; from study.config.numerics import check_numerics\ntry:\n check_numerics()\n"
+            "except Exception as e:\n print(e)")
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("STUDY_NUMERICS",)}
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                       env={**env, "ATEN_CPU_CAPABILITY": "avx512"})
+    assert r.stdout.startswith("ATEN_CPU_CAPABILITY=avx512 in the environment runs AVX512"), r.stdout + r.stderr
+    assert "imported before study" not in r.stdout and len(r.stdout.strip().splitlines()) == 1
+
+
 def test_the_resume_key_holds_the_numerics(nano_project):
     from study.config import load_config
     from study.runner.run_state import resume_record

@@ -74,6 +74,10 @@ def check_numerics(environ=None) -> None:
         raise ConfigError(f"{NUMERICS_ENV}={env.get(NUMERICS_ENV)!r} is not one of {', '.join(NUMERICS_MODES)}: unset "
                           f"it (CPU kernels pinned to AVX2, the default) or set {NUMERICS_ENV}=native")
     if raw == "avx2" and x86() and cpu_capability() in ABOVE_AVX2:
+        own = env.get("ATEN_CPU_CAPABILITY")
+        if own is not None and own.strip().upper() != "AVX2":  # the environment asked for them, not torch's import
+            raise ConfigError(f"ATEN_CPU_CAPABILITY={own} in the environment runs {cpu_capability()} kernels, not the "
+                              f"pinned AVX2: unset it, or set {NUMERICS_ENV}=native to train unpinned")
         raise ConfigError(f"the CPU kernels are not pinned (ATen runs {cpu_capability()}, not AVX2): torch was imported "
                           f"before study; import study first, or set {NUMERICS_ENV}=native to train unpinned")
 
