@@ -6,7 +6,7 @@ procedure, study/analysis/decision.py).
 2. Stage one: every arm on ``study.seeds`` (at least 5), in ``runs/test/ARM/VARIANT-sSEED``.
 3. From each comparison's first-stage paired sd, Stein's N; each arm gets the largest N of its comparisons,
    capped at ``study.max_seeds`` (a comparison needing more is reported "undecided (N seeds needed)").
-4. Stage two: the extra seeds (after max(study.seeds), skipping the tuning seeds).
+4. Stage two: the extra seeds (after max(study.seeds), skipping the tuning seeds and study.pilot_seeds).
 5. Fails (one line) when params.yaml changed while it ran: DVC would record the new values in dvc.lock for runs
    trained at the old ones, and skip this stage from then on (:func:`check_params_unchanged`).
 Every finished run of the same settings, code and data is reused, never retrained, so a re-run after a kill, or
@@ -81,7 +81,7 @@ def run_tests(cfg, root: Path, params: str | None, base: list[str] = (), dry: bo
         c = stage_one[comparison_name(a, r)]
         n = seeds_to_train({"c": c}, n0, s.max_seeds)
         need[a], need[r] = max(need[a], n), max(need[r], n)
-    seeds = {a: seed_list(first, need[a], list(cfg.tune.seeds)) for a in s.arms}
+    seeds = {a: seed_list(first, need[a], [*cfg.tune.seeds, *s.pilot_seeds]) for a in s.arms}
     extra = {a: [x for x in seeds[a] if x not in first] for a in s.arms}
     extra = {a: x for a, x in extra.items() if x}
     for a, x in extra.items():

@@ -160,3 +160,24 @@ def test_the_papers_claim_is_a_one_sided_paired_t_test_by_hand():
     assert claim_words(decided["a vs r"]).startswith("excluded (p ") and claim_words(decided["b vs r"]).startswith(
         "not excluded (p ")
     assert claim_test([0.01], -0.048)["p_value"] != claim_test([0.01], -0.048)["p_value"]  # one pair: NaN
+
+
+def test_the_pilot_seeds_serve_no_other_purpose_and_the_report_says_which_seed_served_what(nano_project):
+    """Seeds the default was chosen on never tune or test: the config refuses the overlap in one line, Stein's second
+    stage skips them, and the verdict's table names the seeds of each purpose."""
+    from study.analysis.verdict import all_seeds, seed_roles_line
+    from study.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as e:
+        load_config(["study.pilot_seeds=[5,201]", "study.seeds=[1,2,3,4,5]"],
+                    nano_project)
+    assert "\n" not in str(e.value) and "study.pilot_seeds=[5, 201] and study.seeds=[1, 2, 3, 4, 5] share [5]" in str(e.value)
+    with pytest.raises(ConfigError, match=r"and tune.seeds=\[101, 102\] share \[101\]"):
+        load_config(["study.pilot_seeds=[101]", "study.seeds=[1,2,3,4,5]",
+                     "tune.seeds=[101,102]"], nano_project)
+    cfg = load_config(["study.pilot_seeds=[6,7]", "study.seeds=[1,2,3,4,5]",
+                       "tune.seeds=[8,9]", "study.max_seeds=8"], nano_project)
+    assert all_seeds(cfg) == [1, 2, 3, 4, 5, 10, 11, 12]
+    assert seed_roles_line({"seed_roles": {"tuning": [101, 102], "pilot": [201, 202], "test": [1, 2, 3]}}) == [
+        "Seeds, each with one purpose: tuning 101, 102 (conf/tuning/); choosing the default 201, 202 "
+        "(docs/history.md); testing 1, 2, 3.", ""]

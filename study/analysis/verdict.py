@@ -102,7 +102,7 @@ def comparison_name(arm: str, ref: str) -> str:
 
 def all_seeds(cfg) -> list[int]:
     """Every seed the test stage may use, in order: study.seeds (Stein's first stage), then more up to max_seeds."""
-    return seed_list(list(cfg.study.seeds), cfg.study.max_seeds, list(cfg.tune.seeds))
+    return seed_list(list(cfg.study.seeds), cfg.study.max_seeds, [*cfg.tune.seeds, *cfg.study.pilot_seeds])
 
 
 def compare_all(cfg, ok: dict[str, dict[int, float]]) -> dict[str, dict]:
@@ -258,7 +258,9 @@ def verdict_report(cfg, root: Path) -> dict | None:
     d = cfg.decomposition
     dec = decomposition(ok, list(d.rows), d.start, d.end, d.linear) if d.rows else None
     return {"arms": arms, "comparisons": comps, "margin_pct": s.equivalence_margin, "halfwidth_pct": s.target_halfwidth,
-            "max_seeds": s.max_seeds, "n0": len(s.seeds), "decomposition": dec, "attention": attention_share(cfg, runs, ok)}
+            "max_seeds": s.max_seeds, "n0": len(s.seeds), "decomposition": dec, "attention": attention_share(cfg, runs, ok),
+            "seed_roles": {"tuning": list(cfg.tune.seeds), "pilot": list(s.pilot_seeds),
+                           "test": sorted({x for by_seed in runs.values() for x in by_seed})}}
 
 
 def _f(x, spec=".4f") -> str:
@@ -300,6 +302,17 @@ def attention_lines(v: dict, task: str = "lm") -> list[str]:
                     if drawn else [""])
 
 
+def seed_roles_line(v: dict) -> list[str]:
+    """The line that says which seeds served what (tuning, choosing the default, testing; disjoint by the config's
+    checks), followed by a blank line; nothing for a verdict recorded without them."""
+    roles = v.get("seed_roles")
+    if not roles:
+        return []
+    show = (lambda xs: ", ".join(map(str, xs)) or "none")  # noqa: E731
+    return [f"Seeds, each with one purpose: tuning {show(roles['tuning'])} (conf/tuning/); choosing the default "
+            f"{show(roles['pilot'])} (docs/history.md); testing {show(roles['test'])}.", ""]
+
+
 def claim_words(c: dict) -> str:
     """The paper's claim in one cell: ``excluded (p 0.001)``, ``not excluded (p 0.31)`` or ``n/a``."""
     excluded = (c.get("claim") or {}).get("excluded")
@@ -319,7 +332,8 @@ def verdict_section(v: dict) -> list[str]:
              f"+-{v['margin_pct']:g}% log-loss (TOST, statsmodels' ttost_paired); Benjamini-Hochberg over all "
              f"comparisons (paired t and TOST each). Stein's mean +- d covers with probability >= 95% once N pairs are in; "
              f"the exact 95% interval is mean +- t(0.975, n0 - 1) s0 / sqrt(n), s0 the first stage's sd (exact "
-             f"coverage: the pivot is Student t whatever the true sd). Each arm's seed sd is its own, never pooled.", "",
+             f"coverage: the pivot is Student t whatever the true sd). Each arm's seed sd is its own, never pooled.",
+             "", *seed_roles_line(v), 
              "| arm | variant | overrides | lr | lr from | tuning | seeds | val loss mean | sd | 95% CI | "
              + ("val accuracy mean | accuracy 95% CI |" if acc else "in-context gain |"),
              "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if acc else "")]

@@ -235,6 +235,7 @@ class StudyConfig:
     max_seeds: int = 20  # most test seeds per arm; a comparison needing more is "undecided (N seeds needed)"
     equivalence_margin: float = 1.0  # +-delta of the equivalence test (TOST), % log-loss of the reference
     jobs: int = 1  # trainings the tune and test_runs stages run at once, each its own process (needs trainer.threads)
+    pilot_seeds: list = field(default_factory=list)  # seeds the default was chosen on: never tuning or test seeds
 
 
 @dataclass

@@ -42,6 +42,20 @@ def _validate_pairs(s, defined) -> None:
         seen.add((a, r))
 
 
+def check_pilot_seeds(cfg: RunConfig) -> None:
+    """study.pilot_seeds (the seeds the default was chosen on) serve no other purpose.
+
+    Raises:
+        ConfigError: a pilot seed is a tuning seed or one of study.seeds, in one line naming both lists.
+    """
+    pilot, s, tu = set(cfg.study.pilot_seeds), cfg.study, cfg.tune
+    for name, other in (("tune.seeds", tu.seeds), ("study.seeds", s.seeds)):
+        shared = sorted(pilot & set(other))
+        if shared:
+            raise ConfigError(f"study.pilot_seeds={list(s.pilot_seeds)} and {name}={list(other)} share {shared}: the "
+                              f"seeds the default was chosen on must neither tune nor test it; choose disjoint seeds")
+
+
 def validate_verdict(cfg: RunConfig) -> None:
     """The decided verdict's keys (docs/verdict.md): tuning seeds disjoint from test seeds, a grid that
     can bracket, arms that exist, Stein's first stage of at least 5 seeds, positive margins."""
@@ -50,6 +64,7 @@ def validate_verdict(cfg: RunConfig) -> None:
     if overlap:
         raise ConfigError(f"tune.seeds={list(tu.seeds)} and study.seeds={list(s.seeds)} share {overlap}: the seeds "
                           f"that pick a learning rate must never test it; choose disjoint seeds, e.g. tune.seeds=[101,102]")
+    check_pilot_seeds(cfg)
     if len(set(tu.seeds)) < 2 or len(set(tu.seeds)) != len(tu.seeds):
         raise ConfigError(f"tune.seeds={list(tu.seeds)} must hold at least 2 distinct seeds (a grid point's mean "
                           f"needs two), e.g. tune.seeds=[101,102]")
