@@ -166,6 +166,8 @@ def test_a_short_run_gives_the_pinned_float_and_records_its_machine(run_in, tmp_
     (run,) = [x for x in mlflow_runs(tmp_path / "mlruns.db")[1] if x.info.run_name == "nonlinear_q-s1"]
     assert run.data.params["numerics.cpu_capability"] == "AVX2" and run.data.params["numerics.threads"] == "1"
     assert run.data.tags["cpu"] == machine["cpu"]["model"] and "avx2" in run.data.tags["cpu_flags"].split()
+    from study.runfolder import code_digest
+    assert run.data.params["code_digest"] == code_digest() == json.loads((d / "config.json").read_text())["code_digest"]
 
 
 def test_a_run_of_other_training_code_is_refused_by_compare_as_the_test_stage_replaces_it(tmp_path):
@@ -190,3 +192,17 @@ def test_a_run_of_other_training_code_is_refused_by_compare_as_the_test_stage_re
            f"{code_digest()}" in str(e.value)
     runs["nonlinear_q"][1]["settings"]["code_digest"] = code_digest()
     assert check(runs, "the study's runs")["code_digest"] == code_digest()
+
+
+def test_every_stage_refuses_a_bad_numerics_setting_before_it_runs(nano_project, monkeypatch, capsys):
+    """Not only a training: the stage itself (study.tune, study.test_runs ...) refuses STUDY_NUMERICS=bogus in one
+    line before it composes or trains anything."""
+    from study.config import run_stage
+
+    called = []
+    monkeypatch.chdir(nano_project)
+    monkeypatch.setenv("STUDY_NUMERICS", "bogus")
+    assert run_stage(lambda cfg, root: called.append(cfg) or 0, []) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: STUDY_NUMERICS='bogus' is not one of avx2, native: unset it (CPU kernels pinned to AVX2, "
+                   "the default) or set STUDY_NUMERICS=native") and called == []

@@ -69,17 +69,30 @@ def check_numerics(environ=None) -> None:
     from study.config.schema import ConfigError
 
     env = os.environ if environ is None else environ
-    raw = env.get(NUMERICS_ENV, "avx2").strip().lower()
-    if raw not in NUMERICS_MODES:
-        raise ConfigError(f"{NUMERICS_ENV}={env.get(NUMERICS_ENV)!r} is not one of {', '.join(NUMERICS_MODES)}: unset "
-                          f"it (CPU kernels pinned to AVX2, the default) or set {NUMERICS_ENV}=native")
-    if raw == "avx2" and x86() and cpu_capability() in ABOVE_AVX2:
+    check_numerics_setting(env)
+    if numerics_mode(env) == "avx2" and x86() and cpu_capability() in ABOVE_AVX2:
         own = env.get("ATEN_CPU_CAPABILITY")
         if own is not None and own.strip().upper() != "AVX2":  # the environment asked for them, not torch's import
             raise ConfigError(f"ATEN_CPU_CAPABILITY={own} in the environment runs {cpu_capability()} kernels, not the "
                               f"pinned AVX2: unset it, or set {NUMERICS_ENV}=native to train unpinned")
         raise ConfigError(f"the CPU kernels are not pinned (ATen runs {cpu_capability()}, not AVX2): torch was imported "
                           f"before study; import study first, or set {NUMERICS_ENV}=native to train unpinned")
+
+
+def check_numerics_setting(environ=None) -> None:
+    """Refuse a ``STUDY_NUMERICS`` that is neither ``avx2`` nor ``native``, in one line (every stage checks it before
+    anything runs: study.config.stage.run_stage; a training again, study.runner.run.plan_run).
+
+    Raises:
+        ConfigError: naming the value and the two that work.
+    """
+    from study.config.schema import ConfigError
+
+    env = os.environ if environ is None else environ
+    raw = env.get(NUMERICS_ENV, "avx2").strip().lower()
+    if raw not in NUMERICS_MODES:
+        raise ConfigError(f"{NUMERICS_ENV}={env.get(NUMERICS_ENV)!r} is not one of {', '.join(NUMERICS_MODES)}: unset "
+                          f"it (CPU kernels pinned to AVX2, the default) or set {NUMERICS_ENV}=native")
 
 
 def cpu_capability() -> str:

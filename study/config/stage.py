@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 
 from . import compose
 from .compose import available, load_config, project_root, sweep
+from .numerics import check_numerics_setting
 from .schema import GROUPS, ConfigError, RunConfig, StudyError
 
 
@@ -76,6 +77,7 @@ def run_stage(body, argv: list[str] | None = None, interruptible: str | None = N
             print(_usage(body, root))
             return 0
         root = project_root()
+        check_numerics_setting()  # STUDY_NUMERICS, once, before any training starts (study/config/numerics.py)
         jobs = sweep(overrides) if opts["multirun"] else [overrides]
         cfgs = [load_config(job, root, params=opts["params"]) for job in jobs]
         if opts["cfg"]:

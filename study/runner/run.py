@@ -230,9 +230,11 @@ def start_tracking(plan: Plan, run: OpenRun) -> None:
         return
     cfg = plan.cfg
     from study.config.numerics import run_numerics
+    from study.runfolder import code_digest
 
     # the numerics are params (they pair runs); what the run ran on is tags (open_run: machine_tags)
-    run.logger.log_hyperparams({**run_params(cfg), **{f"numerics.{k}": v for k, v in run_numerics(cfg.trainer).items()}})
+    run.logger.log_hyperparams({**run_params(cfg), **{f"numerics.{k}": v for k, v in run_numerics(cfg.trainer).items()},
+                                "code_digest": code_digest()})  # the MLflow reader pairs on both, as compare does
     if plan.rank == 0:
         from omegaconf import OmegaConf
         log_text(plan.root, cfg.study, run.run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")
