@@ -8,7 +8,7 @@ export DO_NOT_TRACK := true
 export TIKTOKEN_CACHE_DIR := $(CURDIR)/.tiktoken
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install params study study-bpe2048 tasks full projections tune exps levers scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
+.PHONY: install params study study-bpe2048 decide tasks full projections tune exps levers scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
 
 install: $(STAMP)
 
@@ -55,6 +55,12 @@ study-bpe2048: params
 	.venv/bin/dvc exp run compare -S model=cpu-bpe2048 -S data.bpe_vocab_size=2048 -S tune.arms=[] \
 	  -S 'study.arms=[baseline,baseline_qknorm,nonlinear_q,nonlinear_q_ph]' $(BPE2048_LR) \
 	  -S 'arms.baseline_qknorm.overrides=["train.schedule=d2z"]' -S 'arms.nonlinear_q_ph.overrides=["train.schedule=d2z"]'
+
+# Seeds until decided: the test stage again with study.max_seeds=DECIDE_MAX_SEEDS, so that each undecided comparison
+# gets the seeds Stein's N asks for (the report says how many and about how long); finished runs are reused.
+DECIDE_MAX_SEEDS ?= 50
+decide: params
+	.venv/bin/dvc exp run compare -S 'study.max_seeds=$(DECIDE_MAX_SEEDS)' $(foreach o,$(LAUNCH_OVERRIDES),-S '$(o)')
 
 # The three tasks' verdicts (docs/tasks.md), each with its own runs, MLflow experiment, lr* and report, never pooled:
 # lm is `make study`; each task of TASKS tunes tune.arms by the same rule (finished runs reused), writes its lr* into

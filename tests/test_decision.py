@@ -181,3 +181,16 @@ def test_the_pilot_seeds_serve_no_other_purpose_and_the_report_says_which_seed_s
     assert seed_roles_line({"seed_roles": {"tuning": [101, 102], "pilot": [201, 202], "test": [1, 2, 3]}}) == [
         "Seeds, each with one purpose: tuning 101, 102 (conf/tuning/); choosing the default 201, 202 "
         "(docs/history.md); testing 1, 2, 3.", ""]
+
+
+def test_an_undecided_comparison_says_how_many_seeds_and_minutes_deciding_it_would_take():
+    """Stein's N 12 with 5 pairs in: 7 more seeds per arm; the runs took 120 s on average (both arms), 2 at once:
+    7 x 2 runs x 120 s / 2 / 60 = 14 minutes.  A decided comparison, or one whose N is in, needs nothing."""
+    from study.analysis.verdict import more_seeds
+
+    runs = {"a": {s: {"wall_time_s": 100.0} for s in range(1, 6)}, "r": {s: {"wall_time_s": 140.0} for s in range(1, 6)}}
+    c = {"word": "undecided", "n_pairs": 5, "stein": {"n_needed": 12}, "arm": "a", "reference": "r"}
+    assert more_seeds(c, runs, 2) == {"seeds": 7, "minutes": pytest.approx(14.0)}
+    assert more_seeds({**c, "word": "better"}, runs, 2) is None
+    assert more_seeds({**c, "stein": {"n_needed": 5}}, runs, 2) is None
+    assert more_seeds(c, {"a": {1: {}}, "r": {1: {"wall_time_s": None}}}, 2) == {"seeds": 7, "minutes": None}

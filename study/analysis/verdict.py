@@ -255,12 +255,29 @@ def verdict_report(cfg, root: Path) -> dict | None:
             k = len(arms[x]["diverged"])
             if k:
                 c["verdict"] += f"; {x} diverged on {k} of {k + arms[x]['n_seeds']} seeds"
+        c["more"] = more_seeds(c, runs, s.jobs)
+        if c["more"]:
+            took = f", about {c['more']['minutes']:.0f} min at study.jobs={s.jobs}" if c["more"]["minutes"] else ""
+            c["verdict"] += f"; {c['more']['seeds']} more seed(s) per arm{took} (`make decide`)"
     d = cfg.decomposition
     dec = decomposition(ok, list(d.rows), d.start, d.end, d.linear) if d.rows else None
     return {"arms": arms, "comparisons": comps, "margin_pct": s.equivalence_margin, "halfwidth_pct": s.target_halfwidth,
             "max_seeds": s.max_seeds, "n0": len(s.seeds), "decomposition": dec, "attention": attention_share(cfg, runs, ok),
             "seed_roles": {"tuning": list(cfg.tune.seeds), "pilot": list(s.pilot_seeds),
                            "test": sorted({x for by_seed in runs.values() for x in by_seed})}}
+
+
+def more_seeds(c: dict, runs: dict[str, dict[int, dict]], jobs: int) -> dict | None:
+    """What deciding an undecided comparison would take: {"seeds": Stein's N minus the pairs in (per arm), "minutes":
+    that many runs of both arms at the mean wall time of their runs so far, ``jobs`` at once (None without recorded
+    wall times)}; None when the comparison is decided or Stein's N is in."""
+    need = c["stein"]["n_needed"]
+    if c["word"] != "undecided" or need is None or need <= c["n_pairs"]:
+        return None
+    walls = [r.get("wall_time_s") for x in (c["arm"], c["reference"]) for r in runs.get(x, {}).values()]
+    walls = [w for w in walls if isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0]
+    k = need - c["n_pairs"]
+    return {"seeds": k, "minutes": 2 * k * sum(walls) / len(walls) / max(1, int(jobs)) / 60 if walls else None}
 
 
 def _f(x, spec=".4f") -> str:
