@@ -10,6 +10,7 @@
   and a dated one says when it was true.
 """
 import ast
+import math
 import re
 import shutil
 import subprocess
@@ -147,3 +148,36 @@ def test_the_configuration_page_lists_every_key_of_the_schema():
             keys.append(f.name)
     assert len(keys) > 80
     assert [k for k in keys if f"| `{k}` |" not in text] == []
+
+
+def test_the_configuration_pages_defaults_are_params_yamls_value_by_value():
+    """Every value the "Every key" table shows (backquoted, not cut with ...) is the value params.yaml composes; the
+    tuned.* maps say where they come from (conf/tuned.yaml).  A default changed in conf/ without its line fails."""
+    import re
+
+    import yaml
+
+    text = (ROOT / "docs" / "configuration.md").read_text()
+    section = text[text.index("## Every key"):]
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    missing = object()
+
+    def composed(key: str):
+        node = params
+        for part in key.split("."):
+            if not isinstance(node, dict) or part not in node:
+                return missing
+            node = node[part]
+        return node
+
+    rows = re.findall(r"^\| `([\w.]+)` \| `([^`]*)` \|", section, re.M)
+    assert len(rows) > 80
+    wrong = []
+    for key, shown in rows:
+        if "..." in shown:
+            continue
+        want, got = composed(key), yaml.safe_load(shown)
+        same = got == want or (isinstance(want, float) and isinstance(got, (int, float)) and math.isclose(got, want))
+        if want is missing or not same:
+            wrong.append(f"{key}: shown {shown!r}, params.yaml {want!r}")
+    assert wrong == []
