@@ -34,7 +34,10 @@ def installed() -> bool:
 
 
 def why_not() -> str | None:
-    """None when a one-node SLURM can be installed and started here; else the one-line reason."""
+    """None when a one-node SLURM can be installed and started here; else the one-line reason (``STUDY_SKIP_SLURM=1``:
+    skipped on purpose, nothing installed)."""
+    if os.environ.get("STUDY_SKIP_SLURM", "") not in ("", "0"):
+        return "STUDY_SKIP_SLURM is set: the SLURM tests are skipped and nothing is installed for them"
     if not sys.platform.startswith("linux"):
         return f"a one-node SLURM needs Linux (this is {sys.platform})"
     if installed() and os.geteuid() == 0:

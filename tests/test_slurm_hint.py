@@ -27,3 +27,20 @@ def test_the_srun_hint_only_under_slurm(tmp_path, monkeypatch, under_slurm):
                       default_root_dir=str(tmp_path), enable_progress_bar=False, enable_model_summary=False)
     hints = [w for w in caught if "`srun` command is available" in str(w.message)]
     assert len(hints) == (1 if under_slurm else 0), [str(w.message) for w in caught]
+
+
+def test_study_skip_slurm_skips_the_slurm_tests_and_installs_nothing(monkeypatch, capsys):
+    """The README's way out: STUDY_SKIP_SLURM=1 gives the skip reason before anything is checked, and `make test`'s
+    install step (python -m tests.slurm_cluster --install) exits at once saying so."""
+    import runpy
+
+    import slurm_cluster
+
+    monkeypatch.setenv("STUDY_SKIP_SLURM", "1")
+    assert slurm_cluster.why_not() == "STUDY_SKIP_SLURM is set: the SLURM tests are skipped and nothing is installed for them"
+    monkeypatch.setattr("sys.argv", ["slurm_cluster", "--install"])
+    with pytest.raises(SystemExit) as e:
+        runpy.run_path(slurm_cluster.__file__, run_name="__main__")
+    assert e.value.code == 0 and "not installed (STUDY_SKIP_SLURM is set" in capsys.readouterr().out
+    monkeypatch.setenv("STUDY_SKIP_SLURM", "0")
+    assert slurm_cluster.why_not() != "STUDY_SKIP_SLURM is set: the SLURM tests are skipped and nothing is installed for them"
