@@ -33,9 +33,6 @@ from scipy import stats
 from study.analysis.stats import adjust, mean_ci, zero_variance
 
 ALPHA = 0.05
-#: the smallest first stage of Stein's procedure (C. Stein, Ann. Math. Statist. 16 (1945) 243-258)
-MIN_N0 = 5
-WORDS = ("better", "worse", "equivalent", "undecided")
 
 
 def stein_n(s0: float, n0: int, d: float, alpha: float = ALPHA) -> int:

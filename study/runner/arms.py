@@ -32,11 +32,6 @@ def arm_of(cfg, name: str):
     return cfg.arms[name]
 
 
-def override_keys(arm) -> list[str]:
-    """The keys an arm's overrides set (``train.schedule=d2z`` -> ``train.schedule``): pairing ignores them."""
-    return [str(o).split("=", 1)[0].lstrip("+~") for o in arm.overrides]
-
-
 
 
 def recipe(cfg, tokens: int | None = None) -> dict[str, dict]:

@@ -19,8 +19,6 @@ from pathlib import Path
 
 from study.config import RunConfig, load_config
 
-LADDER = "scale_ladder"
-
 
 # -- resolving a run's budget and learning rate ----------------------------------------------------
 def resolve(cfg: RunConfig, root: Path) -> RunConfig:
