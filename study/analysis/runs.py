@@ -30,9 +30,9 @@ from pathlib import Path
 
 from study.analysis.pairing import check
 from study.config import flatten, run_dir
-from study.runfolder import (CURVE_COLUMNS, LOST, MAX_LOSS, METRICS, NOT_SETTINGS, RECORD_NUMBERS,  # noqa: F401
-                             REPLACED, RunsError, read_curve, read_positions, read_result, read_run, settings_of,
-                             train_command)  # (public here too: the readers of a study's runs)
+from study.runfolder import (CURVE_COLUMNS, LOST, MAX_LOSS, METRICS, METRICS_FILE, NOT_SETTINGS,  # noqa: F401
+                             RECORD_NUMBERS, REPLACED, RunsError, read_curve, read_positions, read_result, read_run,
+                             settings_of, train_command)  # (public here too: the readers of a study's runs)
 
 
 #: the study keys a training run reads (where its folder and MLflow run go); the others say which runs exist
@@ -123,10 +123,10 @@ def load_runs(cfg, root: Path, variants=None, seeds=None, group: str = "", pair:
     for variant in (cfg.study.variants if variants is None else variants):
         for seed in (cfg.study.seeds if seeds is None else seeds):
             d = run_dir(root, cfg, variant, seed, group)
-            if not (d / "metrics.json").is_file():
+            if not (d / METRICS_FILE).is_file():
                 overrides = train_hint_overrides(cfg, root, group) if overrides is None else overrides
                 missing.append(train_command(variant, seed, group, overrides))
-                if (d / REPLACED / "metrics.json").is_file():  # a start killed before its Trainer was built
+                if (d / REPLACED / METRICS_FILE).is_file():  # a start killed before its Trainer was built
                     aside.append(str((d / REPLACED).relative_to(root)) if (d / REPLACED).is_relative_to(root)
                                  else str(d / REPLACED))
                 continue

@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from study.runfolder import METRICS_FILE, RECORD_FILE
+
 
 def _clock(s: float) -> str:
     s = int(max(s, 0))
@@ -23,10 +25,10 @@ def _clock(s: float) -> str:
 
 def run_outcome(d: Path) -> str | None:
     """"ok", "lost" (a diverged run: a lost point) or None (not finished) of the run folder ``d``."""
-    if not (d / "metrics.json").is_file():
+    if not (d / METRICS_FILE).is_file():
         return None
     try:
-        status = json.loads((d / "record.json").read_text()).get("status")
+        status = json.loads((d / RECORD_FILE).read_text()).get("status")
     except (OSError, ValueError, AttributeError):
         return "ok"
     return "lost" if status == "diverged" else "ok"
@@ -69,7 +71,7 @@ class StageLine:
     def _outcome(self, d: Path) -> str | None:
         if d in self.launched:
             try:
-                if (d / "metrics.json").stat().st_mtime < self.t0:
+                if (d / METRICS_FILE).stat().st_mtime < self.t0:
                     return None  # the previous settings' result, about to be replaced
             except OSError:
                 return None

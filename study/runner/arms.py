@@ -22,6 +22,7 @@ from study.config import ConfigError, StudyError, load_config, run_dir, task_dat
 from study.config.naming import RECIPE, RECORDED_DEFAULTS, lr_key
 from study.config.task import retune_hint, tune_command, tuned_where
 from study.config.transfer import recipe_difference, recipe_value  # noqa: F401 (public here too)
+from study.runfolder import METRICS_FILE, RECORD_FILE
 
 
 def arm_of(cfg, name: str):
@@ -134,10 +135,10 @@ def reusable(cfg, root: Path, d: Path) -> bool:
     from study.runner.run_state import config_part, recorded_settings, resume_record, run_digest, same_key, stored_key
 
     try:
-        record = json.loads((d / "record.json").read_text())
+        record = json.loads((d / RECORD_FILE).read_text())
     except (OSError, ValueError):
         return False
-    if not (d / "metrics.json").is_file() or not isinstance(record, dict):
+    if not (d / METRICS_FILE).is_file() or not isinstance(record, dict):
         return False
     import copy
 
@@ -185,7 +186,7 @@ def pending(overrides: list[str], root: Path, params: str | None, wait: bool = T
         wait_while_trained(d)
     if reusable(cfg, root, d):
         return d, None, cfg
-    if (d / "metrics.json").is_file() and wait:
+    if (d / METRICS_FILE).is_file() and wait:
         print(f"{d}: the finished run there was trained under other settings, code or data: replacing it", flush=True)
         cfg.train.overwrite = True
         return d, [*overrides, "train.overwrite=true"], cfg
