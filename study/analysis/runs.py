@@ -126,7 +126,7 @@ def load_runs(cfg, root: Path, variants=None, seeds=None, group: str = "", pair:
             if not (d / METRICS_FILE).is_file():
                 overrides = train_hint_overrides(cfg, root, group) if overrides is None else overrides
                 missing.append(train_command(variant, seed, group, overrides))
-                if (d / REPLACED / METRICS_FILE).is_file():  # a start killed before its Trainer was built
+                if (d / REPLACED / METRICS_FILE).is_file():  # a re-run killed before it wrote its own outputs
                     aside.append(str((d / REPLACED).relative_to(root)) if (d / REPLACED).is_relative_to(root)
                                  else str(d / REPLACED))
                 continue
@@ -140,7 +140,7 @@ def load_runs(cfg, root: Path, variants=None, seeds=None, group: str = "", pair:
             check_task_metrics(d, run, lambda: train_command(variant, seed, group, train_hint_overrides(cfg, root, group)))
     if missing:
         kept = (f" ({len(aside)} of them finished before: {', '.join(aside[:3])}{' ...' if len(aside) > 3 else ''} "
-                f"holds what a start killed before its Trainer existed had set aside; that train command puts it "
+                f"holds what a re-run killed before it wrote its outputs had set aside; that train command puts it "
                 f"back first)") if aside else ""
         raise RunsError(f"{len(missing)} run(s) {'of ' + group + ' ' if group else 'of the study '}have no "
                         f"metrics.json{kept}; run `dvc repro` or {', '.join(missing[:3])}"
