@@ -150,3 +150,47 @@ def test_dry_run_prints_the_array_and_its_gpu_hours_and_trains_nothing(nano_proj
     flop, hours = float(total.split(": ", 1)[1].split(" FLOP")[0]), float(total.split(" = ")[1].split(" ")[0])
     assert total == f"test: {flop:.3g} FLOP in all = {hours:.3g} GPU-hours at 40% MFU of 989.4 TFLOP/s per GPU"
     assert hours == pytest.approx(flop / (0.4 * 989.4e12) / 3600, rel=0.01)
+
+
+def test_a_gpu_trainer_gets_every_gpu_one_slot_each_and_jobs_per_gpu_share_one(monkeypatch):
+    """On a GPU machine the local launcher runs one training per GPU (each its own CUDA_VISIBLE_DEVICES), or
+    launcher.jobs_per_gpu per GPU, whatever study.jobs says; a DDP training of 2 devices takes 2 GPUs; no GPU is one
+    line; a CPU trainer has no slots."""
+    from study.config.launcher import gpu_slots
+
+    gpu = ["trainer=gpu", "trainer.precision=bf16-mixed"]
+    assert gpu_slots(load_config(["trainer=cpu"], ROOT), ["0", "1"]) is None
+    assert gpu_slots(load_config(gpu, ROOT), ["0", "1", "2"]) == ["0", "1", "2"]
+    assert gpu_slots(load_config([*gpu, "launcher.jobs_per_gpu=3"], ROOT), ["4", "7"]) == ["4", "7"] * 3
+    two = load_config([*gpu, "trainer.devices=2", "trainer.strategy=ddp"], ROOT)
+    assert gpu_slots(two, ["0", "1", "2", "3", "4"]) == ["0,1", "2,3"]
+    with pytest.raises(ConfigError, match=r"shows no GPU .*use trainer=cpu"):
+        gpu_slots(load_config(gpu, ROOT), [])
+    with pytest.raises(ConfigError, match=r"trainer.devices=2 GPUs but this machine shows 1 \(0\)"):
+        gpu_slots(two, ["0"])
+    with pytest.raises(ConfigError, match="launcher.jobs_per_gpu=0 must be >= 1"):
+        gpu_slots(load_config([*gpu, "launcher.jobs_per_gpu=0"], ROOT), ["0"])
+
+
+def test_the_local_launcher_gives_each_training_its_gpu_slot(tmp_path, monkeypatch):
+    """The real launcher with a stand-in training (a process that records its CUDA_VISIBLE_DEVICES and sleeps):
+    two GPUs at two trainings each run four at once, each GPU never holding more than two."""
+    import study.orchestration.launch as launch_module
+    from study.orchestration.progress import StageLine
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    cfg = load_config(["trainer=gpu", "trainer.precision=bf16-mixed", "launcher.jobs_per_gpu=2",
+                       f"launcher.log_dir={tmp_path / 'logs'}"], ROOT)
+    probe = ("import os, sys, time; d = sys.argv[1]; os.makedirs(d, exist_ok=True); "
+             "open(os.path.join(d, 'gpu'), 'w').write(os.environ['CUDA_VISIBLE_DEVICES'] + ' ' + str(time.time())); "
+             "time.sleep(1.5); open(os.path.join(d, 'end'), 'w').write(str(time.time()))")
+    monkeypatch.setattr(launch_module, "train_command", lambda params, overrides: [sys.executable, "-c", probe,
+                                                                                     overrides[0]])
+    runs = [tmp_path / f"run{i}" for i in range(6)]
+    todo = [(d, [str(d)]) for d in runs]
+    failed = launch_module.launch(todo, tmp_path, None, cfg, StageLine("test", runs, reused=0, launched=runs))
+    got = [(d / "gpu").read_text().split() for d in runs]
+    assert failed == [] and sorted({g for g, _ in got}) == ["3", "5"]
+    spans = [(g, float(t0), float((d / "end").read_text())) for d, (g, t0) in zip(runs, got)]
+    for g, t0, _ in spans:  # at any training's start, at most 2 trainings of its GPU run (itself included)
+        assert sum(1 for h, a, b in spans if h == g and a <= t0 < b) <= 2

@@ -91,3 +91,29 @@ def resolve_launcher(cfg) -> dict:
                mem_gb=None if la.mem_gb is None else float(la.mem_gb), setup=[str(x) for x in la.setup or []],
                additional=extra, executor=str(la.executor))
     return out
+
+
+def gpu_slots(cfg, visible: list[str]) -> list[str] | None:
+    """The local launcher's job slots on a GPU machine: one ``CUDA_VISIBLE_DEVICES`` value per training that runs at
+    once (None for a CPU trainer: study.jobs trainings, no GPU).  Each training gets its own ``trainer.devices`` GPUs
+    of ``visible`` (the machine's GPU ids, in order), and ``launcher.jobs_per_gpu`` trainings share each group; the
+    slots go round the groups first, so that a batch smaller than the slots spreads over every GPU.
+
+    Raises:
+        ConfigError: a GPU trainer and no visible GPU, fewer GPUs than one training's devices, or jobs_per_gpu < 1.
+    """
+    tr, la = cfg.trainer, cfg.launcher
+    if tr.accelerator not in ("gpu", "cuda"):
+        return None
+    per_gpu = int(la.jobs_per_gpu)
+    if per_gpu < 1:
+        raise ConfigError(f"launcher.jobs_per_gpu={per_gpu} must be >= 1 (trainings at once on each GPU)")
+    if not visible:
+        raise ConfigError(f"trainer.accelerator={tr.accelerator} but this machine shows no GPU (CUDA_VISIBLE_DEVICES, "
+                          f"torch.cuda): run on a GPU machine, or use trainer=cpu")
+    per_run = _devices(tr, len(visible)) or 1
+    groups = [",".join(visible[i:i + per_run]) for i in range(0, len(visible) - per_run + 1, per_run)]
+    if not groups:
+        raise ConfigError(f"one training asks for trainer.devices={per_run} GPUs but this machine shows {len(visible)} "
+                          f"({','.join(visible)}): lower trainer.devices")
+    return [g for _ in range(per_gpu) for g in groups]

@@ -314,6 +314,7 @@ class LauncherConfig:
     name: str = "local"  # the conf/launcher file
     executor: str = "local"  # "local" or "slurm"
     log_dir: str = "logs/launcher"  # each training's log (local: RUN.log; slurm: submitit's JOBID_TASK_log.out/.err)
+    jobs_per_gpu: int = 1  # local, GPU trainer: trainings at once on each GPU (small models); each gets its own GPU(s)
     partition: Optional[str] = None  # sbatch --partition (None: the cluster's default)
     account: Optional[str] = None  # --account
     qos: Optional[str] = None  # --qos

@@ -1,7 +1,9 @@
 """The launchers: where a stage's missing runs train (conf/launcher/, resolved by study.config.launcher).
 
 ``local``: ``study.jobs`` trainings at once on this machine, a ``concurrent.futures`` thread pool whose workers each
-run one :mod:`study.orchestration.job` command as a child process (its lines in ``launcher.log_dir``); every
+run one :mod:`study.orchestration.job` command as a child process (its lines in ``launcher.log_dir``); with a GPU
+trainer, one training per GPU (``launcher.jobs_per_gpu`` per GPU; ``trainer.devices`` GPUs each), every GPU the
+machine shows, each training its own ``CUDA_VISIBLE_DEVICES`` (study.config.launcher.gpu_slots); every
 training dies with its stage (PR_SET_PDEATHSIG, armed by the training itself: ``STUDY_PARENT_PID``), and Ctrl-C or
 SIGTERM of the stage terminates them (each marks its run KILLED and frees its lock); so does SIGHUP (the terminal closed).
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import queue
 import signal
 import subprocess
 import threading
@@ -28,7 +31,7 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from study.config import StudyError
-from study.config.launcher import resolve_launcher
+from study.config.launcher import gpu_slots, resolve_launcher
 from study.config.signals import Killed
 from study.orchestration.arrays import ACTIVE, check_commands, drop_if_ended, squeue_tasks, write_record
 from study.orchestration.job import TrainJob, log_path, train_command
@@ -64,33 +67,53 @@ def launch(todo: list[tuple[Path, list[str]]], root: Path, params: str | None, c
     res = resolve_launcher(cfg)
     if res["executor"] == "slurm":
         return SlurmLauncher(res, root, params).run(todo, line, earlier)
-    return LocalLauncher(res, root, params, jobs or cfg.study.jobs).run(todo, line)
+    gpu = cfg.trainer.accelerator in ("gpu", "cuda")
+    slots = gpu_slots(cfg, visible_gpus()) if gpu else None  # every GPU, jobs_per_gpu trainings each (not study.jobs)
+    return LocalLauncher(res, root, params, len(slots) if slots else jobs or cfg.study.jobs, slots).run(todo, line)
+
+
+def visible_gpus() -> list[str]:
+    """The GPU ids this machine shows, in order: CUDA_VISIBLE_DEVICES where set (its entries), else torch's device
+    count (0, 1, ...); [] without CUDA.  (Asked only for a GPU trainer: study.config.launcher.gpu_slots.)"""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [x.strip() for x in env.split(",") if x.strip() and x.strip() != "-1"]
+    import torch
+
+    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
 class LocalLauncher:
     """``jobs`` trainings at once on this machine (see the module docstring)."""
 
-    def __init__(self, res: dict, root: Path, params: str | None, jobs: int):
+    def __init__(self, res: dict, root: Path, params: str | None, jobs: int, slots: list[str] | None = None):
         self.root, self.params, self.jobs, self.log_dir = Path(root), params, max(1, int(jobs)), res["log_dir"]
         self.live: dict[Path, subprocess.Popen] = {}
         self.lock, self.stopping = threading.Lock(), threading.Event()
+        self.slots = queue.SimpleQueue()  # each training's CUDA_VISIBLE_DEVICES (None: a CPU training)
+        for slot in (slots or [None] * self.jobs):
+            self.slots.put(slot)
 
     def _one(self, d: Path, overrides: list[str]) -> int | None:
         log = log_path(self.root, self.log_dir, d)
         log.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, PARENT_ENV: str(os.getpid())}
-        with self.lock:  # never start a training once the stage is stopping
-            if self.stopping.is_set():
-                return None
-            with open(log, "wb") as f:  # the latest attempt's lines
-                proc = subprocess.Popen(train_command(self.params, overrides), cwd=self.root, env=env, stdout=f,
-                                        stderr=subprocess.STDOUT)
-            self.live[d] = proc
+        slot = self.slots.get()  # one is free: the pool runs at most as many trainings as there are slots
+        env = {**os.environ, PARENT_ENV: str(os.getpid()), **({"CUDA_VISIBLE_DEVICES": slot} if slot else {})}
         try:
-            return proc.wait()
+            with self.lock:  # never start a training once the stage is stopping
+                if self.stopping.is_set():
+                    return None
+                with open(log, "wb") as f:  # the latest attempt's lines
+                    proc = subprocess.Popen(train_command(self.params, overrides), cwd=self.root, env=env, stdout=f,
+                                            stderr=subprocess.STDOUT)
+                self.live[d] = proc
+            try:
+                return proc.wait()
+            finally:
+                with self.lock:
+                    self.live.pop(d, None)
         finally:
-            with self.lock:
-                self.live.pop(d, None)
+            self.slots.put(slot)
 
     def queue(self, waiting: int) -> str:
         return f"local: {len(self.live)} running, {waiting} waiting ({self.jobs} at once)"

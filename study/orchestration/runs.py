@@ -36,8 +36,8 @@ def ensure_runs(runs: list[list[str]], root: Path, params: str | None, jobs: int
         return []
     first = pending(runs[0], root, params, wait=False)[2]
     executor = resolve_launcher(first)["executor"]
-    if executor == "local" and jobs <= 1:
-        return [ensure_run(o, root, params) for o in runs]
+    if executor == "local" and jobs <= 1 and first.trainer.accelerator not in ("gpu", "cuda"):
+        return [ensure_run(o, root, params) for o in runs]  # a GPU trainer goes to the launcher: its GPU slots
     rows = [pending(o, root, params, wait=False) for o in runs] if executor == "slurm" else []
     earlier = earlier_runs(rows, params, first) if executor == "slurm" else {}
     todo_all = [rows[i] if i in earlier else pending(o, root, params) for i, o in enumerate(runs)]
