@@ -81,12 +81,7 @@ def check(runs: dict[str, dict[int, dict]], where: str, ignore: tuple[str, ...] 
     bad = []
     for v, s, r, c in keyed:
         keys = sorted(k for k in set(c) | set(ref) if _fmt(c.get(k)) != _fmt(ref.get(k)))
-        numerics = [k for k in keys if k.startswith(NUMERICS_PREFIX)]
-        if numerics:  # another machine's kernels, torch or threads: never paired, whatever else differs
-            shown = ", ".join(f"{k} {_fmt(c.get(k))} (vs {_fmt(ref.get(k))})" for k in numerics[:4])
-            raise PairingError(f"{where} do not pair: {r['name']} was trained under other numerics than {ref_name} "
-                               f"({shown}): runs under different numerics never pair; re-train it under this "
-                               f"machine's numerics (`dvc repro`), or compare each machine's runs apart")
+        check_numerics_agree(keys, c, ref, r["name"], ref_name, where)
         if keys:
             shown = ", ".join(f"{k} {_fmt(c.get(k))} (vs {_fmt(ref.get(k))})" for k in keys[:6])
             bad.append(f"{r['name']} differs in {shown}{' ...' if len(keys) > 6 else ''}")
@@ -116,6 +111,21 @@ def check(runs: dict[str, dict[int, dict]], where: str, ignore: tuple[str, ...] 
             raise PairingError(f"{where} do not pair at seed {s}: (data seed, init seed) differ: {shown}; paired runs "
                                f"must see the same batches from the same initialisation")
     return ref
+
+
+def check_numerics_agree(keys: list[str], settings: dict, ref: dict, name: str, ref_name: str, where: str) -> None:
+    """Refuse a run whose differing ``keys`` include its recorded numerics (another machine's kernels, torch or
+    threads): such runs never pair, whatever else differs.
+
+    Raises:
+        PairingError: one line naming the run, the numerics that differ and the fix.
+    """
+    numerics = [k for k in keys if k.startswith(NUMERICS_PREFIX)]
+    if numerics:
+        shown = ", ".join(f"{k} {_fmt(settings.get(k))} (vs {_fmt(ref.get(k))})" for k in numerics[:4])
+        raise PairingError(f"{where} do not pair: {name} was trained under other numerics than {ref_name} ({shown}): "
+                           f"runs under different numerics never pair; re-train it under this machine's numerics "
+                           f"(`dvc repro`), or compare each machine's runs apart")
 
 
 def check_code(flat: list[tuple], where: str) -> None:
