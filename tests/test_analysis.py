@@ -520,7 +520,7 @@ def test_missing_run_set_aside_by_a_killed_start_is_named(nano_project, tmp_path
         load_runs(cfg, nano_project, ["baseline", "nonlinear_q"], [1])
     msg = str(e.value)
     assert msg.startswith("1 run(s) of the study have no metrics.json (1 of them finished before: ") and \
-        f"{aside} holds what a start killed" in msg and "variant=nonlinear_q seed=1" in msg, msg
+        f"{aside} holds what a re-run killed" in msg and "variant=nonlinear_q seed=1" in msg, msg
     (aside / "metrics.json").unlink()  # nothing finished set aside: an ordinary missing run, no such words
     with pytest.raises(RunsError) as e:
         load_runs(cfg, nano_project, ["baseline", "nonlinear_q"], [1])
