@@ -327,9 +327,13 @@ def test_after_an_interrupted_overwrite_the_finished_run_is_still_reused(run_in,
     with pytest.raises(KeyboardInterrupt):
         run_in(*tiny, "train.lr=1e-3", "train.overwrite=true")
     monkeypatch.setattr(run_module, "fit_run", fit_run)
+    client, runs = mlflow_runs(tmp_path / "mlruns.db")
+    (dead,) = [r.info.run_id for r in runs if r.info.run_id != first["mlflow_run_id"]]
+    client.update_run(dead, status="RUNNING")  # as a SIGKILL leaves it
     capsys.readouterr()
     again = run_in(*tiny)
     assert "holds this run finished (same settings, code, data and numerics): reused" in capsys.readouterr().out
+    assert client.get_run(dead).info.status == "KILLED"  # the reusing start ends what the dead re-run left RUNNING
     assert again["val_loss"] == first["val_loss"] and again["mlflow_run_id"] == first["mlflow_run_id"]
     assert {n: (run / n).read_bytes() for n in outputs} == outputs
     with pytest.raises(ConfigError, match=r"other settings \(train.lr: 0.003 -> 0.001\)"):

@@ -188,6 +188,7 @@ def open_run(plan: Plan, stack: ExitStack) -> OpenRun | None:
         stack.enter_context(hold_run_lock(out_dir))
     stack.enter_context(terminate_as_exception())
     if plan.world == 1 and finished_here(cfg, out_dir, plan.data_dir):  # one process: nothing to agree on
+        end_dead_runs(plan)
         return None
 
     # resume only a checkpoint of this very config, code and data that has not finished
@@ -219,6 +220,21 @@ def open_run(plan: Plan, stack: ExitStack) -> OpenRun | None:
         if rank == 0 and resume is not None and run.state.get("mlflow_run_id") == run.run_id:  # each step logged once
             run.logger.logged_through = logged_steps(run.logger.experiment, run.run_id)
     return run
+
+
+def end_dead_runs(plan: Plan) -> None:
+    """A finished run reused by hand: an MLflow run of its folder that a killed re-run left RUNNING is marked KILLED
+    (study.runner.run_state.end_orphaned_runs), as a start that trains would; nothing when the store has no such
+    experiment."""
+    from mlflow import MlflowClient
+
+    from study.runner.tracking import store_lock
+
+    with store_lock(plan.root, plan.cfg.study):
+        client = MlflowClient(plan.uri)
+        experiment = client.get_experiment_by_name(plan.cfg.study.name)
+        if experiment is not None:
+            end_orphaned_runs(client, experiment.experiment_id, plan.out_dir)
 
 
 def start_tracking(plan: Plan, run: OpenRun) -> None:
