@@ -165,9 +165,10 @@ def _fail_at(monkeypatch, step: int):
 @pytest.mark.slow  # nano trainings
 def test_failed_run_resumes_on_other_settings_and_a_finished_run_is_not_overwritten(
         run_in, nano_project, tmp_path, monkeypatch, capsys):
-    """Exception -> FAILED with an end time; the same run with other devices/threads/logging resumes it
-    (one MLflow run, honouring MLFLOW_TRACKING_URI); a hand-started run with another lr is refused while
-    the finished run is there, and replaces it only with train.overwrite=true."""
+    """Exception -> FAILED with an end time; the same run with other logging, validation batch or trainer name
+    resumes it (one MLflow run, honouring MLFLOW_TRACKING_URI; other threads would start afresh: they change the
+    sums, tests/test_numerics.py); a hand-started run with another lr is refused while the finished run is there,
+    and replaces it only with train.overwrite=true."""
     from study.modeling.lm import GPTModule
     from study.train import main
 
@@ -175,7 +176,7 @@ def test_failed_run_resumes_on_other_settings_and_a_finished_run_is_not_overwrit
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{env_db}")
     original = _fail_at(monkeypatch, 7)
     with pytest.raises(RuntimeError, match="injected failure at step 7"):
-        run_in()
+        run_in("trainer.threads=1")
     client, runs = mlflow_runs(env_db)
     assert [(r.info.status, r.info.end_time is not None) for r in runs] == [("FAILED", True)]
     failed_id = runs[0].info.run_id
