@@ -21,8 +21,10 @@ pytestmark = pytest.mark.slow
 
 #: a stage in a process of its own: ensure_runs of three nano runs through launcher=slurm, one at a time
 DRIVER = """
+import signal
 import sys
 from pathlib import Path
+signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a stage at a terminal, even when the suite runs under nohup
 from study.config import StudyError
 from study.orchestration.runs import ensure_runs
 

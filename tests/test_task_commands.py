@@ -58,11 +58,13 @@ def test_a_task_without_an_lr_star_names_its_own_tuning_command(mlm, tmp_path):
 
 @pytest.mark.parametrize("tasks, bad", [("bogus", "bogus"), ("mlm bogus lm", "bogus lm")])
 def test_make_tasks_refuses_an_unknown_task_before_anything_runs(tasks, bad):
-    r = subprocess.run(["make", "-n", "tasks", f"TASKS={tasks}"], cwd=ROOT, capture_output=True, text=True)
+    r = subprocess.run(["make", "--no-print-directory", "-n", "tasks", f"TASKS={tasks}"], cwd=ROOT,
+                       capture_output=True, text=True)  # under `make test` a nested make would name its folder
     assert r.returncode == 2 and r.stdout == ""  # nothing would run: not `make study`, not one tuning
     assert len(r.stderr.strip().splitlines()) == 1
     assert f"TASKS={tasks} names {bad}, which make tasks does not run: choose among mlm mqar" in r.stderr
-    ok = subprocess.run(["make", "-n", "tasks", "TASKS=mqar"], cwd=ROOT, capture_output=True, text=True)
+    ok = subprocess.run(["make", "--no-print-directory", "-n", "tasks", "TASKS=mqar"], cwd=ROOT, capture_output=True,
+                        text=True)
     assert ok.returncode == 0 and "task=$t" in ok.stdout
 
 

@@ -21,7 +21,7 @@ from conftest import env_for, one_line_error, start_until_checkpoint
 def _cmd(runs: Path, db: Path, *extra: str) -> list[str]:
     return [sys.executable, "-m", "study.train", "variant=baseline", "seed=3", "train.tokens=102400",
             "train.log_every=1", "trainer.progress_bar=false", f"study.runs_dir={runs}", f"study.tracking_db={db}",
-            *extra]
+            "trainer.threads=1", *extra]  # one thread in the process and in-process alike: the same numerics, resumed
 
 
 def _sigkill_after(proc: subprocess.Popen, ready, timeout: float = 300) -> None:
