@@ -8,7 +8,7 @@ export DO_NOT_TRACK := true
 export TIKTOKEN_CACHE_DIR := $(CURDIR)/.tiktoken
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install params study study-bpe2048 decide tasks full projections tune exps levers scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
+.PHONY: install params study study-bpe2048 study-rope decide tasks full projections tune exps levers scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
 
 install: $(STAMP)
 
@@ -55,6 +55,20 @@ study-bpe2048: params
 	.venv/bin/dvc exp run compare -S model=cpu-bpe2048 -S data.bpe_vocab_size=2048 -S tune.arms=[] \
 	  -S 'study.arms=[baseline,baseline_qknorm,nonlinear_q,nonlinear_q_ph]' $(BPE2048_LR) \
 	  -S 'arms.baseline_qknorm.overrides=["train.schedule=d2z"]' -S 'arms.nonlinear_q_ph.overrides=["train.schedule=d2z"]'
+
+# The default's arms at rotary positions (model.position=rope, arXiv 2104.09864), each at the lr* tuned there by the same
+# rule on seeds 101 and 102 (conf/tuning/lm-rope/table.md), in runs, a report and an MLflow experiment of their own
+# (runs/rope, reports/rope, nonlinear-queries-rope): attention switches on early in every seed (docs/history.md).
+ROPE_LR := arms.baseline.lr=0.013563528586778017 arms.baseline_qknorm.lr=0.01606027863252572 \
+  arms.nonlinear_q.lr=0.015877531235544643 arms.nonlinear_q_ph.lr=0.013104523724257218 \
+  arms.no_context.lr=0.005797465775767426
+ROPE := model.position=rope study.name=nonlinear-queries-rope study.runs_dir=runs/rope study.reports_dir=reports/rope \
+  'tune.arms=[]' \
+  $(ROPE_LR)
+study-rope: params
+	.venv/bin/dvc repro prepare
+	$(PY) -m study.test_runs --params params.yaml $(ROPE) $(LAUNCH_OVERRIDES)
+	$(PY) -m study.compare --params params.yaml $(ROPE)
 
 # Seeds until decided: the test stage again with study.max_seeds=DECIDE_MAX_SEEDS, so that each undecided comparison
 # gets the seeds Stein's N asks for (the report says how many and about how long); finished runs are reused.

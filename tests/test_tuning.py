@@ -201,3 +201,27 @@ def test_the_previous_default_composes():
     assert list(cfg.study.arms) == ["baseline", "baseline_qknorm", "nonlinear_q", "nonlinear_q_ph"]
     assert list(cfg.arms.baseline_qknorm.overrides) == list(cfg.arms.nonlinear_q_ph.overrides) == ["train.schedule=d2z"]
     assert tuned_lr(cfg, "nonlinear_q_ph") == 0.011760976163614139  # a fixed lr: the table is not read
+
+
+def test_the_rotary_profile_runs_at_the_lr_star_of_its_table_in_folders_of_its_own():
+    """`make study-rope` pins each arm's lr* at rotary positions on the command line: each equals the lr* of its
+    tuning table (conf/tuning/lm-rope/table.json, tuned at model.position=rope) to the last digit, and the overrides
+    compose into rotary runs in their own runs, reports and MLflow experiment (the default's stay untouched)."""
+    import re
+    import shlex
+
+    from study.config import load_config
+    from study.runner.arms import tuned_lr
+
+    make = (ROOT / "Makefile").read_text()
+    lr = " ".join(re.search(r"^ROPE_LR := (.*?)\n(?!\s)", make, re.S | re.M).group(1).split("\\\n"))
+    pinned = {a: float(v) for a, v in re.findall(r"arms\.(\w+)\.lr=([0-9.e-]+)", lr)}
+    table = json.loads((ROOT / "conf/tuning/lm-rope/table.json").read_text())["arms"]
+    assert set(pinned) == {"baseline", "baseline_qknorm", "nonlinear_q", "nonlinear_q_ph", "no_context"}
+    assert pinned == {a: table[a]["lr_star"] for a in pinned}
+    assert all(table[a]["recipe"]["model"]["position"] == "rope" for a in pinned)
+    rope = " ".join(re.search(r"^ROPE := (.*?)\n(?!\s)", make, re.S | re.M).group(1).split("\\\n"))
+    cfg = load_config(shlex.split(rope.replace("$(ROPE_LR)", lr)), ROOT)
+    assert (cfg.model.position, cfg.study.name, cfg.study.runs_dir, cfg.study.reports_dir) == (
+        "rope", "nonlinear-queries-rope", "runs/rope", "reports/rope")
+    assert tuned_lr(cfg, "nonlinear_q") == pinned["nonlinear_q"]  # a fixed lr: conf/tuned.yaml is not read
