@@ -48,6 +48,20 @@ def _positive(text: str) -> int:
     return n
 
 
+def bench_header(base, device: str, fast: bool, steps: int, repeats: int) -> dict:
+    """What a measurement ran on and at: date, device, machine, cores, torch, threads, the CPU kernels (pinned AVX2 or
+    native: study/config/numerics.py), bf16 speed, steps and repeats, the model's shape and the trainer."""
+    from study.config.numerics import cpu_capability, numerics_mode
+
+    device_name = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
+    return {"date": time.strftime("%Y-%m-%d"), "device": device_name, "machine": platform.machine(),
+            "cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "bf16_fast": fast, "steps": steps, "repeats": repeats, "model": base.model.name,
+            "n_layer": base.model.n_layer, "n_embd": base.model.n_embd, "block_size": base.model.block_size,
+            "vocab_size": base.model.vocab_size, "batch_tokens": base.train.batch_tokens, "trainer": base.trainer.name,
+            "kernels": f"{cpu_capability()} ({numerics_mode()})"}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="training throughput per variant, precision and loop")
     parser.add_argument("--steps", type=_positive, default=30, help="timed steps per measurement (after warm-up)")
@@ -66,7 +80,6 @@ def main(argv: list[str] | None = None) -> int:
     import logging
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
     from study.config import ConfigError
-    from study.config.numerics import cpu_capability, numerics_mode
 
     base = load_config(overrides, root)
     device = bench_device(base)
@@ -84,16 +97,10 @@ def main(argv: list[str] | None = None) -> int:
                           f"and at least one precision (e.g. 32-true,bf16-mixed)")
     if args.quick:
         modes, precisions = ["eager"], ["32-true"]
-    device_name = torch.cuda.get_device_name() if device == "cuda" else platform.processor() or platform.machine()
-    header = {"date": time.strftime("%Y-%m-%d"), "device": device_name, "machine": platform.machine(),
-              "cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
-              "bf16_fast": fast, "steps": args.steps, "repeats": args.repeats, "model": base.model.name,
-              "n_layer": base.model.n_layer, "n_embd": base.model.n_embd, "block_size": base.model.block_size,
-              "vocab_size": base.model.vocab_size, "batch_tokens": base.train.batch_tokens, "trainer": base.trainer.name,
-              "kernels": f"{cpu_capability()} ({numerics_mode()})"}  # pinned AVX2, or native (STUDY_NUMERICS)
-    print(f"# {header['date']}  {device_name}  {platform.machine()} {os.cpu_count()} cores  torch {torch.__version__}"
-          f"  threads {torch.get_num_threads()}  kernels {header['kernels']}  bf16 fast: {fast}  steps {args.steps} x "
-          f"{args.repeats} repeats (median)")
+    header = bench_header(base, device, fast, args.steps, args.repeats)
+    print(f"# {header['date']}  {header['device']}  {header['machine']} {header['cpu_count']} cores  torch "
+          f"{header['torch']}  threads {header['threads']}  kernels {header['kernels']}  bf16 fast: {fast}  steps "
+          f"{args.steps} x {args.repeats} repeats (median)")
     rows = []
 
     def dump():

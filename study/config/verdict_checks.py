@@ -42,32 +42,32 @@ def _validate_pairs(s, defined) -> None:
         seen.add((a, r))
 
 
-def check_pilot_seeds(cfg: RunConfig) -> None:
-    """study.pilot_seeds (the seeds the default was chosen on) serve no other purpose.
+def check_seed_roles(cfg: RunConfig) -> None:
+    """Each seed serves one purpose: tuning seeds (at least 2, distinct), test seeds (study.seeds) and pilot seeds
+    (study.pilot_seeds, the seeds a choice of the default was measured on) share none.
 
     Raises:
-        ConfigError: a pilot seed is a tuning seed or one of study.seeds, in one line naming both lists.
+        ConfigError: one line naming the two lists and the seeds they share, or the tuning seeds at fault.
     """
-    pilot, s, tu = set(cfg.study.pilot_seeds), cfg.study, cfg.tune
-    for name, other in (("tune.seeds", tu.seeds), ("study.seeds", s.seeds)):
-        shared = sorted(pilot & set(other))
+    s, tu = cfg.study, cfg.tune
+    for (a, xs), (b, ys) in ((("tune.seeds", tu.seeds), ("study.seeds", s.seeds)),
+                             (("study.pilot_seeds", s.pilot_seeds), ("tune.seeds", tu.seeds)),
+                             (("study.pilot_seeds", s.pilot_seeds), ("study.seeds", s.seeds))):
+        shared = sorted(set(xs) & set(ys))
         if shared:
-            raise ConfigError(f"study.pilot_seeds={list(s.pilot_seeds)} and {name}={list(other)} share {shared}: the "
-                              f"seeds the default was chosen on must neither tune nor test it; choose disjoint seeds")
+            raise ConfigError(f"{a}={list(xs)} and {b}={list(ys)} share {shared}: a seed that picks a learning rate, "
+                              f"tests it or chose the default serves that purpose alone; choose disjoint seeds, e.g. "
+                              f"tune.seeds=[101,102]")
+    if len(set(tu.seeds)) < 2 or len(set(tu.seeds)) != len(tu.seeds):
+        raise ConfigError(f"tune.seeds={list(tu.seeds)} must hold at least 2 distinct seeds (a grid point's mean "
+                          f"needs two), e.g. tune.seeds=[101,102]")
 
 
 def validate_verdict(cfg: RunConfig) -> None:
     """The decided verdict's keys (docs/verdict.md): tuning seeds disjoint from test seeds, a grid that
     can bracket, arms that exist, Stein's first stage of at least 5 seeds, positive margins."""
     s, tu = cfg.study, cfg.tune
-    overlap = sorted(set(tu.seeds) & set(s.seeds))
-    if overlap:
-        raise ConfigError(f"tune.seeds={list(tu.seeds)} and study.seeds={list(s.seeds)} share {overlap}: the seeds "
-                          f"that pick a learning rate must never test it; choose disjoint seeds, e.g. tune.seeds=[101,102]")
-    check_pilot_seeds(cfg)
-    if len(set(tu.seeds)) < 2 or len(set(tu.seeds)) != len(tu.seeds):
-        raise ConfigError(f"tune.seeds={list(tu.seeds)} must hold at least 2 distinct seeds (a grid point's mean "
-                          f"needs two), e.g. tune.seeds=[101,102]")
+    check_seed_roles(cfg)
     if not tu.centre > 0 or tu.points < 1 or tu.max_points < 3 or tu.points > tu.max_points:
         raise ConfigError(f"tune.centre={tu.centre}, tune.points={tu.points}, tune.max_points={tu.max_points}: use "
                           f"centre > 0 and 1 <= points <= max_points, max_points >= 3 (a bracket has 3 points)")

@@ -306,16 +306,7 @@ def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) ->
                          f"(it was edited or damaged): delete {ckpt_dir} to start the run afresh")
     stored = canonical_key(state.get("resume"))  # the stored record under today's rule of what the key holds
     if (out_dir / METRICS_FILE).is_file() and not cfg.train.overwrite and not dvc_stage():  # a finished run:
-        # never replaced silently by a hand-started run
-        # the finished run's settings: run.json's when it finished, else config.json's (run.json is then an
-        # interrupted re-run's, train.overwrite killed, beside the finished outputs put back)
-        old = config_part(stored) if stored is not None and state.get("completed") is not False \
-            else recorded_settings(out_dir)
-        differ = diff_keys(old, config_part(record)) if old is not None else ["(not recorded)"]
-        if differ:
-            raise ConfigError(f"{out_dir} holds a finished run with other settings ({'; '.join(differ)}): give this "
-                              f"run its own folder with study.group=NAME, or replace the finished run with "
-                              f"train.overwrite=true")
+        refuse_other_settings(out_dir, state, stored, record)  # never replaced silently by a hand-started run
     previous_run_id = state.get("mlflow_run_id")
     resume = ckpt_dir / LAST_CKPT
     same = state.get("config_hash") == digest or stored == record
@@ -330,15 +321,38 @@ def open_run_folder(cfg, name: str, out_dir: Path, data_dir: Path, rank: int) ->
         replaced = [CHECKPOINTS, *RUN_OUTPUTS]
     else:
         replaced = list(RUN_OUTPUTS)
-    moved = []
-    if rank == 0:
-        (out_dir / REPLACED).mkdir(parents=True, exist_ok=True)
-        for n in replaced:
-            if (out_dir / n).exists():
-                (out_dir / n).replace(out_dir / REPLACED / n)
-                moved.append(n)
-        ckpt_dir.mkdir(parents=True, exist_ok=True)
+    moved = set_aside(out_dir, replaced) if rank == 0 else []
     return record, digest, state, previous_run_id, resume, Replaced(out_dir, moved, owner=rank == 0)
+
+
+def refuse_other_settings(out_dir: Path, state: dict, stored: dict | None, record: dict) -> None:
+    """Refuse a hand-started run whose settings differ from the finished run in ``out_dir``: the finished run's
+    settings are run.json's when it finished, else config.json's (run.json is then an interrupted re-run's, killed
+    under train.overwrite, beside the finished outputs put back).
+
+    Raises:
+        ConfigError: one line naming the keys that differ and the two ways on.
+    """
+    old = config_part(stored) if stored is not None and state.get("completed") is not False \
+        else recorded_settings(out_dir)
+    differ = diff_keys(old, config_part(record)) if old is not None else ["(not recorded)"]
+    if differ:
+        raise ConfigError(f"{out_dir} holds a finished run with other settings ({'; '.join(differ)}): give this "
+                          f"run its own folder with study.group=NAME, or replace the finished run with "
+                          f"train.overwrite=true")
+
+
+def set_aside(out_dir: Path, names: list[str]) -> list[str]:
+    """Move ``names`` of ``out_dir`` that exist into ``out_dir/.replaced/`` (global rank 0); return those moved.  The
+    checkpoints folder is made afresh for this start."""
+    moved = []
+    (out_dir / REPLACED).mkdir(parents=True, exist_ok=True)
+    for n in names:
+        if (out_dir / n).exists():
+            (out_dir / n).replace(out_dir / REPLACED / n)
+            moved.append(n)
+    (out_dir / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
+    return moved
 
 
 def read_resume_checkpoint(resume: Path, wall_clock_key: str) -> tuple[int, float]:
