@@ -8,7 +8,7 @@ export DO_NOT_TRACK := true
 export TIKTOKEN_CACHE_DIR := $(CURDIR)/.tiktoken
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install params study study-bpe2048 study-rope decide tasks full projections tune exps levers scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
+.PHONY: install params study study-bpe2048 study-learned decide tasks full projections tune exps levers scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
 
 install: $(STAMP)
 
@@ -56,19 +56,18 @@ study-bpe2048: params
 	  -S 'study.arms=[baseline,baseline_qknorm,nonlinear_q,nonlinear_q_ph]' $(BPE2048_LR) \
 	  -S 'arms.baseline_qknorm.overrides=["train.schedule=d2z"]' -S 'arms.nonlinear_q_ph.overrides=["train.schedule=d2z"]'
 
-# The default's arms at rotary positions (model.position=rope, arXiv 2104.09864), each at the lr* tuned there by the same
-# rule on seeds 101 and 102 (conf/tuning/lm-rope/table.md), in runs, a report and an MLflow experiment of their own
-# (runs/rope, reports/rope, nonlinear-queries-rope): attention switches on early in every seed (docs/history.md).
-ROPE_LR := arms.baseline.lr=0.013563528586778017 arms.baseline_qknorm.lr=0.01606027863252572 \
-  arms.nonlinear_q.lr=0.015877531235544643 arms.nonlinear_q_ph.lr=0.013104523724257218 \
-  arms.no_context.lr=0.005797465775767426
-ROPE := model.position=rope study.name=nonlinear-queries-rope study.runs_dir=runs/rope study.reports_dir=reports/rope \
-  'tune.arms=[]' \
-  $(ROPE_LR)
-study-rope: params
+# The default until 2026-12-06, learned positions (model.position=learned, nanoGPT's table), its five arms each at the
+# lr* tuned there by the same rule on seeds 101 and 102 (conf/tuning/lm-learned/table.md), in runs, a report and an
+# MLflow experiment of their own (runs/learned, reports/learned, nonlinear-queries-learned): its verdict, reproduced.
+LEARNED_LR := arms.baseline.lr=0.008860550625074392 arms.baseline_qknorm.lr=0.0097007048317196 \
+  arms.nonlinear_q.lr=0.00989106044176436 arms.nonlinear_q_ph.lr=0.008878449320726749 \
+  arms.no_context.lr=0.00598833458408565
+LEARNED := model.position=learned study.name=nonlinear-queries-learned study.runs_dir=runs/learned \
+  study.reports_dir=reports/learned 'tune.arms=[]' $(LEARNED_LR)
+study-learned: params
 	.venv/bin/dvc repro prepare
-	$(PY) -m study.test_runs --params params.yaml $(ROPE) $(LAUNCH_OVERRIDES)
-	$(PY) -m study.compare --params params.yaml $(ROPE)
+	$(PY) -m study.test_runs --params params.yaml $(LEARNED) $(LAUNCH_OVERRIDES)
+	$(PY) -m study.compare --params params.yaml $(LEARNED)
 
 # Seeds until decided: the test stage again with study.max_seeds=DECIDE_MAX_SEEDS, so that each undecided comparison
 # gets the seeds Stein's N asks for (the report says how many and about how long); finished runs are reused.
@@ -105,7 +104,11 @@ tasks: study
 # Stein's first-stage seeds (FULL_MAX_SEEDS=10 adds his second stage).  All seven are in conf/tuned.yaml, so nothing
 # is tuned again; FULL_TUNE_ARMS='[a,b]' tunes those arms first by the same rule (`make tune`; commit conf/tuned.yaml
 # and conf/tuning/ after).  The report adds the decomposition table and the share of the gap
-# baseline_today -> nonlinear_q that the linear recipe alone closes.  The default's runs are reused.
+# baseline_today -> nonlinear_q that the linear recipe alone closes..
+# `make full`, `make projections` and the scale ladder run at learned positions (AT_LEARNED: task.position, which every
+# model file of the ladder takes), where their arms and sizes were tuned and their figures measured (docs/history.md);
+# at rotary positions each needs its lr* there first.
+AT_LEARNED := task.position=learned 'tune.arms=[]' $(LEARNED_LR)
 FULL_ARMS ?= [baseline_today,baseline,baseline_d2z,baseline_qknorm,nonlinear_q,nonlinear_q_ph,nonlinear_q_linear]
 FULL_TUNE_ARMS ?=
 FULL_MAX_SEEDS ?= 5
@@ -113,25 +116,26 @@ full: params
 ifeq ($(DRY_RUN),)
 	$(if $(FULL_TUNE_ARMS),$(MAKE) tune TUNE_ARMS='$(FULL_TUNE_ARMS)')
 	.venv/bin/dvc exp run compare -S 'study.arms=$(FULL_ARMS)' -S 'study.pairs=[]' -S 'decomposition.rows=$(FULL_ARMS)' \
-	  -S 'study.max_seeds=$(FULL_MAX_SEEDS)' $(foreach o,$(LAUNCH_OVERRIDES),-S '$(o)')
+	  -S 'study.max_seeds=$(FULL_MAX_SEEDS)' $(foreach o,$(AT_LEARNED),-S '$(o)') $(foreach o,$(LAUNCH_OVERRIDES),-S '$(o)')
 else
 	$(PY) -m study.test_runs --params params.yaml --dry-run 'study.arms=$(FULL_ARMS)' 'study.pairs=[]' \
-	  'decomposition.rows=$(FULL_ARMS)' 'study.max_seeds=$(FULL_MAX_SEEDS)'
+	  'decomposition.rows=$(FULL_ARMS)' 'study.max_seeds=$(FULL_MAX_SEEDS)' $(AT_LEARNED)
 endif
 
 # The nonlinear map on each projection of the lm task (docs/tasks.md): on the queries, the keys, the values and the
 # attention's output projection, each at its lr* in conf/tuned.yaml, compared with the baseline on Stein's first-stage
-# seeds (FULL_MAX_SEEDS), in one decomposition table.  The default's runs are reused.  All five are in
+# seeds (FULL_MAX_SEEDS), in one decomposition table..  All five are in
 # conf/tuned.yaml, so nothing is tuned again; PROJ_TUNE_ARMS='[a,b]' tunes those arms first (`make tune`).
 PROJ_ARMS ?= [baseline,nonlinear_q,nonlinear_k,nonlinear_v,nonlinear_o]
 PROJ_TUNE_ARMS ?=
 PROJ_OVERRIDES = 'study.arms=$(PROJ_ARMS)' 'study.references=[baseline]' 'study.pairs=[]' 'decomposition.rows=$(PROJ_ARMS)' \
-  'study.max_seeds=$(FULL_MAX_SEEDS)'
+  'study.max_seeds=$(FULL_MAX_SEEDS)' $(AT_LEARNED)
 projections: params
 ifeq ($(DRY_RUN),)
 	$(if $(PROJ_TUNE_ARMS),$(MAKE) tune TUNE_ARMS='$(PROJ_TUNE_ARMS)')
 	.venv/bin/dvc exp run compare -S 'study.arms=$(PROJ_ARMS)' -S 'study.references=[baseline]' -S 'study.pairs=[]' \
-	  -S 'decomposition.rows=$(PROJ_ARMS)' -S 'study.max_seeds=$(FULL_MAX_SEEDS)' $(foreach o,$(LAUNCH_OVERRIDES),-S '$(o)')
+	  -S 'decomposition.rows=$(PROJ_ARMS)' -S 'study.max_seeds=$(FULL_MAX_SEEDS)' $(foreach o,$(AT_LEARNED),-S '$(o)') \
+	  $(foreach o,$(LAUNCH_OVERRIDES),-S '$(o)')
 else
 	$(PY) -m study.test_runs --params params.yaml --dry-run $(PROJ_OVERRIDES)
 endif
@@ -179,7 +183,7 @@ LADDER_THREADS ?= 2
 scale-ladder: $(STAMP)
 	.venv/bin/dvc exp run compare -S 'study.arms=[]' -S 'study.variants=$(PROFILE_VARIANTS)' \
 	  -S 'scale_ladder.variants=$(PROFILE_VARIANTS)' \
-	  -S 'scale_ladder.models=$(LADDER)' -S 'trainer.threads=$(LADDER_THREADS)'
+	  -S 'scale_ladder.models=$(LADDER)' -S 'trainer.threads=$(LADDER_THREADS)' $(foreach o,$(AT_LEARNED),-S '$(o)')
 
 # The ladder's lr transfer checked at one size: scale_ladder.variants tuned there by the same rule, on the ladder's
 # budget; the table and transfer.md (transferred lr against that size's lr*) go to conf/tuning/MODEL/ and that
@@ -187,7 +191,8 @@ scale-ladder: $(STAMP)
 LADDER_CHECK ?= bytes-48
 ladder-check: params
 	.venv/bin/dvc repro prepare
-	$(PY) -m study.tune --ladder $(LADDER_CHECK) --params params.yaml 'scale_ladder.variants=$(PROFILE_VARIANTS)'
+	$(PY) -m study.tune --ladder $(LADDER_CHECK) --params params.yaml 'scale_ladder.variants=$(PROFILE_VARIANTS)' \
+	  $(AT_LEARNED)
 	$(PY) -m study.config
 
 # The ladder tuned per size: every size of LADDER tuned by the same rule (as ladder-check does at one), each lr*
@@ -195,7 +200,8 @@ ladder-check: params
 ladder-tune: params
 	.venv/bin/dvc repro prepare
 	for m in $$(echo '$(LADDER)' | tr -d '[] ' | tr ',' ' '); do \
-	  $(PY) -m study.tune --ladder $$m --params params.yaml 'scale_ladder.variants=$(PROFILE_VARIANTS)' || exit 1; \
+	  $(PY) -m study.tune --ladder $$m --params params.yaml 'scale_ladder.variants=$(PROFILE_VARIANTS)' \
+	    $(AT_LEARNED) || exit 1; \
 	  $(PY) -m study.config || exit 1; \
 	done
 

@@ -73,6 +73,9 @@ def copy_project(dest: Path, name: str = "test-study", variants=("baseline", "no
         shutil.copy2(ROOT / f, target)
     (dest / "conf" / "study.yaml").write_text(NANO_STUDY.format(
         name=name, variants=list(variants), seeds=list(seeds), tokens=tokens))
+    # lm at learned positions (its default until 2026-12-06), so that the nano runs' pinned losses hold
+    lm = dest / "conf" / "task" / "lm.yaml"
+    lm.write_text(lm.read_text().replace("\nposition: rope\n", "\nposition: learned\n"))
     write_params(dest)
     git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
     subprocess.run(["git", "init", "-q", "-b", "main"], cwd=dest, check=True)

@@ -97,7 +97,7 @@ def test_the_test_runs_of_another_task_are_refused_by_task_not_by_position(tmp_p
     _task_runs(tmp_path, "mlm", seeds=(1,), group="test/baseline_today", lr=3e-3)
     (tmp_path / "runs/mlm/test/plan.json").write_text(json.dumps({"seeds": {"baseline_today": [1]}}))
     cfg = load_config([*_dirs(tmp_path), f"study.runs_dir={tmp_path / 'runs/mlm'}", "study.arms=[baseline_today]",
-                       "study.references=[baseline_today]", "study.pairs=[]"], ROOT)
+                       "study.references=[baseline_today]", "study.pairs=[]", "model.position=learned"], ROOT)
     assert cfg.task.name == "lm" and cfg.model.position == "learned"
     with pytest.raises(RunsError) as e:
         tested_runs(cfg, ROOT)

@@ -11,8 +11,10 @@ import yaml
 from conftest import ROOT
 from study.config import ConfigError, load_config
 
-LADDER = ["study.arms=[]", "study.variants=[baseline,nonlinear_q]", "scale_ladder.models=[bytes-32,bytes-48,bytes-64]"]
-RUN = ["model=bytes-32", "variant=baseline", "train.tokens_per_param=10.64", "train.lr_from_tuned=true",
+# the sizes were tuned at learned positions (the default until 2026-12-06), which `make scale-ladder` names
+LADDER = ["study.arms=[]", "study.variants=[baseline,nonlinear_q]", "scale_ladder.models=[bytes-32,bytes-48,bytes-64]",
+          "task.position=learned"]
+RUN = ["task.position=learned", "model=bytes-32", "variant=baseline", "train.tokens_per_param=10.64", "train.lr_from_tuned=true",
        "train.lr_per_size=true"]
 
 
@@ -42,6 +44,8 @@ def test_the_committed_sizes_record_the_recipe_of_their_tuning_table():
 
 def test_a_ladder_at_another_budget_is_refused_before_it_trains():
     assert load_config(LADDER, ROOT).scale_ladder.tokens_per_param == 10.64  # the budget the sizes were tuned at
+    assert ("tuned at model.position=learned, but this run trains at model.position=rope"
+            in refusal(LADDER[:-1]))  # the rotary default: each size needs its lr* there first
     msg = refusal([*LADDER, "scale_ladder.tokens_per_param=0.2"])
     assert msg.startswith("scale_ladder.variants: 'baseline' at size bytes-32: its lr* (conf/tuned.yaml "
                           "tuned.size.bytes-32) was tuned at train.tokens_per_param=10.64, but this run trains at "
@@ -51,13 +55,13 @@ def test_a_ladder_at_another_budget_is_refused_before_it_trains():
     assert "tuned at train.warmup_tokens=262144, but this run trains at train.warmup_tokens=131072" in msg
     assert "scale_ladder.warmup_tokens=131072`" in msg
     # the BPE-era ladder, reproduced as docs/history.md says, is at the recipe its sizes were tuned at
-    bpe = load_config(["model=cpu-bpe2048", "data.bpe_vocab_size=2048", *LADDER[:2],
+    bpe = load_config(["model=cpu-bpe2048", "data.bpe_vocab_size=2048", *LADDER[:2], LADDER[3],
                        "scale_ladder.models=[ladder-64,ladder-96,ladder-128]", "scale_ladder.tokens_per_param=1.0",
                        "scale_ladder.warmup_tokens=32768"], ROOT)
     assert bpe.scale_ladder.models == ["ladder-64", "ladder-96", "ladder-128"]
     # and at bytes it is not (its lr* were tuned on BPE 2048)
     assert "tuned at data.bpe_vocab_size=2048" in refusal(
-        [*LADDER[:2], "scale_ladder.models=[ladder-64,ladder-96]", "scale_ladder.tokens_per_param=1.0",
+        [*LADDER[:2], LADDER[3], "scale_ladder.models=[ladder-64,ladder-96]", "scale_ladder.tokens_per_param=1.0",
          "scale_ladder.warmup_tokens=32768"])
 
 

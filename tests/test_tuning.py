@@ -131,17 +131,21 @@ def test_an_lr_tuned_at_another_recipe_is_refused():
     assert at["train"]["batch_tokens"] == train["batch_tokens"] and at["model"]["name"] == "cpu"
     committed = yaml.safe_load((ROOT / "conf/tuned.yaml").read_text())["tuned"]
     assert committed["lr"] and set(committed["recipe"]) == set(committed["lr"])
-    for arm, lr in committed["lr"].items():
-        # a recipe recorded before model.position existed means learned positions, the study's
-        assert "position" not in committed["recipe"][arm]["model"] and at["model"]["position"] == "learned"
+    assert at["model"]["position"] == "rope"
+    rotary = [arm for arm in committed["lr"] if committed["recipe"][arm]["model"].get("position") == "rope"]
+    assert set(cfg.study.arms) <= set(rotary)
+    for arm in rotary:
         assert recipe_difference(committed["recipe"][arm], at) == [], arm
-        assert tuned_lr(cfg, arm) == lr
-    rope = load_config(["model.position=rope"], ROOT)  # an lr* tuned at learned positions is not a rope model's
+        assert tuned_lr(cfg, arm) == committed["lr"][arm]
+    # the rest were recorded before model.position existed, at learned positions: refused at the rotary default
+    learned = sorted(set(committed["lr"]) - set(rotary))
+    assert learned and all("position" not in committed["recipe"][arm]["model"] for arm in learned)
     with pytest.raises(ConfigError, match=r"was tuned at model.position=learned, but this study runs "
                                           r"model.position=rope: re-tune it"):
-        tuned_lr(rope, sorted(committed["lr"])[0])
+        tuned_lr(cfg, learned[0])
+    assert tuned_lr(load_config(["model.position=learned"], ROOT), learned[0]) == committed["lr"][learned[0]]
     other = load_config([f"train.warmup_tokens={2 * train['warmup_tokens']}"], ROOT)
-    arm = sorted(committed["lr"])[0]
+    arm = rotary[0]
     with pytest.raises(ConfigError) as e:
         tuned_lr(other, arm)
     assert str(e.value) == (f"arm {arm!r}'s lr* (conf/tuned.yaml) was tuned at train.warmup_tokens={train['warmup_tokens']}, "
@@ -203,10 +207,11 @@ def test_the_previous_default_composes():
     assert tuned_lr(cfg, "nonlinear_q_ph") == 0.011760976163614139  # a fixed lr: the table is not read
 
 
-def test_the_rotary_profile_runs_at_the_lr_star_of_its_table_in_folders_of_its_own():
-    """`make study-rope` pins each arm's lr* at rotary positions on the command line: each equals the lr* of its
-    tuning table (conf/tuning/lm-rope/table.json, tuned at model.position=rope) to the last digit, and the overrides
-    compose into rotary runs in their own runs, reports and MLflow experiment (the default's stay untouched)."""
+def test_the_learned_position_profile_runs_at_the_lr_star_of_its_table_in_folders_of_its_own():
+    """`make study-learned` (the default until 2026-12-06) pins each arm's lr* at learned positions on the command
+    line: each equals the lr* of its tuning table (conf/tuning/lm-learned/table.json, whose recipes record no
+    model.position: learned) to the last digit, and the overrides compose into learned-position runs in their own
+    runs, reports and MLflow experiment (the default's stay untouched)."""
     import re
     import shlex
 
@@ -214,14 +219,30 @@ def test_the_rotary_profile_runs_at_the_lr_star_of_its_table_in_folders_of_its_o
     from study.runner.arms import tuned_lr
 
     make = (ROOT / "Makefile").read_text()
-    lr = " ".join(re.search(r"^ROPE_LR := (.*?)\n(?!\s)", make, re.S | re.M).group(1).split("\\\n"))
+    lr = " ".join(re.search(r"^LEARNED_LR := (.*?)\n(?!\s)", make, re.S | re.M).group(1).split("\\\n"))
     pinned = {a: float(v) for a, v in re.findall(r"arms\.(\w+)\.lr=([0-9.e-]+)", lr)}
-    table = json.loads((ROOT / "conf/tuning/lm-rope/table.json").read_text())["arms"]
+    table = json.loads((ROOT / "conf/tuning/lm-learned/table.json").read_text())["arms"]
     assert set(pinned) == {"baseline", "baseline_qknorm", "nonlinear_q", "nonlinear_q_ph", "no_context"}
     assert pinned == {a: table[a]["lr_star"] for a in pinned}
-    assert all(table[a]["recipe"]["model"]["position"] == "rope" for a in pinned)
-    rope = " ".join(re.search(r"^ROPE := (.*?)\n(?!\s)", make, re.S | re.M).group(1).split("\\\n"))
-    cfg = load_config(shlex.split(rope.replace("$(ROPE_LR)", lr)), ROOT)
+    assert all(table[a]["recipe"]["model"].get("position", "learned") == "learned" for a in pinned)
+    learned = " ".join(re.search(r"^LEARNED := (.*?)\n(?!\s)", make, re.S | re.M).group(1).split("\\\n"))
+    cfg = load_config(shlex.split(learned.replace("$(LEARNED_LR)", lr)), ROOT)
     assert (cfg.model.position, cfg.study.name, cfg.study.runs_dir, cfg.study.reports_dir) == (
-        "rope", "nonlinear-queries-rope", "runs/rope", "reports/rope")
+        "learned", "nonlinear-queries-learned", "runs/learned", "reports/learned")
     assert tuned_lr(cfg, "nonlinear_q") == pinned["nonlinear_q"]  # a fixed lr: conf/tuned.yaml is not read
+
+
+def test_the_default_tests_at_rotary_positions_at_the_lr_star_of_its_table():
+    """The default composes rotary positions (conf/task/lm.yaml), and each default arm's lr* comes from
+    conf/tuned.yaml tuned at model.position=rope; an arm whose lr* was tuned at learned positions is refused."""
+    from study.config import ConfigError, load_config
+    from study.runner.arms import tuned_lr
+
+    cfg = load_config([], ROOT)
+    table = json.loads((ROOT / "conf/tuning/table.json").read_text())["arms"]
+    assert cfg.model.position == "rope"
+    for arm in cfg.study.arms:
+        assert table[arm]["recipe"]["model"]["position"] == "rope"
+        assert tuned_lr(cfg, arm) == table[arm]["lr_star"]
+    with pytest.raises(ConfigError, match="model.position=learned.*model.position=rope"):
+        tuned_lr(cfg, "nonlinear_k")
