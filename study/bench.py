@@ -5,7 +5,7 @@ every variant in fp32 and bf16-mixed, eager and torch.compile'd, on random
 tokens of the chosen model (default: the CPU default ``cpu``), for
 
 * the plain PyTorch loop (reference, no Lightning), and
-* the same step driven by Lightning's Trainer (``study.modeling.lm.GPTModule``),
+* the same step driven by Lightning's Trainer (``study.modeling.lit_module.GPTModule``),
 
 with the ratios the project targets: Lightning / plain >= 0.95,
 nonlinear_q / baseline >= 0.97 in the fastest precision, bf16 / fp32 >= 1.5

@@ -26,7 +26,7 @@ from study.analysis.runs import RunsError, read_run
 from study.config import ConfigError, load_config, run_dir, run_stage
 from study.data import DataError
 from study.data.records import check_prepared, prepared_keys
-from study.orchestration.runs import ensure_runs
+from study.orchestration.ensure import ensure_runs
 
 #: the rows' file, beside the study's config
 LEVERS = "conf/levers.yaml"

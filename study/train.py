@@ -7,7 +7,7 @@ Trains one (variant, seed) run on the prepared token data and writes
                    (a diverged run's loss: a lost point has none) is left out
   record.json      the rest of the run's result: variant, seed, status ("ok"/"diverged"), reason and
                    diverged_step (the optimizer step the divergence was found at, null when ok; the rule:
-                   :class:`study.modeling.lm.GPTModule`), per-corpus val_loss, steps, lr, parameter and FLOP counts, wall time
+                   :class:`study.modeling.lit_module.GPTModule`), per-corpus val_loss, steps, lr, parameter and FLOP counts, wall time
                    (s, every segment of a resumed run), tokenizer, model, group, config_hash, mlflow_run_id,
                    attn_logit_max (per layer, at the last evaluation; null for a non-finite value)
   curve.csv        step, tokens, train_loss, val_loss, lr, in_context_gain, val_loss/CORPUS, attn_logit_max/L{i}
@@ -22,7 +22,7 @@ Trains one (variant, seed) run on the prepared token data and writes
   .replaced/       only while a start builds its Trainer: the last run's files it replaces, put back
                    if Lightning refuses the trainer settings (study.runner.run_state.Replaced)
 (``runs/GROUP/VARIANT-sSEED/`` with ``study.group=GROUP``, as the test stage and
-the scale ladder do, see study/runner/arms.py and study/runner/profiles.py)
+the scale ladder do, see study/runner/arms.py and study/runner/budget.py)
 and one MLflow run (experiment = study.name, run name = [GROUP/]VARIANT-sSEED) in the
 project's SQLite store.
 
@@ -47,7 +47,7 @@ import sys
 from pathlib import Path
 
 from study.config import run_label, run_stage
-from study.runner.launch import die_with_parent, launch_rank
+from study.runner.world import die_with_parent, launch_rank
 from study.runner.run import train
 
 

@@ -39,7 +39,7 @@ from study.analysis.tuned_file import (_read_tuned, task_section, tuned_size_rec
                                       tuned_yaml)  # (tuned_yaml: public here too)
 from study.analysis.tuning import choose, initial_grid, score, tune_arm
 from study.analysis.tuning_table import check_result, figure, table_markdown  # noqa: F401 (public here too)
-from study.orchestration.arms import TABLE_JSON, _finite, arm_losses, check_tuned, seed_losses  # noqa: F401 (public here too)
+from study.orchestration.losses import TABLE_JSON, _finite, arm_losses, check_tuned, seed_losses  # noqa: F401 (public here too)
 from study.runner.arms import arm_of, recipe, tune_group
 from study.config import ConfigError, StudyError, run_stage
 from study.config.naming import lr_key
@@ -89,7 +89,7 @@ def tune_one(cfg, root: Path, name: str, params: str | None, base: list[str] = (
     res = choose(lrs, scores, tu.max_points, tu.rule)
     tokens = tu.tokens or cfg.train.tokens
     if tu.tokens is None and cfg.train.tokens_per_param is not None:  # the ladder's budget, as the runs resolve it
-        from study.runner.profiles import resolve
+        from study.runner.budget import resolve
         tokens = resolve(copy.deepcopy(cfg), root).train.tokens
     out = {"arm": name, "variant": arm.variant, "overrides": [str(o) for o in arm.overrides],
            "model": cfg.model.name, "seeds": [int(s) for s in tu.seeds], "tokens": int(tokens), "rule": tu.rule,

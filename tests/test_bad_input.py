@@ -150,7 +150,7 @@ def test_bad_input_table(nano_project, tmp_path, monkeypatch, capsys, case, modu
 
 
 def test_multi_node_needs_a_launcher(env, launcher):
-    from study.runner.launch import multi_node_launcher
+    from study.runner.world import multi_node_launcher
 
     assert multi_node_launcher(env) == launcher
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from study.modeling.lm import in_context_gain
+from study.modeling.lit_module import in_context_gain
 from study.modeling.accounting import describe
 from study.modeling.model import GPT
 from tests.test_model import model_cfg, variant_cfg

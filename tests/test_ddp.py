@@ -191,7 +191,7 @@ def test_validation_windows_do_not_depend_on_the_rank(nano_project):
                                       ({"SLURM_PROCID": "3"}, 3), ({"LOCAL_RANK": "0", "SLURM_PROCID": "3"}, 0)])
 def test_launch_rank_before_the_trainer(monkeypatch, nano_project, env, rank):
     from study.config import load_config
-    from study.runner.launch import launch_rank
+    from study.runner.world import launch_rank
 
     for key in ("RANK", "LOCAL_RANK", "NODE_RANK", "SLURM_PROCID"):
         monkeypatch.delenv(key, raising=False)
@@ -220,7 +220,7 @@ def test_fsdp_clips_the_global_norm_with_the_root_module(nano_project):
     from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
     from study.config import load_config
-    from study.modeling.lm import GPTModule
+    from study.modeling.lit_module import GPTModule
 
     with pytest.raises(MisconfigurationException, match="norm"):
         FSDPPrecision("32-true").clip_grad_by_norm(None, 1.0)  # the hole GPTModule works around
@@ -249,7 +249,7 @@ def test_fsdp_clips_the_global_norm_with_the_root_module(nano_project):
 
 def test_fsdp_on_cpu_is_refused_with_the_fix(nano_project):
     from study.config import ConfigError, load_config
-    from study.runner.launch import make_strategy
+    from study.runner.world import make_strategy
 
     cfg = load_config(["trainer.strategy=fsdp", "trainer.devices=2"], nano_project)
     with pytest.raises(ConfigError, match="trainer.strategy=fsdp needs GPUs.*trainer.strategy=ddp on CPUs"):

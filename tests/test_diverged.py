@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-import study.modeling.lm
+import study.modeling.lit_module
 from study.analysis.runs import read_result
 
 
@@ -109,7 +109,7 @@ def test_a_diverged_run_goes_through_the_real_compare_as_a_lost_point(run_in, na
 def test_a_nan_validation_batch_is_a_divergence_not_dropped(run_in, tmp_path, monkeypatch):
     """Issue 25 item 2: one NaN window in the second evaluation makes it NaN (torchmetrics' default
     MeanMetric would average the finite rest), and the run stops there as diverged."""
-    real = study.modeling.lm.GPTModule._token_losses
+    real = study.modeling.lit_module.GPTModule._token_losses
     calls = {"n": 0}
 
     def one_nan(self, batch):
@@ -120,7 +120,7 @@ def test_a_nan_validation_batch_is_a_divergence_not_dropped(run_in, tmp_path, mo
             losses[0, 0] = float("nan")
         return losses
 
-    monkeypatch.setattr(study.modeling.lm.GPTModule, "_token_losses", one_nan)
+    monkeypatch.setattr(study.modeling.lit_module.GPTModule, "_token_losses", one_nan)
     m = run_in("variant=baseline", "seed=1", "train.tokens=40960", "train.eval_every=5")
     assert calls["n"] == 1
     assert m["status"] == "diverged" and m["diverged_step"] == 10 and m["steps"] == 10
@@ -138,7 +138,7 @@ def test_the_validation_mean_keeps_nan():
     from study.config import load_config
     from conftest import ROOT
 
-    module = study.modeling.lm.GPTModule(load_config(["model=nano", "data.bpe_vocab_size=512"], ROOT))
+    module = study.modeling.lit_module.GPTModule(load_config(["model=nano", "data.bpe_vocab_size=512"], ROOT))
     for x in (2.0, float("nan"), 4.0):
         module.val_loss.update(torch.tensor(x), weight=1)
     assert math.isnan(module.val_loss.compute().item())

@@ -78,14 +78,14 @@ def test_exp_run_then_a_conf_edit_then_repro_loses_nothing(tmp_path):
 def test_a_stage_that_trains_depends_on_every_study_module_the_training_module_imports():
     """study/modeling/diagnostics.py (attn_logit_max in curve.csv and record.json), imported by the
     LightningModule, must be a dependency of every stage that trains: every module of study/ that
-    study/modeling/lm.py imports is one (a package's __init__ counts as the package's folder)."""
+    study/modeling/lit_module.py imports is one (a package's __init__ counts as the package's folder)."""
     import ast
 
-    tree = ast.parse((ROOT / "study/modeling/lm.py").read_text())
+    tree = ast.parse((ROOT / "study/modeling/lit_module.py").read_text())
     imported = {n.module for n in ast.walk(tree)
                 if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("study.")}
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
-    training = {name: s["deps"] for name, s in stages.items() if "study/modeling/lm.py" in s.get("deps", [])}
+    training = {name: s["deps"] for name, s in stages.items() if "study/modeling/lit_module.py" in s.get("deps", [])}
     assert {"train", "scale_ladder"} <= set(training)
     for name, deps in training.items():
         for module in imported:

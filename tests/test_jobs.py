@@ -27,7 +27,7 @@ def val_loss(d) -> float:
 
 @pytest.mark.slow  # training processes
 def test_two_processes_give_the_numbers_of_one_and_reuse_what_finished(nano_project, tmp_path, monkeypatch):
-    from study.orchestration.runs import ensure_runs
+    from study.orchestration.ensure import ensure_runs
 
     monkeypatch.chdir(nano_project)
     runs = [overrides(tmp_path, s, "par") for s in (1, 2)]
@@ -46,7 +46,7 @@ def test_two_processes_give_the_numbers_of_one_and_reuse_what_finished(nano_proj
 
 @pytest.mark.slow  # training processes
 def test_failed_trainings_are_named_together(nano_project, tmp_path, monkeypatch):
-    from study.orchestration.runs import ensure_runs
+    from study.orchestration.ensure import ensure_runs
 
     monkeypatch.chdir(nano_project)
     monkeypatch.setattr(sys, "executable", shutil.which("false"))  # every training process exits 1

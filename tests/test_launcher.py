@@ -74,7 +74,7 @@ def test_the_launcher_is_no_setting_of_a_run(monkeypatch):
 
 
 def test_the_live_line_counts_runs_lost_points_and_time_left(tmp_path):
-    from study.orchestration.progress import StageLine
+    from study.orchestration.live_line import StageLine
 
     runs = [tmp_path / f"r{i}" for i in range(4)]
     for d, status in zip(runs[:3], ("ok", "diverged", "ok")):
@@ -98,7 +98,7 @@ def test_the_live_line_does_not_count_a_launched_runs_old_result(tmp_path):
     import os
     import time
 
-    from study.orchestration.progress import StageLine
+    from study.orchestration.live_line import StageLine
 
     runs = [tmp_path / f"r{i}" for i in range(3)]
     for d in runs:
@@ -176,7 +176,7 @@ def test_the_local_launcher_gives_each_training_its_gpu_slot(tmp_path, monkeypat
     """The real launcher with a stand-in training (a process that records its CUDA_VISIBLE_DEVICES and sleeps):
     two GPUs at two trainings each run four at once, each GPU never holding more than two."""
     import study.orchestration.launch as launch_module
-    from study.orchestration.progress import StageLine
+    from study.orchestration.live_line import StageLine
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
     cfg = load_config(["trainer=gpu", "trainer.precision=bf16-mixed", "launcher.jobs_per_gpu=2",

@@ -1,4 +1,4 @@
-"""Quiet, informative logs (study/runner/progress.py): a non-terminal log (as under `dvc repro`) shows each run's
+"""Quiet, informative logs (study/runner/logs.py): a non-terminal log (as under `dvc repro`) shows each run's
 optimizer steps of the total, and none of the known noise of Lightning, litdata and MLflow."""
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ def test_resolve_tokens_per_param_and_tuned_lr(nano_project, tmp_path, monkeypat
     """tokens_per_param counts the baseline's non-embedding parameters; lr_from_tuned takes the arm's lr*."""
     from study.config import load_config, peak_lr
     from study.modeling.model import GPT
-    from study.runner.profiles import resolve
+    from study.runner.budget import resolve
 
     cfg = load_config(["variant=nonlinear_q", "model=ladder-96", "train.tokens_per_param=1.0"], nano_project)
     resolve(cfg, nano_project)

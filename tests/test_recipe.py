@@ -1,7 +1,7 @@
 """The recipe arms of issue 23: QK-norm, k-norm, per-head normalised nonlinear query, the GELU-free
 ablation, split depth, the d2z/wsd schedules, z-loss and the attention-logit probe.
 
-Expected values are computed here independently of study/modeling/model.py and study/modeling/lm.py (explicit tensor
+Expected values are computed here independently of study/modeling/model.py and study/modeling/lit_module.py (explicit tensor
 algebra, formulas), except the pin test, whose values were recorded on the code before this change.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ def short_run(variant: str, steps: int = 10) -> float:
     """A fixed 10-step AdamW run of the nano model on random tokens (fp32, 1 thread), through GPTModule's
     own loss, optimizer groups and lr schedule (warmup 2 steps, cosine 1e-2 -> 1e-3), clip 1.0; returns
     the loss on the first batch after the last step (nats)."""
-    from study.modeling.lm import GPTModule
+    from study.modeling.lit_module import GPTModule
 
     torch.set_num_threads(1)
     cfg = nano_run_config(variant, batch_tokens=256, tokens=256 * steps, warmup_tokens=512, lr=1e-2, min_lr=1e-3)
@@ -239,7 +239,7 @@ def test_cosine_is_todays_schedule_and_the_module_uses_lr_at():
     import math
 
     from study.config import lr_at
-    from study.modeling.lm import GPTModule
+    from study.modeling.lit_module import GPTModule
 
     cfg = schedule_cfg("cosine")
     want = [1e-2 * (s + 1) / 5 if s < 4 else 1e-3 + 0.5 * (1 + math.cos(math.pi * (s - 4) / 16)) * 9e-3
@@ -253,7 +253,7 @@ def test_cosine_is_todays_schedule_and_the_module_uses_lr_at():
 def test_z_loss_against_a_direct_logsumexp():
     from types import SimpleNamespace
 
-    from study.modeling.lm import GPTModule
+    from study.modeling.lit_module import GPTModule
 
     torch.manual_seed(0)
     module = GPTModule(nano_run_config("baseline", z_loss=1e-3))
@@ -429,9 +429,9 @@ def test_bench_measures_the_recipe_arms_beside_baseline(nano_project, monkeypatc
 def test_wsd_inside_the_warmup_is_refused_once_tokens_per_param_sets_the_tokens():
     """QA: validate() skips the wsd check under train.tokens_per_param (the tokens are not known yet), and the run
     then trained with a decay that started inside the warmup (its lr never reached the peak); the check runs
-    again when study.runner.profiles.resolve sets train.tokens, before anything is written."""
+    again when study.runner.budget.resolve sets train.tokens, before anything is written."""
     from study.config import ConfigError, load_config
-    from study.runner.profiles import resolve
+    from study.runner.budget import resolve
 
     over = ["model=nano", "data.bpe_vocab_size=512", "variant=baseline", "train.tokens=20480",
             "train.batch_tokens=2048", "train.warmup_tokens=4096", "train.tokens_per_param=0.5", "train.schedule=wsd"]

@@ -150,7 +150,7 @@ def test_run_digest_ignores_volatile_bytes(nano_project, tmp_path):
 
 
 def _fail_at(monkeypatch, step: int):
-    from study.modeling.lm import GPTModule
+    from study.modeling.lit_module import GPTModule
 
     original = GPTModule.on_train_batch_end
 
@@ -169,7 +169,7 @@ def test_failed_run_resumes_on_other_settings_and_a_finished_run_is_not_overwrit
     resumes it (one MLflow run, honouring MLFLOW_TRACKING_URI; other threads would start afresh: they change the
     sums, tests/test_numerics.py); a hand-started run with another lr is refused while the finished run is there,
     and replaces it only with train.overwrite=true."""
-    from study.modeling.lm import GPTModule
+    from study.modeling.lit_module import GPTModule
     from study.train import main
 
     env_db = tmp_path / "env.db"
@@ -221,7 +221,7 @@ def test_an_unreadable_checkpoint_or_run_json_is_refused_in_one_line_and_kept(
     original = _fail_at(monkeypatch, 7)
     with pytest.raises(RuntimeError, match="injected failure at step 7"):
         run_in()
-    monkeypatch.setattr(__import__("study.modeling.lm", fromlist=["GPTModule"]).GPTModule, "on_train_batch_end", original)
+    monkeypatch.setattr(__import__("study.modeling.lit_module", fromlist=["GPTModule"]).GPTModule, "on_train_batch_end", original)
     ckpts = tmp_path / "runs/baseline-s1/checkpoints"
     before = [(r.info.run_id, r.info.status) for r in mlflow_runs(db)[1]]
     argv = [f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={db}",
@@ -253,7 +253,7 @@ def test_a_checkpoint_resumes_on_another_world_size_in_the_same_mlflow_run(run_i
     MLflow run, FINISHED) and ends where an uninterrupted 1-process run ends."""
     import torch
 
-    from study.modeling.lm import GPTModule
+    from study.modeling.lit_module import GPTModule
 
     tokens, threads = f"train.tokens={20 * 32 * 64}", torch.get_num_threads()
     ref = run_in(tokens, "trainer.threads=1", f"study.runs_dir={tmp_path / 'ref'}")

@@ -20,7 +20,7 @@ RUN = ["task.position=learned", "model=bytes-32", "variant=baseline", "train.tok
 
 def refusal(overrides: list[str], resolved: bool = False) -> str:
     """The one-line ConfigError that composing (and, ``resolved``, resolving) ``overrides`` raises."""
-    from study.runner.profiles import resolve
+    from study.runner.budget import resolve
 
     with pytest.raises(ConfigError) as e:
         cfg = load_config(overrides, ROOT)
@@ -66,7 +66,7 @@ def test_a_ladder_at_another_budget_is_refused_before_it_trains():
 
 
 def test_one_ladder_run_at_another_recipe_is_refused_once_its_tokens_are_known():
-    from study.runner.profiles import resolve
+    from study.runner.budget import resolve
 
     assert resolve(load_config(RUN, ROOT), ROOT).variant.lr == 0.007154653871171246
     assert "tuned at model.n_embd=32, model.n_head=2, but this run trains at model.n_embd=48, model.n_head=3" in \

@@ -109,7 +109,7 @@ def _one_run(tmp: Path, tokens: int = 40960) -> list[str]:
 def _launch_one(project: Path, over: list[str], extra: list[str], interrupt=None):
     """ensure_runs of one run on the slurm launcher, in this process; ``interrupt(job_id)`` runs in a thread once the
     run has written its first checkpoint."""
-    from study.orchestration.runs import ensure_runs
+    from study.orchestration.ensure import ensure_runs
 
     over = [*over, *SLURM, *extra]
     d = project / "unused"
@@ -131,7 +131,7 @@ def _launch_one(project: Path, over: list[str], extra: list[str], interrupt=None
 
 def test_a_job_cancelled_mid_run_and_submitted_again_ends_identical(slurm, nano_project, tmp_path, monkeypatch):
     from study.config import StudyError
-    from study.orchestration.runs import ensure_runs
+    from study.orchestration.ensure import ensure_runs
 
     monkeypatch.chdir(nano_project)
     whole = ensure_runs([_one_run(tmp_path / "whole")], nano_project, None, jobs=2, label="whole")  # local, uninterrupted
@@ -152,7 +152,7 @@ def test_a_job_cancelled_mid_run_and_submitted_again_ends_identical(slurm, nano_
 def test_submitit_requeues_a_preempted_job_and_it_ends_identical(slurm, nano_project, tmp_path, monkeypatch):
     """The one requeue is submitit's (USR2): Lightning's SLURM environment is on (ranks) without its auto-requeue, so no
     hpc checkpoint is written and the requeued job resumes from the run's own checkpoint."""
-    from study.orchestration.runs import ensure_runs
+    from study.orchestration.ensure import ensure_runs
 
     monkeypatch.chdir(nano_project)
     whole = ensure_runs([_one_run(tmp_path / "whole")], nano_project, None, jobs=2, label="whole")

@@ -10,7 +10,7 @@ import pytest
 
 @pytest.mark.parametrize("under_slurm", [False, True])
 def test_the_srun_hint_only_under_slurm(tmp_path, monkeypatch, under_slurm):
-    from study.runner.launch import build_trainer
+    from study.runner.world import build_trainer
 
     srun = tmp_path / "bin" / "srun"  # SLURM installed: an srun on PATH
     srun.parent.mkdir()

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a stage at a terminal, even when the suite runs under nohup
 from study.config import StudyError
-from study.orchestration.runs import ensure_runs
+from study.orchestration.ensure import ensure_runs
 
 tmp, label, n, extra = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4:]
 runs = [[f"study.runs_dir={tmp / 'runs'}", f"study.tracking_db={tmp / 'm.db'}", f"study.artifact_dir={tmp / 'art'}",

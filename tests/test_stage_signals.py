@@ -80,7 +80,7 @@ def test_a_stage_killed_by_sigkill_takes_its_trainings_with_it(nano_project, tmp
     runs = [tmp_path / f"runs/test/x/baseline-s{s}" for s in (1, 2)]
     todo = [(d, [*_study(tmp_path), *_arm(s)]) for d, s in zip(runs, (1, 2))]
     script = ("from pathlib import Path; from study.config import load_config\n"
-              "from study.orchestration.launch import LocalLauncher; from study.orchestration.progress import StageLine\n"
+              "from study.orchestration.launch import LocalLauncher; from study.orchestration.live_line import StageLine\n"
               "from study.config.launcher import resolve_launcher\n"
               f"todo = [(Path(d), o) for d, o in {[(str(d), o) for d, o in todo]!r}]\n"
               "res = resolve_launcher(load_config(todo[0][1], Path.cwd()))\n"

@@ -243,7 +243,7 @@ def test_the_test_set_is_kept_with_the_data_and_the_training_set_follows_the_dat
 
 def test_query_position_loss_and_accuracy_against_a_hand_loop():
     """The module's validation (val_loss, val_accuracy) and training loss are means over the query positions only."""
-    from study.modeling.lm import GPTModule
+    from study.modeling.lit_module import GPTModule
 
     cfg = load_config(["task=mqar", "model=nano", "data.bpe_vocab_size=512", "task.vocab_size=32", "task.seq_len=16",
                        "task.num_kv_pairs=3"])

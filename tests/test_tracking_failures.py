@@ -218,7 +218,7 @@ def test_lightnings_sync_dist_advice_is_silenced_for_the_validation_metrics_only
 
     from lightning.pytorch.utilities.warnings import PossibleUserWarning
 
-    from study.runner.progress import quiet_logs
+    from study.runner.logs import quiet_logs
 
     def lightning_says(name):
         warnings.warn(f"It is recommended to use `self.log({name!r}, ..., sync_dist=True)` when logging on epoch "

@@ -42,7 +42,7 @@ def outputs(tmp: Path, table="tuning") -> dict[str, bytes]:
 
 def test_a_tuning_json_lacking_a_key_writes_nothing(tmp_path, monkeypatch, capsys):
     from study.config import run_stage
-    from study.orchestration.arms import check_tuned
+    from study.orchestration.losses import check_tuned
     from study.tune import write_table
 
     monkeypatch.chdir(ROOT)

@@ -108,7 +108,7 @@ def test_tuned_file_agrees_with_its_table():
 
 def test_a_tuned_file_that_disagrees_is_refused(tmp_path):
     from study.config import ConfigError, load_config
-    from study.orchestration.arms import check_tuned
+    from study.orchestration.losses import check_tuned
 
     cfg = load_config([f"tune.table_dir={tmp_path}"], ROOT)
     table = {a: {"lr_star": lr} for a, lr in cfg.tuned.lr.items()}  # the committed values, but one

@@ -65,7 +65,7 @@ def test_compiled_model_trains_and_its_checkpoint_loads_uncompiled(run_in, tmp_p
     import torch
 
     from study.config import load_config
-    from study.modeling.lm import GPTModule
+    from study.modeling.lit_module import GPTModule
 
     m = run_in("variant=nonlinear_q", "seed=1", "train.tokens=4096", "train.eval_every=2", "trainer.compile=true")
     assert m["status"] == "ok" and m["steps"] == 2

@@ -1,12 +1,12 @@
 """Every reader of runs goes through this package: compare, the scale ladder's report, the notebook.
 
-Imports flow one way, stages (compare, profiles, the notebook) -> analysis -> stats: each module
+Imports flow one way, stages (compare, the notebook) -> analysis -> stats: each module
 below imports only modules listed after it, and none imports a stage.
   report.py    all of it in one call: load, summarise, write comparison.md, summary.json, metrics/, curves.csv, figures
   figures.py   the figures (matplotlib; only those that apply are written)
   tables.py    comparison.md (markdown)
   summary.py   summary.json: per-variant losses, verdict, power, frontier, yardsticks, per corpus
-  profiles.py  the lr sweep's and the scale ladder's verdicts
+  scale_ladder.py  the scale ladder's verdict (summary.json "scale_ladder")
   verdict.py   the decided verdict of study.arms: the test runs, every comparison in one word, the decomposition
   decision.py  Stein's two-stage seed count, TOST beside the paired t test, BH over all comparisons, the words
   tuning.py    tuning by one rule: the x2 lr grid, its extension until bracketed, lr* (quadratic vertex or best)

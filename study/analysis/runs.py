@@ -2,7 +2,7 @@
 
 A run, as every reader of runs (compare, the scale ladder, the notebook) sees it, is one dict:
 the run's ``metrics.json`` (numbers only, the DVC metric: ``val_loss`` in nats, ``val_perplexity``,
-``in_context_gain`` (nats, study.modeling.lm.in_context_gain), ``tokens``, ``tokens_per_s``; None where the file has no value, as for a diverged run's loss) and its
+``in_context_gain`` (nats, study.modeling.lit_module.in_context_gain), ``tokens``, ``tokens_per_s``; None where the file has no value, as for a diverged run's loss) and its
 ``record.json`` (``status`` "ok"/"diverged", ``reason``, ``diverged_step``, ``variant``, ``seed``, ``lr``,
 ``non_embedding_params``, ``flops_per_token``, ``mlflow_run_id`` ..., optionally
 ``val_loss_per_corpus`` {corpus: nats} and ``attn_logit_max`` [per layer, last evaluation]) in one

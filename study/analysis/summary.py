@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from study.analysis import profiles
+from study.analysis import scale_ladder
 from study.analysis.pairing import comparable, shared_settings
 from study.analysis.runs import final_losses, lost_points
 from study.analysis.verdict import accuracy, verdict_report as decided
@@ -74,7 +74,7 @@ def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path, profiles_too: b
             "frontier": frontier(base_name, ok, variants),
             "yardsticks": study_yardsticks(cfg, root, runs, settings),
             "per_corpus": per_corpus(runs, base_name),
-            "scale_ladder": profiles.ladder_report(cfg, root) if profiles_too else None,
+            "scale_ladder": scale_ladder.ladder_report(cfg, root) if profiles_too else None,
             "verdict": decided(cfg, root) if profiles_too else None}
 
 

@@ -323,7 +323,7 @@ def _validate_recipe(cfg: RunConfig) -> None:
     if not 0.0 < t.decay_fraction <= 1.0:
         raise ConfigError(f"train.decay_fraction={t.decay_fraction} must be in (0, 1] (the fraction of the steps "
                           f"that wsd decays over, e.g. 0.2)")
-    if t.tokens_per_param is None:  # else train.tokens is set when the run starts (study.runner.profiles.resolve)
+    if t.tokens_per_param is None:  # else train.tokens is set when the run starts (study.runner.budget.resolve)
         check_wsd_fits(cfg)
     if not (t.z_loss >= 0.0 and t.z_loss < float("inf")):
         raise ConfigError(f"train.z_loss={t.z_loss} must be a finite number >= 0 (0: off; 1e-4 is usual)")

@@ -17,7 +17,7 @@ def evaluate_checkpoint(ckpt: Path, micros: list[int], overrides: list[str], out
 
     from study.config import load_config, project_root, run_seeds
     from study.data.datamodule import TokenDataModule
-    from study.modeling.lm import GPTModule
+    from study.modeling.lit_module import GPTModule
 
     root = project_root()
     cfg = load_config(overrides, root)

@@ -6,7 +6,7 @@ the time limit, or ``scancel --signal=USR2``), which calls :meth:`TrainJob.check
 resumes from its run folder's last checkpoint, bit-exact) and requeues the job with ``scontrol requeue``; SLURM's
 SIGTERM then ends the training as KILLED (its lock released) and the requeued job resumes it.  The training ignores
 USR2 (it is submitit's, not Lightning's), and Lightning's own SLURM requeue (SIGUSR1, hpc checkpoints) is off
-(study.runner.launch.build_trainer): one requeue, submitit's.
+(study.runner.world.build_trainer): one requeue, submitit's.
 """
 from __future__ import annotations
 

@@ -35,9 +35,9 @@ from study.config.launcher import gpu_slots, resolve_launcher
 from study.config.signals import Killed
 from study.orchestration.arrays import ACTIVE, check_commands, drop_if_ended, squeue_tasks, write_record
 from study.orchestration.job import TrainJob, log_path, train_command
-from study.orchestration.progress import StageLine, queue_words, run_outcome
+from study.orchestration.live_line import StageLine, queue_words, run_outcome
 
-#: the environment variable that tells a training the pid of the stage it must die with (study.runner.launch)
+#: the environment variable that tells a training the pid of the stage it must die with (study.runner.world)
 PARENT_ENV = "STUDY_PARENT_PID"
 
 

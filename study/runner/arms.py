@@ -10,7 +10,7 @@ A run of an arm is ``study.train`` with ``variant=VARIANT seed=SEED variant.lr=L
 its own folder (``study.group``): tuning runs under ``tune.runs_dir/ARM/lrLR/VARIANT-sSEED``, test runs under
 ``runs/test/ARM/VARIANT-sSEED``.  :func:`ensure_run` reuses a finished run trained under the same resume key
 (settings, code and data) and trains it otherwise, in this process (replacing a finished run of another key, as
-DVC replaces a stage's outputs when its dependencies change).  study.orchestration.runs.ensure_runs does the same for a
+DVC replaces a stage's outputs when its dependencies change).  study.orchestration.ensure.ensure_runs does the same for a
 list of runs through the study's launcher (``study.jobs`` processes here, or SLURM job arrays).
 """
 from __future__ import annotations
@@ -142,7 +142,7 @@ def reusable(cfg, root: Path, d: Path) -> bool:
         return False
     import copy
 
-    from study.runner.profiles import resolve
+    from study.runner.budget import resolve
 
     try:  # hashed as study.runner.run hashes it (open_run_folder): after the derived settings (compute-matched tokens ...)
         resolved = resolve(copy.deepcopy(cfg), root)

@@ -6,7 +6,7 @@ composes them; ``python -m study.train`` (study/train.py) is its command line.
 
 The pieces are elsewhere: the data and their checks in ``study.data``, the run folder's files in
 ``study.runfolder``, its lock, resume key and MLflow ending in ``study.runner.run_state``, devices and strategy in
-``study.runner.launch``, the model in ``study.modeling.model`` / ``study.modeling.lm``.
+``study.runner.world``, the model in ``study.modeling.model`` / ``study.modeling.lit_module``.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from study.data.records import data_digest as prepared_data_digest
 from study.runfolder import (CHECKPOINTS, CONFIG_FILE, CURVE_FILE, LAST_CKPT, LOGGED_FILES, METRICS_FILE,
                              POSITIONS_FILE, RECORD_FILE, RUN_JSON, read_result, recorded_config, split_result,
                              write_curve, write_json, write_positions)
-from study.runner.launch import build_trainer, check_multi_node, launch_rank, make_strategy, world_size
+from study.runner.world import build_trainer, check_multi_node, launch_rank, make_strategy, world_size
 from study.runner.run_state import (RUN_FOLDER_TAG, ctrl_c, end_orphaned_runs, end_status, finished_here,
                                     hold_run_lock, loop_state_callback, open_run_folder, read_resume_checkpoint,
                                     restore_env, run_folder_tag, settle_previous_run)
@@ -113,7 +113,7 @@ class Plan:
 
 
 def plan_run(cfg, root: Path) -> Plan:
-    """The :class:`Plan` of ``cfg`` (profile settings resolved into it, study.runner.profiles.resolve); checks the
+    """The :class:`Plan` of ``cfg`` (profile settings resolved into it, study.runner.budget.resolve); checks the
     trainer's nodes, the tracking store and the task's data, sets this process's rank and torch threads.
 
     Raises:
@@ -123,7 +123,7 @@ def plan_run(cfg, root: Path) -> Plan:
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
     from study.config.numerics import check_numerics
-    from study.runner.profiles import resolve
+    from study.runner.budget import resolve
     from study.runner.tracking import tracking_uri
     from study.tasks import get_task
     from study.tasks.common import val_count
@@ -179,7 +179,7 @@ def open_run(plan: Plan, stack: ExitStack) -> OpenRun | None:
         RunBusy: another process writes the folder.  StudyError: an unreadable checkpoint to resume.
     """
     from study.config.numerics import machine_tags
-    from study.runner.progress import quiet_logs
+    from study.runner.logs import quiet_logs
     from study.runner.tracking import (artifact_location, ensure_experiment, git_commit, logged_steps,
                                        step_aligned_logger, store_lock)
 
@@ -267,8 +267,8 @@ def build_run(plan: Plan, run: OpenRun) -> tuple:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
-    from study.modeling.lm import GPTModule, throughput_monitor, wants_throughput_monitor
-    from study.runner.progress import progress_callback
+    from study.modeling.lit_module import GPTModule, throughput_monitor, wants_throughput_monitor
+    from study.runner.logs import progress_callback
 
     cfg, steps, accum = plan.cfg, plan.steps, plan.accum
     data_seed, _ = run_seeds(cfg)  # the order of the windows; the init seed goes to GPTModule

@@ -51,10 +51,10 @@ def _peak_memory(device: str, before: int) -> int | None:
 
 def device_peak_flops(device: str, precision: str) -> tuple[float | None, str]:
     """(peak FLOP/s of one device for this precision, where the figure comes from):
-    ``study.modeling.lm.peak_flops`` (GPUs: NVIDIA's dense datasheet figures, through Lightning's table or,
-    for the H200 that Lightning misses, ``study.modeling.lm.H200_SXM_DENSE``; CPUs: a measured 1024^3 fp32
+    ``study.modeling.lit_module.peak_flops`` (GPUs: NVIDIA's dense datasheet figures, through Lightning's table or,
+    for the H200 that Lightning misses, ``study.modeling.lit_module.H200_SXM_DENSE``; CPUs: a measured 1024^3 fp32
     matrix product); None when the GPU is unknown."""
-    from study.modeling.lm import peak_flops
+    from study.modeling.lit_module import peak_flops
 
     if device != "cuda":
         return peak_flops(torch.device("cpu"), precision), "measured fp32 matmul (1024^3)"
@@ -100,7 +100,7 @@ def lightning_loop(cfg, steps: int, precision: str, compile_: bool) -> dict:
     that Lightning's copy to the device does not wait for the step before it)."""
     import lightning.pytorch as pl
 
-    from study.modeling.lm import GPTModule
+    from study.modeling.lit_module import GPTModule
 
     cfg.trainer.compile = compile_
     device = bench_device(cfg)

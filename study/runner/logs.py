@@ -29,7 +29,7 @@ KNOWN_WARNINGS = (
     # resuming mid-epoch continues with the windows an uninterrupted run reads
     r"You're resuming from a checkpoint that ended before the epoch ended and your dataloader is\s+not resumable",
     # the validation metrics are logged with sync_dist=False on purpose: every rank evaluates all validation
-    # windows (study.modeling.lm), so each rank's value is already the whole evaluation's
+    # windows (study.modeling.lit_module), so each rank's value is already the whole evaluation's
     r"It is recommended to use `self.log\('val_(loss|perplexity)(/[^']*)?', \.\.\., sync_dist=True\)`",
 )
 # Info lines (prefixes) of Lightning's rank-zero logger that carry nothing for this study.

@@ -1,6 +1,6 @@
 """The runs of arms at given lrs and seeds, and the check that conf/tuned.yaml agrees with the tuning table: what the
 tuning stage (study.tune) and the test stage (study.test_runs) both need.  :func:`arm_losses` sends every missing run
-of a batch out on the launcher (:func:`study.orchestration.runs.ensure_runs`) and reads each run's final loss through
+of a batch out on the launcher (:func:`study.orchestration.ensure.ensure_runs`) and reads each run's final loss through
 the run folder's reader (study.runfolder.read_result)."""
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 from study.config import ConfigError
 from study.config.task import tune_command
-from study.orchestration.runs import dry_run, ensure_runs
+from study.orchestration.ensure import dry_run, ensure_runs
 from study.runfolder import read_result
 from study.runner.arms import _plain, recipe_difference, run_overrides
 
@@ -24,7 +24,7 @@ def _finite(x):
 
 def seed_losses(cfg, root: Path, name: str, lr: float, seeds, group: str, params: str | None, base=(),
                 runs_dir: str | None = None, extra=(), label: str = "") -> dict[int, float | None]:
-    """Train (or reuse, :func:`study.orchestration.runs.ensure_runs`) arm ``name`` at peak ``lr`` on each of ``seeds``
+    """Train (or reuse, :func:`study.orchestration.ensure.ensure_runs`) arm ``name`` at peak ``lr`` on each of ``seeds``
     in run group ``group``, ``study.jobs`` at once; the tuning and the test stage both use it.
 
     Returns: {seed: final validation loss (nats), None for a diverged run (a lost point)}; prints one line per
@@ -41,7 +41,7 @@ def arm_losses(cfg, root: Path, arms: list[tuple[str, float, str, str]], seeds_o
     """:func:`seed_losses` for several arms at once: ``arms`` = [(name, lr, group, label)], each on
     ``seeds_of[name]``; every missing run of all of them goes out in one batch on the launcher (``study.jobs``
     trainings at once here, or one SLURM job array), ``stage`` naming it on the live line.  ``dry``: print the batch
-    (study.orchestration.runs.dry_run) and train nothing ({} returned).
+    (study.orchestration.ensure.dry_run) and train nothing ({} returned).
 
     Returns: {name: {seed: final validation loss (nats), None for a diverged run}}.
     """

@@ -13,7 +13,7 @@ from study.config import StudyError
 from study.config.launcher import resolve_launcher
 from study.orchestration.arrays import cancel_and_wait, check_commands, earlier_tasks, same_run
 from study.orchestration.launch import launch
-from study.orchestration.progress import StageLine
+from study.orchestration.live_line import StageLine
 from study.runner.arms import ensure_run, pending
 
 
@@ -79,7 +79,7 @@ def _flops(cfg, root: Path, cache: dict) -> tuple[int, int]:
     """(FLOPs per token of training (forward + backward), training tokens) of one run's config, after the profiles'
     derived settings (compute-matched tokens)."""
     from study.config import max_steps
-    from study.runner.profiles import resolve
+    from study.runner.budget import resolve
 
     cfg = resolve(copy.deepcopy(cfg), root)
     key = json.dumps([dict(cfg.model), dict(cfg.variant)], sort_keys=True, default=str)

@@ -11,7 +11,7 @@ loss, divided by its own (> 1: the variant is worth more compute).  Learning rat
 (``make tune``, :mod:`study.tune`).
 
 This module resolves a run's derived settings (:func:`resolve`, called by ``study.train``);
-the ladder's report reads its runs through :mod:`study.analysis.profiles`.
+the ladder's report reads its runs through :mod:`study.analysis.scale_ladder`.
 """
 from __future__ import annotations
 
