@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -147,6 +148,103 @@ def test_run_digest_ignores_volatile_bytes(nano_project, tmp_path):
     assert run_digest(cfg, copy) == run_digest(cfg, nano_project / "data/tokens")
     (copy / "meta.json").write_text(json.dumps({**meta, "val_documents": meta["val_documents"][1:]}))
     assert run_digest(cfg, copy) != run_digest(cfg, nano_project / "data/tokens")
+
+
+# -- the code part of the key: what the training files compute, not their docstrings, comments or layout ----
+MODEL = Path(__file__).resolve().parent.parent / "study/modeling/model.py"
+
+
+def _edited(tmp_path: Path, name: str, old: str, new: str) -> Path:
+    """A copy of study/modeling/model.py with the first ``old`` replaced by ``new`` (asserted to occur)."""
+    src = MODEL.read_text()
+    assert old in src, old
+    out = tmp_path / f"{name}.py"
+    out.write_text(src.replace(old, new, 1))
+    assert out.read_text() != src
+    return out
+
+
+def test_a_docstring_comment_or_layout_edit_keeps_the_code_digest(tmp_path):
+    from study.runfolder import source_digest
+
+    base = source_digest(MODEL)
+    assert source_digest(Path(shutil.copy(MODEL, tmp_path / "copy.py"))) == base  # elsewhere, unedited
+    keeps = {  # the module's docstring, a method's, a comment and a function's layout
+        "module_doc": ('"""GPT decoder whose attention projections', '"""A GPT decoder whose attention projections'),
+        "method_doc": ("Init std of parameter ``name``:", "The init std of parameter ``name``:"),
+        "comment": ("#: eps of the per-head RMS normalisation", "#: the eps of the per-head RMS normalisation"),
+        "new_comment": ("    def init_std(self, name: str)",
+                        "    # the init of each parameter\n    def init_std(self, name: str)"),
+        "layout": ("return 0.02 / math.sqrt(2 * self.config.n_layer)",
+                   "return (0.02\n                    /math.sqrt( 2*self.config.n_layer ))"),
+    }
+    for name, (old, new) in keeps.items():
+        assert source_digest(_edited(tmp_path, name, old, new)) == base, name
+
+
+def test_a_constant_operator_or_name_edit_changes_the_code_digest(tmp_path):
+    from study.runfolder import source_digest
+
+    base = source_digest(MODEL)
+    changes = {
+        "constant": ("self.rms = nn.RMSNorm(n_embd, eps=1e-5)", "self.rms = nn.RMSNorm(n_embd, eps=1e-6)"),
+        "operator": ("return 0.02 / math.sqrt(2 * self.config.n_layer)",
+                     "return 0.02 * math.sqrt(2 * self.config.n_layer)"),
+    }
+    digests = {name: source_digest(_edited(tmp_path, name, old, new)) for name, (old, new) in changes.items()}
+    # init_parameters' local std renamed sigma wherever it occurs: the same computation under another name
+    src = MODEL.read_text()
+    start = src.index("            std = self.init_std(name)")
+    end = src.index("\n", src.index("p.copy_(_keyed_normal(tuple(p.shape), std, init_seed, name))"))
+    renamed, n = re.subn(r"\bstd\b", "sigma", src[start:end])
+    assert n == 4
+    (tmp_path / "name.py").write_text(src[:start] + renamed + src[end:])
+    digests["name"] = source_digest(tmp_path / "name.py")
+    assert base not in digests.values() and len(set(digests.values())) == 3, digests
+
+
+def test_the_code_digests_are_the_source_digests_of_the_training_files():
+    from study.runfolder import STUDY, code_digests, code_files, source_digest
+
+    digests = code_digests()
+    assert list(digests) == code_files() and "modeling/model.py" in digests
+    assert digests["modeling/model.py"] == source_digest(MODEL) and MODEL == STUDY / "modeling/model.py"
+
+
+@pytest.mark.slow  # ~60 s: three training processes of 4,096 tokens in a project copy
+def test_a_docstring_edit_reuses_a_finished_run_a_changed_constant_trains_it_again(nano_project, tmp_path):
+    """In a copy of the project (its own study package, data prepared), a finished run is reused after its
+    model.py's module docstring is edited, and trained again after the init std of its matrices changes."""
+    project = shutil.copytree(nano_project, tmp_path / "project",
+                              ignore=shutil.ignore_patterns("__pycache__", "runs", "mlruns*", "mlartifacts"))
+    env = {k: v for k, v in env_for(project).items() if k != "DVC_STAGE"}
+    env["PYTHONDONTWRITEBYTECODE"] = "1"  # an edit of the same size within a second must not run stale bytecode
+    cmd = [sys.executable, "-m", "study.train", "variant=baseline", "seed=1", "train.tokens=4096",
+           "train.warmup_tokens=0", "trainer.progress_bar=false", f"study.runs_dir={tmp_path / 'runs'}",
+           f"study.tracking_db={tmp_path / 'mlruns.db'}", f"study.artifact_dir={tmp_path / 'mlartifacts'}"]
+    run = tmp_path / "runs/baseline-s1"
+    model = project / "study/modeling/model.py"
+
+    def train() -> tuple[str, dict, dict]:
+        r = subprocess.run(cmd, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        return r.stdout, json.loads((run / "checkpoints/run.json").read_text()), read_result(run)
+
+    _, state, first = train()
+    files = {n: (run / n).read_bytes() for n in ("metrics.json", "record.json", "config.json", "curve.csv")}
+    model.write_text(model.read_text().replace('"""GPT decoder whose', '"""A GPT decoder whose', 1))
+    out, again, result = train()
+    assert "holds this run finished (same settings, code, data and numerics): reused" in out
+    assert again == state and {n: (run / n).read_bytes() for n in files} == files
+    src = model.read_text()
+    assert '"k_norm") else 0.02\n' in src
+    model.write_text(src.replace('"k_norm") else 0.02\n', '"k_norm") else 0.03\n', 1))  # the init std
+    out, third, result = train()
+    assert "reused" not in out and third["completed"] is True
+    assert third["config_hash"] != state["config_hash"] and third["mlflow_run_id"] != state["mlflow_run_id"]
+    assert third["resume"]["code:study/modeling/model.py"] != state["resume"]["code:study/modeling/model.py"]
+    assert result["val_loss"] != first["val_loss"]
+    assert json.loads((run / "config.json").read_text())["code_digest"] != json.loads(files["config.json"])["code_digest"]
 
 
 def _fail_at(monkeypatch, step: int):

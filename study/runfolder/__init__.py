@@ -13,7 +13,8 @@ A run folder (``runs/[GROUP/]VARIANT-sSEED/``, :func:`study.config.run_dir`) hol
                  evaluation (:func:`write_positions`, :func:`read_positions`)
   config.json    (:data:`CONFIG_FILE`) the resolved config the run trained with, without :data:`NOT_SETTINGS`, plus
                  the numerics it computed under (``numerics``: CPU kernels, torch, threads), the training code's
-                 digest (``code_digest``) and the prepared data's digest (:func:`recorded_config`, :func:`settings_of`, :func:`recorded_settings`)
+                 digest (``code_digest``: its syntax trees without docstrings, :func:`code_digests`) and the
+                 prepared data's digest (:func:`recorded_config`, :func:`settings_of`, :func:`recorded_settings`)
   checkpoints/   (:data:`CHECKPOINTS`) last.ckpt (resumable) and run.json (the resume key and the settings it
                  covers, the MLflow run id): study.runner.run_state
   .lock          (:data:`LOCK_FILE`) held by the one process that writes the folder
@@ -26,6 +27,7 @@ config and data only: analysis, runner and orchestration all import it.
 """
 from __future__ import annotations
 
+import ast
 import csv
 import hashlib
 import json
@@ -76,14 +78,45 @@ def code_files() -> list[str]:
             *sorted(p.relative_to(STUDY).as_posix() for pkg in ("data", "tasks") for p in (STUDY / pkg).glob("*.py"))]
 
 
+def source_digest(path: Path) -> str:
+    """sha256 (16 hex digits) of the code a Python file computes: its syntax tree without docstrings (the first
+    statement of a module, class or function body when it is a string constant), dumped by ``ast.dump`` without
+    line and column numbers.  Comments and formatting are not in the tree, so an edit of a docstring, a comment or
+    the layout leaves the digest equal; a changed constant, operator or name changes it.  ``ast.dump`` rather than
+    ``ast.unparse``: it is the tree itself, field by field, with no regenerated source (quotes, parentheses) between
+    the tree and the digest.  The tree's form is Python's own, so the digest is tied to the Python minor version
+    (the environment pins 3.11): another minor version may give other digests for the same file.
+
+    Raises:
+        OSError: ``path`` cannot be read.
+        SyntaxError: ``path`` is not valid Python.
+    """
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                node.body = node.body[1:]
+    dumped = ast.dump(tree, annotate_fields=True, include_attributes=False)
+    return hashlib.sha256(dumped.encode()).hexdigest()[:16]
+
+
 def code_digests() -> dict[str, str]:
-    """{file of :func:`code_files`: sha256 of its bytes (16 hex digits)}: the code part of the resume key."""
-    return {n: hashlib.sha256((STUDY / n).read_bytes()).hexdigest()[:16] for n in code_files()}
+    """{file of :func:`code_files`: :func:`source_digest` of it}: the code part of the resume key, which changes
+    when the code that computes changes and not when a docstring, a comment or the layout does.
+
+    Raises:
+        OSError: a file cannot be read.
+        SyntaxError: a file is not valid Python.
+    """
+    return {n: source_digest(STUDY / n) for n in code_files()}
 
 
 def code_digest() -> str:
-    """One sha256 (16 hex digits) over :func:`code_digests`: config.json's ``code_digest``, which compare checks
-    against this checkout's as the test stage's reuse does (a run trained by other code counts for neither)."""
+    """One sha256 (16 hex digits) over :func:`code_digests` (the code the files compute, not their docstrings,
+    comments or layout): config.json's ``code_digest``, which compare checks against this checkout's as the test
+    stage's reuse does (a run trained by other code counts for neither)."""
     return hashlib.sha256(json.dumps(code_digests(), sort_keys=True).encode()).hexdigest()[:16]
 
 

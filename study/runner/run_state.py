@@ -31,9 +31,9 @@ def resume_record(cfg, data_dir: Path) -> dict:
     """What a checkpoint must match to be resumed, flat: :func:`study.config.resume_config` (the
     settings that change a run's numbers, not devices, strategy, threads, compile, logging), the numerics it computes
     under (``numerics:cpu_capability``, ``numerics:torch``, ``numerics:threads`` ...:
-    :func:`study.config.numerics.run_numerics`), the sha256
-    of the training code (``code:study/modeling/model.py``, ``code:study/data/loader.py`` ...:
-    :func:`study.runfolder.code_digests`)
+    :func:`study.config.numerics.run_numerics`), the digest of the code each training file computes (its syntax
+    tree without docstrings: a docstring, comment or layout edit keeps the key; ``code:study/modeling/model.py``,
+    ``code:study/data/loader.py`` ...: :func:`study.runfolder.code_digests`)
     and ``data:meta.json`` (:func:`study.data.records.data_digest`)."""
     from study.config.numerics import run_numerics
 
