@@ -133,3 +133,30 @@ def test_study_ui_takes_the_store_and_artifacts_the_overrides_name(run_in, nano_
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_the_filters_docs_tracking_gives_select_what_they_say(tmp_path):
+    """docs/tracking.md's three search filters (test runs, tuning runs, one arm), run against a store: each selects
+    exactly the runs it names; the first is the view's default."""
+    import re
+
+    from mlflow import MlflowClient
+
+    from conftest import ROOT
+
+    text = (ROOT / "docs" / "tracking.md").read_text()
+    filters = dict(re.findall(r"^- (the test runs|the tuning runs|one arm)[^`]*`([^`]+)`", text, re.M))
+    assert filters["the test runs"] == ui.VIEW_FILTER
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlruns.db'}")
+    exp = client.create_experiment("x")
+    tags = {"test/nonlinear_q/nonlinear_q-s1": ("test", "nonlinear_q"), "test/baseline/baseline-s1": ("test", "baseline"),
+            "nonlinear_q/lr0.01/nonlinear_q-s101": ("tune", "nonlinear_q"), "baseline-s1": ("main", "baseline")}
+    for name, (role, arm) in tags.items():
+        client.create_run(exp, run_name=name, tags={"role": role, "arm": arm})
+
+    def names(f):
+        return sorted(r.info.run_name for r in client.search_runs([exp], filter_string=f))
+    assert names(filters["the test runs"]) == ["test/baseline/baseline-s1", "test/nonlinear_q/nonlinear_q-s1"]
+    assert names(filters["the tuning runs"]) == ["nonlinear_q/lr0.01/nonlinear_q-s101"]
+    assert names(filters["one arm"]) == ["nonlinear_q/lr0.01/nonlinear_q-s101", "test/nonlinear_q/nonlinear_q-s1"]
+    assert names(filters["one arm"] + " and tags.role = 'test'") == ["test/nonlinear_q/nonlinear_q-s1"]
