@@ -52,6 +52,12 @@ def test_the_readme_fits_a_few_screens():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 150
 
 
+def test_readme_lines_fit_120_characters():
+    long = [f"README.md:{i}: {len(line)} characters" for i, line in
+            enumerate((ROOT / "README.md").read_text().splitlines(), 1) if len(line) > 120]
+    assert not long, "README lines over 120 characters (wrap them or move the material to docs/):\n" + "\n".join(long)
+
+
 def test_quoted_make_targets_exist():
     targets = _quoted(MAKE, 2)
     assert {"study", "test"} <= set(targets)
