@@ -8,7 +8,7 @@ export DO_NOT_TRACK := true
 export TIKTOKEN_CACHE_DIR := $(CURDIR)/.tiktoken
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install install-gpu params study study-bpe2048 study-learned decide tasks full projections tune exps levers scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
+.PHONY: install install-gpu params study study-bpe2048 study-learned study-nano decide tasks full projections tune exps levers scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
 
 install: $(STAMP)
 
@@ -78,6 +78,19 @@ study-learned: params
 	.venv/bin/dvc repro prepare
 	$(PY) -m study.test_runs --params params.yaml $(LEARNED) $(LAUNCH_OVERRIDES)
 	$(PY) -m study.compare --params params.yaml $(LEARNED)
+
+# The five-minute path: the study's every stage and output at nano size (2 layers, n_embd 32, 16 steps a run), its
+# five arms at one fixed lr (no tuning), test seeds 1-5, in a data folder, runs, a report and an MLflow experiment of
+# their own (runs/nano, reports/nano, nonlinear-queries-nano).  It exercises the path; its numbers answer nothing.
+NANO := model=nano data.bpe_vocab_size=512 data.max_docs_per_corpus=20 data.dir=runs/nano/tokens \
+  train.tokens=32768 train.warmup_tokens=8192 train.val_tokens=8192 train.eval_every=8 \
+  study.name=nonlinear-queries-nano study.runs_dir=runs/nano study.reports_dir=reports/nano 'tune.arms=[]' \
+  arms.baseline.lr=0.02 arms.baseline_qknorm.lr=0.02 arms.nonlinear_q.lr=0.02 arms.nonlinear_q_ph.lr=0.02 \
+  arms.no_context.lr=0.02
+study-nano: params
+	$(PY) -m study.prepare --params params.yaml $(NANO)
+	$(PY) -m study.test_runs --params params.yaml $(NANO) $(LAUNCH_OVERRIDES)
+	$(PY) -m study.compare --params params.yaml $(NANO)
 
 # Seeds until decided: the test stage again with study.max_seeds=DECIDE_MAX_SEEDS, so that each undecided comparison
 # gets the seeds Stein's N asks for (the report says how many and about how long); finished runs are reused.

@@ -5,14 +5,15 @@ Serves ``sqlite:///<root>/mlruns.db`` on 127.0.0.1 with one worker, with the run
 proxied from ``<root>/mlartifacts`` (``mlflow-artifacts:/`` locations, see study/runner/tracking.py, so a
 moved project folder still serves them), waits until it answers, then prints and opens (where a
 browser is available) the URL of the study's runs table: a shared view of the MLflow UI (experiment
-tag ``mlflow.sharedViewState.runs``, URL ``?viewStateShareKey=runs``) sorted by ``val_loss`` with the
-val_loss, val_perplexity, variant, seed, model and lr columns shown.  Stop it with Ctrl-C (or by its
+tag ``mlflow.sharedViewState.runs``, URL ``?viewStateShareKey=runs``) that lists the verdict's test runs
+(search filter ``tags.role = 'test'``; clear it to see every run) sorted by ``val_loss`` with the val_loss,
+val_perplexity, status, arm, seed, group, variant, model and lr columns shown.  Stop it with Ctrl-C (or by its
 process id).
 
 ``python -m study.ui --check [--screenshot reports/ui_runs.png]`` (``make ui-check``): the same UI
 in a real headless browser (Debian's chromium-headless-shell driven by Playwright): loads the runs
-page and checks that every training run of the study is listed with its val_loss, then saves a
-screenshot.  Exit 0 when it holds, 1 when not, 2 when the browser or the runs are missing.
+page and checks that it lists every test run of the study with its val_loss and no other run, and shows the
+arm, seed, group and status columns, then saves a screenshot.  Exit 0 when it holds, 1 when not, 2 when the browser or the runs are missing.
 
 The server, the view and the check are ``study.runner.mlflow_ui``; this module parses, calls and reports.
 """
@@ -58,11 +59,12 @@ def _check(args, root: Path, study) -> int:
     except RuntimeError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    n = len(study_runs(root, study))
+    n = sum(r["role"] == "test" for r in study_runs(root, study))
     for p in problems:
         print(f"ui-check: {p}", file=sys.stderr)
-    print(f"ui-check: {n - len(problems)} of {n} runs of {study.name!r} listed with their val_loss in the MLflow UI "
-          f"(headless {CHROMIUM}); screenshot {screenshot}")
+    print(f"ui-check: {'problems above' if problems else 'the test runs alone listed'}: {n} test runs of "
+          f"{study.name!r}, their val_loss, arm, seed, group and status in the MLflow UI (headless {CHROMIUM}); "
+          f"screenshot {screenshot}")
     return 1 if problems else 0
 
 

@@ -52,6 +52,12 @@ def test_the_readme_fits_a_few_screens():
     assert len((ROOT / "README.md").read_text().splitlines()) <= 150
 
 
+def test_readme_lines_fit_120_characters():
+    long = [f"README.md:{i}: {len(line)} characters" for i, line in
+            enumerate((ROOT / "README.md").read_text().splitlines(), 1) if len(line) > 120]
+    assert not long, "README lines over 120 characters (wrap them or move the material to docs/):\n" + "\n".join(long)
+
+
 def test_quoted_make_targets_exist():
     targets = _quoted(MAKE, 2)
     assert {"study", "test"} <= set(targets)
@@ -181,3 +187,43 @@ def test_the_configuration_pages_defaults_are_params_yamls_value_by_value():
         if want is missing or not same:
             wrong.append(f"{key}: shown {shown!r}, params.yaml {want!r}")
     assert wrong == []
+
+
+# a function or constant named beside its file, or as module.func(): `study/x/y.py` `name`, `name` in `study/x/y.py`,
+# `y.name()` (y a module of study/).  Dotted `study.x.y.name` references are checked in tests/test_references.py, file
+# paths in test_every_study_file_named_exists there, `make X` above.
+BESIDE = re.compile(r"`(study/[\w/]+\.py)`(?:'s)? `([A-Za-z_]\w*)(?:\(\))?`")
+IN_FILE = re.compile(r"`([A-Za-z_]\w*)(?:\(\))?`(?: \([^)]*\))? in `(study/[\w/]+\.py)`")
+CALL = re.compile(r"`([a-z_]\w*)\.([A-Za-z_]\w*)\(\)`")
+
+
+def named_functions(text: str, mods: dict) -> list[str]:
+    """``study.x.y.name`` for every function or constant ``text`` names beside its file or as ``module.name()``
+    (module: the last part of a module of study/, ``mods`` {dotted name: file}); other ``x.f()`` are not the study's."""
+    out = [f"{f[:-3].replace('/', '.')}.{n}" for f, n in BESIDE.findall(text)]
+    out += [f"{f[:-3].replace('/', '.')}.{n}" for n, f in IN_FILE.findall(text)]
+    for mod, name in CALL.findall(text):
+        dotted = sorted(m for m in mods if m.rsplit(".", 1)[-1] == mod)
+        out += [f"{dotted[0]}.{name}"] if len(dotted) == 1 else []
+    return out
+
+
+def test_named_functions_are_found():
+    from tests.test_references import modules
+
+    mods = modules()
+    text = ("`study/runner/tracking.py` `NOT_RUN_SHAPING`, `peak_flops` in `study/modeling/lm.py`, `mlflow_ui.check()`,"
+            " `torch.manual_seed()`, `tracking.gone()`")
+    assert named_functions(text, mods) == ["study.runner.tracking.NOT_RUN_SHAPING", "study.modeling.lm.peak_flops",
+                                           "study.runner.mlflow_ui.check", "study.runner.tracking.gone"]
+
+
+def test_functions_the_pages_name_exist():
+    """A page that names a function beside its file, or as module.func(), names one the module defines or imports."""
+    from tests.test_references import modules, resolves
+
+    mods = modules()
+    named = {(p.relative_to(ROOT).as_posix(), ref) for p in PAGES for ref in named_functions(p.read_text(), mods)}
+    assert len(named) >= 3, named
+    bad = sorted(f"{page}: {ref}" for page, ref in named if resolves(ref, mods) is not True)
+    assert not bad, "functions the pages name that do not exist (name what the module defines):\n" + "\n".join(bad)

@@ -34,6 +34,33 @@ def testing_group(arm: str) -> str:
     return f"{TEST_GROUP}/{arm}"
 
 
+def run_role(group: str) -> str:
+    """The part a run plays, read from its ``study.group``: ``"test"`` (``test/ARM``, a test run of the verdict),
+    ``"tune"`` (``ARM/lrLR``, a tuning run), ``"main"`` (no group) or the group's first folder (``scale_ladder``,
+    ``levers``, ...).  MLflow tag ``role``: the runs view filters on it (``tags.role = 'test'``)."""
+    if not group:
+        return "main"
+    head, _, rest = group.partition("/")
+    if head == TEST_GROUP and rest:
+        return "test"
+    if rest.startswith("lr") and "/" not in rest:
+        try:
+            float(rest[2:])
+            return "tune"
+        except ValueError:
+            pass
+    return head
+
+
+def run_arm(group: str, variant: str) -> str:
+    """The arm a run belongs to (MLflow tag ``arm``): ``ARM`` of a test run (``test/ARM``) or a tuning run
+    (``ARM/lrLR``), else its variant (the variant is the arm of the study's other runs)."""
+    role = run_role(group)
+    if role == "test":
+        return group.split("/", 1)[1]
+    return group.split("/", 1)[0] if role == "tune" else variant
+
+
 def run_label(cfg: RunConfig) -> str:
     """The MLflow run name: ``[group/]VARIANT-sSEED``."""
     name = run_name(cfg.variant.name, cfg.seed)

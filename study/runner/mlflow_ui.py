@@ -2,8 +2,9 @@
 
 :func:`start` serves the store (``mlflow server``, one worker, 127.0.0.1, artifacts proxied from
 ``<root>/mlartifacts``) and waits until it answers; :func:`runs_url` is the study's runs table in a
-shared view (:func:`view_state`: sorted by val_loss, the study's columns); :func:`check` loads that
-table in Debian's headless Chromium through Playwright and compares it with the store.  The command
+shared view (:func:`view_state`: the verdict's test runs, sorted by val_loss, with the arm, seed, group and
+status columns); :func:`check` loads that table in Debian's headless Chromium through Playwright and compares it
+with the store.  The command
 line is ``python -m study.ui`` (``study.ui``).
 """
 from __future__ import annotations
@@ -33,18 +34,26 @@ def command(port: int, root: Path | None = None, study=None) -> list[str]:
 
 
 VIEW_KEY = "runs"  # the shared view's key: experiment tag mlflow.sharedViewState.runs
+VIEW_FILTER = "tags.role = 'test'"  # the verdict's test runs (study.config.naming.run_role); "" lists every run
 VIEW_METRICS = ("val_loss", "val_perplexity")
-VIEW_PARAMS = ("variant.name", "seed", "model.name", "train.lr", "variant.lr", "train.tokens")  # variant.lr: a tuned arm's
-VIEW_TAGS = ("status",)  # "ok" or "diverged": a diverged run's last val_loss is no result (study.train sets the tag)
+# status: "ok" or "diverged" (a diverged run's last val_loss is no result; study.train sets it); arm, seed, group:
+# which comparison, seed and folder a row is (study.runner.run.open_run tags each run)
+VIEW_TAGS = ("status", "arm", "seed", "group")
+VIEW_PARAMS = ("variant.name", "model.name", "train.lr", "variant.lr", "train.tokens")  # variant.lr: a tuned arm's
+
+
+def view_columns() -> list[str]:
+    """The runs table's column keys, in order (MLflow's ``metrics.`name```, ``tags.`name```, ``params.`name```):
+    :data:`VIEW_METRICS`, :data:`VIEW_TAGS`, :data:`VIEW_PARAMS`."""
+    return ([f"metrics.`{m}`" for m in VIEW_METRICS] + [f"tags.`{t}`" for t in VIEW_TAGS]
+            + [f"params.`{p}`" for p in VIEW_PARAMS])
 
 
 def view_state() -> dict:
-    """The runs table's view (the MLflow UI's shared-view JSON): sorted by val_loss ascending, the
-    columns of :data:`VIEW_METRICS`, :data:`VIEW_TAGS` (the run's status: ok or diverged) and :data:`VIEW_PARAMS`
-    shown (column keys ``metrics.`name```, ``tags.`name```)."""
-    return {"searchFilter": "", "orderByKey": "metrics.`val_loss`", "orderByAsc": True,
-            "selectedColumns": [f"metrics.`{m}`" for m in VIEW_METRICS] + [f"tags.`{t}`" for t in VIEW_TAGS]
-            + [f"params.`{p}`" for p in VIEW_PARAMS]}
+    """The runs table's view (the MLflow UI's shared-view JSON): the test runs alone (search filter
+    :data:`VIEW_FILTER`), sorted by val_loss ascending, the columns of :func:`view_columns` shown."""
+    return {"searchFilter": VIEW_FILTER, "orderByKey": "metrics.`val_loss`", "orderByAsc": True,
+            "selectedColumns": view_columns()}
 
 
 def share_view(client, experiment_id: str) -> None:
@@ -145,8 +154,9 @@ def chromium(install: bool = False) -> str | None:
 
 
 def study_runs(root: Path, study) -> list[dict]:
-    """The study's training runs in the store (active, not compare's verdict run): run_id, name and the
-    last val_loss (nats, None where the run logged none)."""
+    """The study's training runs in the store (active, not compare's verdict run): run_id, name, role (tag ``role``:
+    ``"test"`` for the verdict's test runs, "" where the run has none) and the last val_loss (nats, None where the run
+    logged none)."""
     from mlflow import MlflowClient
 
     client = MlflowClient(tracking_uri=tracking_uri(root, study))
@@ -154,8 +164,8 @@ def study_runs(root: Path, study) -> list[dict]:
     if exp is None:
         return []
     runs = client.search_runs([exp.experiment_id], max_results=5000)
-    return [{"run_id": r.info.run_id, "name": r.info.run_name, "val_loss": r.data.metrics.get("val_loss")}
-            for r in runs if r.data.tags.get("kind") != "verdict"]
+    return [{"run_id": r.info.run_id, "name": r.info.run_name, "role": r.data.tags.get("role", ""),
+             "val_loss": r.data.metrics.get("val_loss")} for r in runs if r.data.tags.get("kind") != "verdict"]
 
 
 def free_port() -> int:
@@ -166,64 +176,85 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def row_problems(page, run: dict) -> list[str]:
+    """What the loaded runs table (a Playwright page) gets wrong about one test run of :func:`study_runs`: not listed,
+    no run name, or a val_loss other than the store's (1e-6 relative; "-" for a run without one)."""
+    row = page.locator(f'.ag-row[row-id="{run["run_id"]}"]')
+    if row.count() == 0:
+        return [f"{run['name']}: not listed"]
+    out = []
+    if run["name"] not in " ".join(row.all_inner_texts()):  # pinned name column + the rest
+        out.append(f"{run['name']}: row {run['run_id']} does not show the run name")
+    cell = page.locator(f'.ag-row[row-id="{run["run_id"]}"] [col-id="metrics.`val_loss`"]')
+    shown = cell.first.inner_text().strip() if cell.count() else None
+    if run["val_loss"] is None:
+        return out + ([f"{run['name']}: val_loss shown as {shown!r}, none in the store"] if shown not in ("-", "")
+                      else [])
+    try:
+        ok = abs(float(shown) - run["val_loss"]) <= 1e-6 * abs(run["val_loss"])
+    except (TypeError, ValueError):
+        ok = False
+    return out + ([] if ok else [f"{run['name']}: val_loss shown as {shown!r}, {run['val_loss']!r} in the store"])
+
+
+def page_problems(page, runs: list[dict]) -> list[str]:
+    """What the loaded runs table gets wrong: a test run wrong (:func:`row_problems`), another run listed (the
+    default view shows the test runs alone), or a column of :data:`VIEW_TAGS` not shown."""
+    out = [p for r in runs if r["role"] == "test" for p in row_problems(page, r)]
+    out += [f"{r['name']}: listed, but the default view shows the test runs alone ({VIEW_FILTER})"
+            for r in runs if r["role"] != "test" and page.locator(f'.ag-row[row-id="{r["run_id"]}"]').count()]
+    out += [f"column {t!r} not shown" for t in VIEW_TAGS
+            if page.locator(f'.ag-header-cell[col-id="tags.`{t}`"]').count() == 0]
+    return out
+
+
+def load_page(browser: str, url: str, first: str, shot: Path, timeout: float, runs: list[dict]) -> list[str]:
+    """Open ``url`` in headless Chromium (``browser``: its executable), wait for the row of run id ``first``, check
+    the table (:func:`page_problems`) and save a full-page screenshot to ``shot``; the problems found."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=browser)
+        try:
+            page = b.new_page(viewport={"width": 2400, "height": max(720, 400 + 44 * len(runs))})
+            page.goto(url)
+            page.locator(f'.ag-row[row-id="{first}"]').first.wait_for(timeout=timeout * 1000)
+            close = page.get_by_role("button", name="Close")  # the MLflow Assistant side panel
+            if close.count() == 1:
+                close.click()
+            page.wait_for_timeout(1000)
+            problems = page_problems(page, runs)
+            shot.parent.mkdir(parents=True, exist_ok=True)
+            page.screenshot(path=str(shot), full_page=True)
+            return problems
+        finally:
+            b.close()
+
+
 def check(root: Path, study, screenshot: Path, browser: str, timeout: float = 120.0, base_url: str | None = None
           ) -> list[str]:
     """Load the study's runs table in headless Chromium (``browser``: its executable) through Playwright
-    and compare it with the store: every training run's row (found by run id) must show its name and
-    its last val_loss (to 1e-6 relative; "-" for a run without one).  Saves a full-page screenshot to
-    ``screenshot``.  Starts its own server unless ``base_url`` names a running one.  Returns the problems
-    found (empty: the check holds).
+    and compare it with the store: by default it lists the test runs alone (tag ``role=test``), each (found by run
+    id) with its name and its last val_loss, and shows the arm, seed, group and status columns
+    (:func:`page_problems`).  Saves a full-page screenshot to ``screenshot``.  Starts its own server unless
+    ``base_url`` names a running one.  Returns the problems found (empty: the check holds).
 
     Raises:
-        RuntimeError: no runs in the store, or the server does not start.
+        RuntimeError: no test runs in the store, or the server does not start.
     """
-    from playwright.sync_api import sync_playwright
-
     runs = study_runs(root, study)
-    if not runs:
-        raise RuntimeError(f"no runs of experiment {study.name!r} in {tracking_uri(root, study)}: run the study first")
+    tests = [r for r in runs if r["role"] == "test"]
+    if not tests:
+        raise RuntimeError(f"no test runs of experiment {study.name!r} in {tracking_uri(root, study)}: "
+                           f"run the study first (make study)")
     proc = None
     if base_url is None:
         port = free_port()
         proc = start(port, root, study, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         base_url = f"http://{HOST}:{port}"
-    problems = []
     try:
         url = runs_url(base_url, experiment_id(root, study))
-        with sync_playwright() as p:
-            b = p.chromium.launch(executable_path=browser)
-            try:
-                page = b.new_page(viewport={"width": 1800, "height": max(720, 400 + 44 * len(runs))})
-                page.goto(url)
-                page.locator(f'.ag-row[row-id="{runs[0]["run_id"]}"]').first.wait_for(timeout=timeout * 1000)
-                close = page.get_by_role("button", name="Close")  # the MLflow Assistant side panel
-                if close.count() == 1:
-                    close.click()
-                page.wait_for_timeout(1000)
-                for r in runs:
-                    row = page.locator(f'.ag-row[row-id="{r["run_id"]}"]')
-                    if row.count() == 0:
-                        problems.append(f"{r['name']}: not listed")
-                        continue
-                    if r["name"] not in " ".join(row.all_inner_texts()):  # pinned name column + the rest
-                        problems.append(f"{r['name']}: row {r['run_id']} does not show the run name")
-                    cell = page.locator(f'.ag-row[row-id="{r["run_id"]}"] [col-id="metrics.`val_loss`"]')
-                    shown = cell.first.inner_text().strip() if cell.count() else None
-                    if r["val_loss"] is None:
-                        if shown not in ("-", ""):
-                            problems.append(f"{r['name']}: val_loss shown as {shown!r}, none in the store")
-                        continue
-                    try:
-                        ok = abs(float(shown) - r["val_loss"]) <= 1e-6 * abs(r["val_loss"])
-                    except (TypeError, ValueError):
-                        ok = False
-                    if not ok:
-                        problems.append(f"{r['name']}: val_loss shown as {shown!r}, {r['val_loss']!r} in the store")
-                screenshot.parent.mkdir(parents=True, exist_ok=True)
-                page.screenshot(path=str(screenshot), full_page=True)
-            finally:
-                b.close()
+        return load_page(browser, url, tests[0]["run_id"], screenshot, timeout, runs)
     finally:
         if proc is not None:
             stop(proc)
-    return problems

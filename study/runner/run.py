@@ -178,6 +178,7 @@ def open_run(plan: Plan, stack: ExitStack) -> OpenRun | None:
     Raises:
         RunBusy: another process writes the folder.  StudyError: an unreadable checkpoint to resume.
     """
+    from study.config.naming import run_arm, run_role
     from study.config.numerics import machine_tags
     from study.runner.logs import quiet_logs
     from study.runner.tracking import (artifact_location, ensure_experiment, git_commit, logged_steps,
@@ -215,7 +216,8 @@ def open_run(plan: Plan, stack: ExitStack) -> OpenRun | None:
             artifact_location=artifact_location(root, cfg.study), run_id=run.state.get("mlflow_run_id"),
             tags={"variant": cfg.variant.name, "seed": str(cfg.seed), "git_commit": git_commit(root),
                   "config_hash": digest, "model": cfg.model.name,
-                  "group": cfg.study.group or "main", RUN_FOLDER_TAG: run_folder_tag(out_dir), **machine_tags()})
+                  "group": cfg.study.group or "main", "role": run_role(cfg.study.group),
+                  "arm": run_arm(cfg.study.group, cfg.variant.name), RUN_FOLDER_TAG: run_folder_tag(out_dir), **machine_tags()})
         run.run_id = run.logger.run_id
         if rank == 0 and resume is not None and run.state.get("mlflow_run_id") == run.run_id:  # each step logged once
             run.logger.logged_through = logged_steps(run.logger.experiment, run.run_id)
