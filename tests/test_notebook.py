@@ -153,7 +153,7 @@ def test_the_notebook_shows_each_arm_and_seed_attention_share_and_the_matched_ba
         == f"{summary['attention'][0]['share']:+.4f}"
     matched = {r["arm"]: r for r in t["matched_baselines"]}
     assert set(matched) == {"baseline", "baseline_mlp4.75"}
-    big, base = (json.loads((project / f"runs/test/{a}/{a}-s1/metrics.json").read_text())["non_embedding_params"]
+    big, base = (json.loads((project / f"runs/test/{a}/{a}-s1/record.json").read_text())["non_embedding_params"]
                  for a in ("baseline_mlp4.75", "baseline"))
     assert matched["baseline_mlp4.75"]["params_vs_baseline"] == f"{big / base:.3f}" and big > base
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
