@@ -8,7 +8,7 @@ export DO_NOT_TRACK := true
 export TIKTOKEN_CACHE_DIR := $(CURDIR)/.tiktoken
 export PATH := $(CURDIR)/.venv/bin:$(PATH)
 
-.PHONY: install install-gpu params study study-bpe2048 study-learned study-nano decide tasks full projections tune exps levers scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook bench gpu-prep gpu-check-cpu clean
+.PHONY: install install-gpu params study study-bpe2048 study-learned study-nano decide tasks full projections tune exps levers scale-ladder ladder-check ladder-tune test test-fast ui ui-check notebook lab bench gpu-prep gpu-check-cpu clean
 
 install: $(STAMP)
 
@@ -249,10 +249,14 @@ ui: $(STAMP)
 ui-check: $(STAMP)
 	$(PY) -m study.ui --check --install
 
-# The analysis notebook executed against the study's runs (the MLflow store), saved beside it with its outputs
-# as notebooks/analysis-run.ipynb (git-ignored; the committed notebook stays without outputs).
+# The analysis notebook executed against what the study wrote (the test runs of study.arms, reports/summary.json and
+# the MLflow store), saved beside it with its outputs as notebooks/analysis-run.ipynb (git-ignored; the committed
+# notebook stays without outputs).  `make lab` opens it in JupyterLab instead (a kernel of the project's .venv).
 notebook: $(STAMP)
 	.venv/bin/jupyter execute --output=analysis-run notebooks/analysis.ipynb
+
+lab: $(STAMP)
+	.venv/bin/jupyter lab notebooks/analysis.ipynb
 
 bench: $(STAMP)
 	$(PY) -m study.bench
