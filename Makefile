@@ -240,8 +240,10 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" -n auto
 
 UI_PORT ?= 5000
+# UI='study.name=nonlinear-queries-nano': another experiment of the store opened with its own view
+UI ?=
 ui: $(STAMP)
-	$(PY) -m study.ui --port $(UI_PORT)
+	$(PY) -m study.ui --port $(UI_PORT) $(UI)
 
 # The runs table in a real browser: installs Debian's chromium-headless-shell if missing (apt-get, as root
 # or through sudo), starts the UI on the study's store, checks every run is listed with its val_loss and

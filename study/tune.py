@@ -35,11 +35,11 @@ import math
 import sys
 from pathlib import Path
 
-from study.analysis.tuned_file import (_read_tuned, task_section, tuned_size_recipes, tuned_sizes, tuned_tasks,  # noqa: F401
+from study.analysis.tuned_file import (read_tuned, task_section, tuned_size_recipes, tuned_sizes, tuned_tasks,  # noqa: F401
                                       tuned_yaml)  # (tuned_yaml: public here too)
 from study.analysis.tuning import choose, initial_grid, score, tune_arm
 from study.analysis.tuning_table import check_result, figure, table_markdown  # noqa: F401 (public here too)
-from study.orchestration.losses import TABLE_JSON, _finite, arm_losses, check_tuned, seed_losses  # noqa: F401 (public here too)
+from study.orchestration.losses import TABLE_JSON, finite_or_none, arm_losses, check_tuned, seed_losses  # noqa: F401 (public here too)
 from study.runner.arms import arm_of, recipe, tune_group
 from study.config import ConfigError, StudyError, run_stage
 from study.config.naming import lr_key
@@ -81,7 +81,7 @@ def tune_one(cfg, root: Path, name: str, params: str | None, base: list[str] = (
         losses = seed_losses(cfg, root, name, lr, tu.seeds, tune_group(name, lr), params, base, tu.runs_dir, extra,
                              label=f"tune {name}: lr {lr_key(lr)} ")
         s = score(list(losses.values()))
-        points[lr] = {"lr": lr, "losses": {str(k): v for k, v in losses.items()}, "mean": _finite(s),
+        points[lr] = {"lr": lr, "losses": {str(k): v for k, v in losses.items()}, "mean": finite_or_none(s),
                       "status": "ok" if math.isfinite(s) else "lost"}
         return s
 
@@ -96,7 +96,7 @@ def tune_one(cfg, root: Path, name: str, params: str | None, base: list[str] = (
            "recipe": recipe(cfg, tokens),
            "centre": tu.centre, "max_points": tu.max_points, "points": [points[x] for x in lrs],
            **{k: res[k] for k in ("status", "best_lr", "lr_star", "source", "why")},
-           "best_loss": _finite(res["best_loss"]), "fit": res["fit"]}
+           "best_loss": finite_or_none(res["best_loss"]), "fit": res["fit"]}
     folder = root / tu.runs_dir / name
     folder.mkdir(parents=True, exist_ok=True)
     (folder / RESULT).write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")
@@ -155,7 +155,7 @@ def write_table(cfg, root: Path, tuned_file: Path | None | bool = None) -> dict:
         tuned_file = root / TUNED_FILE if tuned_file is None else tuned_file
         check_tuned_file(tuned_file)
         task = cfg.task.name  # lm: tuned.lr; another task: its own tuned.task.TASK (never pooled)
-        mine = _read_tuned(tuned_file) if task == "lm" else (tuned_tasks(tuned_file).get(task) or {}).get("lr") or {}
+        mine = read_tuned(tuned_file) if task == "lm" else (tuned_tasks(tuned_file).get(task) or {}).get("lr") or {}
         others = sorted(k for k in mine if k not in table["arms"] and k not in before)
         if others:  # tuned into another table (another tune.table_dir): this table cannot carry them
             raise StudyError(f"{tuned_file} holds the lr* of {others}, which {out / TABLE_JSON} does not (they were "
@@ -165,7 +165,7 @@ def write_table(cfg, root: Path, tuned_file: Path | None | bool = None) -> dict:
         tasks = tuned_tasks(tuned_file)
         if task != "lm":
             tasks[task] = task_section(table)
-            table_lm = {"arms": _read_tuned(tuned_file)}  # lm's lr* as they are
+            table_lm = {"arms": read_tuned(tuned_file)}  # lm's lr* as they are
         files[tuned_file] = tuned_yaml(table if task == "lm" else table_lm, tuned_sizes(tuned_file), tasks,
                                        tuned_size_recipes(tuned_file))
     out.mkdir(parents=True, exist_ok=True)
@@ -214,7 +214,7 @@ def transfer_check(results: dict[str, dict], transferred: dict[str, float], mode
                       "predicted_cost": fit["A"] * math.log(ratio) ** 2 if ratio and fit.get("A") else None,
                       "nearest_lr": near["lr"] if near else None, "nearest_mean": near["mean"] if near else None,
                       "nearest_status": near["status"] if near else None,
-                      "best_mean": _finite(r.get("best_loss")), "status": r.get("status")}
+                      "best_mean": finite_or_none(r.get("best_loss")), "status": r.get("status")}
     return {"model": model, "rule": rule, "arms": arms}
 
 
@@ -301,7 +301,7 @@ def tune_ladder(cfg, root: Path, model: str, params: str | None, base: list[str]
     (out / TRANSFER_JSON).write_text(json.dumps(t, indent=1, sort_keys=True) + "\n")
     (out / TRANSFER_MD).write_text(transfer_markdown(t))
     here = {v: a["lr_star"] for v, a in results.items() if a["lr_star"] is not None}
-    current = _read_tuned(tuned_file)
+    current = read_tuned(tuned_file)
     sizes = {**tuned_sizes(tuned_file), model: here}
     at = {v: {**results[v]["recipe"], "train": {**results[v]["recipe"]["train"],
                                                 "tokens_per_param": sub.train.tokens_per_param}} for v in here}

@@ -177,3 +177,30 @@ def test_a_layer_breach_is_found(tmp_path):
     (pkg / "config" / "a.py").write_text("from study.runner import b\n")  # config reaches up
     (pkg / "runner" / "b.py").write_text("def f():\n    from study import train\n")  # a package calls a stage
     assert layer_breaches(tmp_path) == {"study.config.a -> study.runner.b", "study.runner.b -> study.train"}
+
+
+def test_one_home_per_module_name():
+    """No two modules of the same file name in sibling packages of study/ (a package's __init__ and __main__ aside):
+    `arms`, `launch`, `runs` ... each name says one job."""
+    from collections import defaultdict
+
+    homes = defaultdict(list)
+    for p in (ROOT / "study").rglob("*.py"):
+        if p.name not in ("__init__.py", "__main__.py") and "__pycache__" not in p.parts:
+            homes[p.name].append(p.relative_to(ROOT).as_posix())
+    assert {n: h for n, h in homes.items() if len(h) > 1} == {}
+
+
+def test_no_private_name_is_imported_across_packages():
+    """`from study.PKG.MOD import _name` only inside PKG: a private name is its package's own."""
+    import ast
+
+    crossed = []
+    for p in (ROOT / "study").rglob("*.py"):
+        pkg = ".".join(p.relative_to(ROOT).parent.parts)
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("study."):
+                home = node.module.rsplit(".", 1)[0]
+                crossed += [f"{p.relative_to(ROOT)}: {node.module}.{a.name}" for a in node.names
+                            if a.name.startswith("_") and not a.name.startswith("__") and home != pkg]
+    assert crossed == []

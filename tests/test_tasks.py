@@ -313,7 +313,7 @@ def test_the_tuned_file_keeps_each_tasks_lr_apart(tmp_path):
     """lm's lines are unchanged by the task section; a task's lr* are written and read back under tuned.task.TASK."""
     import yaml
 
-    from study.analysis.tuned_file import _read_tuned, task_section, tuned_tasks, tuned_yaml
+    from study.analysis.tuned_file import read_tuned, task_section, tuned_tasks, tuned_yaml
 
     lm_table = {"arms": {"baseline": {"lr_star": 0.0107, "recipe": {"model": {"n_embd": 64}}}}}
     mlm_table = {"arms": {"baseline": {"lr_star": 0.02, "recipe": {"model": {"n_embd": 64}}},
@@ -323,7 +323,7 @@ def test_the_tuned_file_keeps_each_tasks_lr_apart(tmp_path):
     f.write_text(tuned_yaml(lm_table, None, {"mlm": task_section(mlm_table)}))
     assert f.read_text().startswith(plain)  # lm's lines first, as they were
     assert tuned_tasks(f) == {"mlm": {"lr": {"baseline": 0.02}, "recipe": {"baseline": {"model": {"n_embd": 64}}}}}
-    assert _read_tuned(f) == {"baseline": {"lr_star": 0.0107, "recipe": {"model": {"n_embd": 64}}}}
+    assert read_tuned(f) == {"baseline": {"lr_star": 0.0107, "recipe": {"model": {"n_embd": 64}}}}
     assert yaml.safe_load(f.read_text())["tuned"]["lr"] == {"baseline": 0.0107}
 
 

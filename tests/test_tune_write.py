@@ -111,7 +111,7 @@ def _with_tuned(tmp: Path, tuned: Path):
 
 
 def test_a_new_table_dir_never_drops_the_other_arms_lr(tmp_path, monkeypatch):
-    from study.analysis.tuned_file import _read_tuned
+    from study.analysis.tuned_file import read_tuned
     from study.tune import write_table
 
     monkeypatch.chdir(ROOT)
@@ -129,4 +129,4 @@ def test_a_new_table_dir_never_drops_the_other_arms_lr(tmp_path, monkeypatch):
     assert tuned.read_bytes() == before and not (tmp_path / "other").exists()
     # the same table_dir keeps a row that records its recipe, and its lr*
     write_table(config(tmp_path, arms=("baseline",)), ROOT, tuned)
-    assert set(_read_tuned(tuned)) == {"baseline", "nonlinear_q"}
+    assert set(read_tuned(tuned)) == {"baseline", "nonlinear_q"}

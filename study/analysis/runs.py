@@ -48,15 +48,15 @@ def _composed(overrides: list[str], root: Path):
     """conf/study.yaml composed with ``overrides``: validated where it passes, else as composed (group
     names set), for comparison only."""
     from study.config import ConfigError, load_config
-    from study.config.compose import _compose, _name_groups
+    from study.config.compose import compose_conf, name_groups
 
     try:
         return load_config(overrides, root)
     except ConfigError:
         from study.config.task import apply_task
 
-        cfg, choices = _compose(root / "conf", "study", overrides)
-        _name_groups(cfg, choices, root / "conf")
+        cfg, choices = compose_conf(root / "conf", "study", overrides)
+        name_groups(cfg, choices, root / "conf")
         try:
             apply_task(cfg)  # the task's folders and positions, as a validated config has them
         except ConfigError:

@@ -49,7 +49,7 @@ def tuned_tasks(path: Path) -> dict:
         return {}
 
 
-def _read_tuned(path: Path) -> dict:
+def read_tuned(path: Path) -> dict:
     """The arms of the tuned file at ``path`` as tuned_yaml's table rows ({arm: {lr_star, recipe}})."""
     import yaml
 

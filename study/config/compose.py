@@ -63,7 +63,7 @@ def available(root: Path, group: str) -> list[str]:
     return sorted(p.stem for p in (root / "conf" / group).glob("*.yaml"))
 
 
-def _compose(config_dir: Path, config_name: str, overrides: list[str]) -> tuple[DictConfig, dict]:
+def compose_conf(config_dir: Path, config_name: str, overrides: list[str]) -> tuple[DictConfig, dict]:
     """Hydra's compose API over ``config_dir``: (the composed config, the group choices)."""
     from hydra import compose, initialize_config_dir
     from hydra.errors import HydraException
@@ -126,7 +126,7 @@ def _check_name(config_dir: Path, group: str, choice: str) -> None:
                           f"(a group file's name is its file name)")
 
 
-def _name_groups(cfg: DictConfig, choices: dict, config_dir: Path, groups=NAMED_GROUPS, set_names: bool = True) -> None:
+def name_groups(cfg: DictConfig, choices: dict, config_dir: Path, groups=NAMED_GROUPS, set_names: bool = True) -> None:
     """Set ``GROUP.name`` to the chosen file's name; a file that states another name is refused."""
     for g in groups:
         choice = choices.get(g)
@@ -142,8 +142,8 @@ def composed_params(root: Path, overrides: list[str] | None = None) -> str:
     the resolved composition of conf/study.yaml as YAML), for ``make params`` and the sync test."""
     overrides = list(overrides or [])
     _check_overrides(overrides)
-    cfg, choices = _compose(root / "conf", "study", overrides)
-    _name_groups(cfg, choices, root / "conf", set_names=False)  # refused, not renamed: DVC writes the files' own
+    cfg, choices = compose_conf(root / "conf", "study", overrides)
+    name_groups(cfg, choices, root / "conf", set_names=False)  # refused, not renamed: DVC writes the files' own
     _check(copy.deepcopy(cfg), root)  # nothing written that a stage would refuse; DVC writes it unresolved
     OmegaConf.resolve(cfg)
     return OmegaConf.to_yaml(cfg)
@@ -207,8 +207,8 @@ def stale_sections(root: Path, params: DictConfig, study_file: Path | None = Non
     if os.environ.get("DVC_EXP_NAME"):
         return []
     study_file = study_file or root / "conf" / "study.yaml"
-    fresh, choices = _compose(study_file.parent, study_file.stem, [])
-    _name_groups(fresh, choices, study_file.parent, set_names=False)
+    fresh, choices = compose_conf(study_file.parent, study_file.stem, [])
+    name_groups(fresh, choices, study_file.parent, set_names=False)
     _check(copy.deepcopy(fresh), root)  # checked, not resolved: params.yaml holds DVC's composition (model.position None)
     OmegaConf.resolve(fresh)
     params, fresh = _stage_inputs(params), _stage_inputs(fresh)
@@ -301,13 +301,13 @@ def _from_params(params: Path, overrides: list[str], root: Path, study_file: Pat
     if stale:
         raise ConfigError(stale_message(params.name, stale))
     if choices:
-        regrouped, chosen = _compose(config_dir, name, [f"{g}={c}" for g, c in choices.items()])
-        _name_groups(regrouped, chosen, config_dir, [g for g in choices if g in NAMED_GROUPS])
+        regrouped, chosen = compose_conf(config_dir, name, [f"{g}={c}" for g, c in choices.items()])
+        name_groups(regrouped, chosen, config_dir, [g for g in choices if g in NAMED_GROUPS])
         for g in choices:
             base[g] = regrouped[g]
     ConfigStore.instance().store(name="_params_base", node={"defaults": [SCHEMA_NAME, "_self_"],
                                                            **OmegaConf.to_container(base)})
-    cfg, _ = _compose(config_dir, "_params_base", fields)
+    cfg, _ = compose_conf(config_dir, "_params_base", fields)
     return cfg  # type: ignore[return-value]
 
 
@@ -338,8 +338,8 @@ def load_config(overrides: list[str] | None = None, root: Path | None = None,
     if params is not None:
         cfg = _from_params(root / params, overrides, root, study)
     else:
-        composed, choices = _compose(study.parent, study.stem, overrides)
-        _name_groups(composed, choices, study.parent)
+        composed, choices = compose_conf(study.parent, study.stem, overrides)
+        name_groups(composed, choices, study.parent)
         cfg = composed  # typed by the schema at the head of the defaults list
     _check(cfg, root)
     return cfg

@@ -176,7 +176,7 @@ def chunk_token_count(split_dir: Path) -> int:
     return total
 
 
-def _token_dtype(split_dir: Path, index: dict) -> np.dtype:
+def token_dtype(split_dir: Path, index: dict) -> np.dtype:
     """The token dtype of a TokensLoader split (index.json ``data_format`` ``no_header_numpy:I``)."""
     from litdata.constants import _NUMPY_DTYPES_MAPPING, _TORCH_DTYPES_MAPPING
 
@@ -206,7 +206,7 @@ def chunk_token_range(split_dir: Path) -> tuple[int, int]:
         DataError: missing or corrupt index, missing chunk, or a header that does not fit the file.
     """
     index = read_index(split_dir)
-    dtype = _token_dtype(split_dir, index)
+    dtype = token_dtype(split_dir, index)
     lo, hi = None, None
     for chunk in index["chunks"]:
         path = split_dir / chunk["filename"]

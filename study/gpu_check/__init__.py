@@ -54,6 +54,6 @@ from __future__ import annotations
 from study.gpu_check.cli import main
 from study.gpu_check.image import image_blocklist, prepare, split_wheels
 from study.gpu_check.plan import CPU, GPU, PHASES, GpuCheckError
-from study.gpu_check.report import markdown
+from study.gpu_check.results_md import markdown
 
 __all__ = ["CPU", "GPU", "PHASES", "GpuCheckError", "image_blocklist", "main", "markdown", "prepare", "split_wheels"]

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from study.gpu_check.image import SITECUSTOMIZE, image_blocklist, wheel_name
 from study.gpu_check.plan import TARGETS, GpuCheckError
-from study.gpu_check.report import markdown
+from study.gpu_check.results_md import markdown
 
 
 # -- running phases ----------------------------------------------------------------------------------------

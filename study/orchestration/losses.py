@@ -12,13 +12,14 @@ from study.config import ConfigError
 from study.config.task import tune_command
 from study.orchestration.ensure import dry_run, ensure_runs
 from study.runfolder import read_result
-from study.runner.arms import _plain, recipe_difference, run_overrides
+from study.runner.arms import plain_container, recipe_difference, run_overrides
 
 #: the tuning table's JSON, in tune.table_dir (study.tune writes it)
 TABLE_JSON = "table.json"
 
 
-def _finite(x):
+def finite_or_none(x):
+    """``x`` when it is a finite number (a loss), else None (a diverged or missing one: JSON null)."""
     return x if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
@@ -72,7 +73,7 @@ def check_tuned(cfg, root: Path) -> None:
     table = json.loads(p.read_text()) if p.is_file() else {"arms": {}}
     want = {k: a["lr_star"] for k, a in table.get("arms", {}).items() if a.get("lr_star") is not None}
     have = {str(k): float(v) for k, v in cfg.tuned.lr.items()}
-    have_at = dict(_plain(cfg.tuned.recipe))
+    have_at = dict(plain_container(cfg.tuned.recipe))
     want_at = {k: a["recipe"] for k, a in table.get("arms", {}).items() if k in want and a.get("recipe")}
     bad_at = sorted(k for k in set(want_at) | set(have_at) if recipe_difference(want_at.get(k, {}), have_at.get(k, {})))
     if bad_at and want == have:

@@ -63,7 +63,7 @@ def tuned_lr(cfg, name: str, root: Path | None = None) -> float:
                           f"conf/tuned.yaml and conf/tuning/)")
     at = cfg.tuned.recipe.get(name)
     if at is not None:
-        at, now = json.loads(json.dumps(_plain(at))), recipe(cfg)
+        at, now = json.loads(json.dumps(plain_container(at))), recipe(cfg)
         diff = recipe_difference(at, now)
         if diff:
             def show(r):
@@ -95,7 +95,7 @@ def _why_untuned(cfg, name: str, root: Path | None) -> str:
             f"({retune_hint(cfg, name)}; then commit conf/tuned.yaml and conf/tuning/)")
 
 
-def _plain(x):
+def plain_container(x):
     """An OmegaConf node as plain dicts and lists (a plain value unchanged)."""
     from omegaconf import OmegaConf
     return OmegaConf.to_container(x) if OmegaConf.is_config(x) else x

@@ -4,10 +4,8 @@ steps and batches), :func:`open_run` (the folder's lock, resume or start afresh,
 :func:`record_run` (the run's result, written to the run folder through study.runfolder and to MLflow).  :func:`train`
 composes them; ``python -m study.train`` (study/train.py) is its command line.
 
-The pieces are elsewhere: the data and their checks in ``study.data``, the run folder's files in
-``study.runfolder``, its lock, resume key and MLflow ending in ``study.runner.run_state``, devices and strategy in
-``study.runner.world``, the model in ``study.modeling.model`` / ``study.modeling.lit_module``.
-"""
+Elsewhere: the data in ``study.data``, the run folder's files in ``study.runfolder``, its lock, resume key and MLflow
+ending in ``study.runner.run_state``, devices in ``study.runner.world``, the model in ``study.modeling``."""
 from __future__ import annotations
 
 import math
@@ -214,10 +212,10 @@ def open_run(plan: Plan, stack: ExitStack) -> OpenRun | None:
         run.logger = step_aligned_logger(
             experiment_name=cfg.study.name, run_name=plan.name, tracking_uri=plan.uri,
             artifact_location=artifact_location(root, cfg.study), run_id=run.state.get("mlflow_run_id"),
-            tags={"variant": cfg.variant.name, "seed": str(cfg.seed), "git_commit": git_commit(root),
-                  "config_hash": digest, "model": cfg.model.name,
-                  "group": cfg.study.group or "main", "role": run_role(cfg.study.group),
-                  "arm": run_arm(cfg.study.group, cfg.variant.name), RUN_FOLDER_TAG: run_folder_tag(out_dir), **machine_tags()})
+            tags={"variant": cfg.variant.name, "seed": str(cfg.seed), "git_commit": git_commit(root), "config_hash": digest,
+                  "model": cfg.model.name, "group": cfg.study.group or "main", "role": run_role(cfg.study.group),
+                  "arm": run_arm(cfg.study.group, cfg.variant.name), RUN_FOLDER_TAG: run_folder_tag(out_dir),
+                  **machine_tags()})
         run.run_id = run.logger.run_id
         if rank == 0 and resume is not None and run.state.get("mlflow_run_id") == run.run_id:  # each step logged once
             run.logger.logged_through = logged_steps(run.logger.experiment, run.run_id)

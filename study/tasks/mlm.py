@@ -143,10 +143,10 @@ def tokens(batch) -> int:
 def split_unigram_counts(split_dir: Path, vocab: int) -> np.ndarray:
     """Token counts (vocab,) int64 of a litdata token split, every chunk read as a memmap (after litdata's header:
     a uint32 item count n and n + 1 uint32 offsets, the first where the tokens start)."""
-    from study.data.records import _token_dtype, read_index
+    from study.data.records import token_dtype, read_index
 
     index = read_index(split_dir)
-    dtype, counts = _token_dtype(split_dir, index), np.zeros(vocab, dtype=np.int64)
+    dtype, counts = token_dtype(split_dir, index), np.zeros(vocab, dtype=np.int64)
     for chunk in index["chunks"]:
         path = split_dir / chunk["filename"]
         start = int(np.fromfile(path, dtype=np.uint32, count=2)[1])
