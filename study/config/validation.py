@@ -15,8 +15,29 @@ from .verdict_checks import used_arms, validate_verdict  # noqa: F401 (used_arms
 
 def validate(cfg: RunConfig) -> None:
     """Check a composed config; raise :class:`ConfigError` naming the key and the fix."""
-    m, v, t, d, s = cfg.model, cfg.variant, cfg.train, cfg.data, cfg.study
+    d = cfg.data
     _validate_finite(cfg)
+    _validate_model(cfg)
+    _validate_variant(cfg)
+    _validate_budget(cfg)
+    _validate_precision(cfg)
+    _validate_data(cfg)
+    _validate_study(cfg)
+    _validate_optimizer(cfg)
+    _validate_recipe(cfg)
+    if d.max_docs_per_corpus is not None and d.max_docs_per_corpus < 1:
+        raise ConfigError(f"data.max_docs_per_corpus={d.max_docs_per_corpus} must be >= 1 (or null for all)")
+    _validate_hf(d)
+    _validate_profiles(cfg)
+    validate_verdict(cfg)
+    _validate_trainer(cfg.trainer)
+    resolve_launcher(cfg)  # the launcher against the trainer it runs (study/config/launcher.py)
+    _validate_chunk_bytes(d.chunk_bytes)
+
+
+def _validate_model(cfg: RunConfig) -> None:
+    """Cfg.model's shape and positions (:func:`validate`)."""
+    m = cfg.model
     for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
         if getattr(m, key) <= 0:
             raise ConfigError(f"model.{key}={getattr(m, key)} must be a positive integer")
@@ -33,6 +54,11 @@ def validate(cfg: RunConfig) -> None:
     if m.position == "rope" and (m.n_embd // m.n_head) % 2:
         raise ConfigError(f"model.position=rope rotates pairs of head_dim = {m.n_embd // m.n_head}, which is odd: "
                           f"choose n_embd / n_head even, or model.position=learned")
+
+
+def _validate_variant(cfg: RunConfig) -> None:
+    """Cfg.variant's projections, activation, bottleneck and MLP width (:func:`validate`)."""
+    m, v = cfg.model, cfg.variant
     for key in ("query", "key", "value", "output"):
         if getattr(v, key) not in PROJECTION_MODES:
             raise ConfigError(f"variant.{key}={getattr(v, key)!r} is not a projection mode: "
@@ -46,6 +72,11 @@ def validate(cfg: RunConfig) -> None:
     ratio = v.mlp_ratio if v.mlp_ratio is not None else m.mlp_ratio
     if ratio <= 0:
         raise ConfigError(f"mlp_ratio={ratio} must be positive")
+
+
+def _validate_budget(cfg: RunConfig) -> None:
+    """The learning rates, the token budget and its windows, the seeds (:func:`validate`)."""
+    m, v, t = cfg.model, cfg.variant, cfg.train
     for key in ("lr", "min_lr"):
         val = getattr(t, key)
         if not val > 0:
@@ -78,6 +109,11 @@ def validate(cfg: RunConfig) -> None:
     for key, val in (("seed", cfg.seed), ("train.data_seed", t.data_seed), ("train.init_seed", t.init_seed)):
         if val is not None and not 0 <= val < 2 ** 32:
             raise ConfigError(f"{key}={val} must be in [0, 2**32) (a numpy/torch seed)")
+
+
+def _validate_precision(cfg: RunConfig) -> None:
+    """Threads and precision against the accelerator, and one optimizer step at least (:func:`validate`)."""
+    t = cfg.train
     c = cfg.trainer
     if c.threads is not None and c.threads < 1:
         raise ConfigError(f"trainer.threads={c.threads} must be >= 1 (or null for torch's default)")
@@ -91,6 +127,11 @@ def validate(cfg: RunConfig) -> None:
     if t.tokens < t.batch_tokens:
         raise ConfigError(f"train.tokens={t.tokens} is less than one step of train.batch_tokens="
                           f"{t.batch_tokens}: raise the token budget")
+
+
+def _validate_data(cfg: RunConfig) -> None:
+    """The tokenizer against the model's vocabulary, the held-out share (:func:`validate`)."""
+    m, d = cfg.model, cfg.data
     if d.tokenizer not in TOKENIZERS:
         raise ConfigError(f"data.tokenizer={d.tokenizer!r}: choose one of {list(TOKENIZERS)}")
     if d.tokenizer == "bpe" and d.bpe_vocab_size < 257:
@@ -104,6 +145,11 @@ def validate(cfg: RunConfig) -> None:
                           f"use model.vocab_size=50304 or data.tokenizer=bpe")
     if d.val_every < 2:
         raise ConfigError(f"data.val_every={d.val_every} must be >= 2 (one document in val_every is held out)")
+
+
+def _validate_study(cfg: RunConfig) -> None:
+    """The MLflow experiment's name, the seeds and what is compared (:func:`validate`)."""
+    s = cfg.study
     name = s.name if isinstance(s.name, str) else str(s.name)
     if not name.strip() or name != name.strip() or name in (".", "..") or "/" in name or "\\" in name:
         raise ConfigError(f"study.name={name!r} is not a usable MLflow experiment name: write a non-empty name "
@@ -119,6 +165,11 @@ def validate(cfg: RunConfig) -> None:
                           "comparison) or the arms of the decided verdict")
     if list(s.variants) and s.baseline not in s.variants:
         raise ConfigError(f"study.baseline={s.baseline!r} is not in study.variants={list(s.variants)}: add it")
+
+
+def _validate_optimizer(cfg: RunConfig) -> None:
+    """Dropout, AdamW's betas, decay, clipping, the divergence test and the lr schedule's floor (:func:`validate`)."""
+    m, v, t = cfg.model, cfg.variant, cfg.train
     if not 0.0 <= m.dropout < 1.0:
         raise ConfigError(f"model.dropout={m.dropout} must be in [0, 1)")
     for key in ("beta1", "beta2"):
@@ -134,15 +185,6 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"min_lr={min_lr} is above the peak lr={lr}: lower train.min_lr (or variant.min_lr)")
     if v.scale_factor is not None and v.scale_factor <= 0:
         raise ConfigError(f"variant.scale_factor={v.scale_factor} must be > 0 (or null)")
-    _validate_recipe(cfg)
-    if d.max_docs_per_corpus is not None and d.max_docs_per_corpus < 1:
-        raise ConfigError(f"data.max_docs_per_corpus={d.max_docs_per_corpus} must be >= 1 (or null for all)")
-    _validate_hf(d)
-    _validate_profiles(cfg)
-    validate_verdict(cfg)
-    _validate_trainer(cfg.trainer)
-    resolve_launcher(cfg)  # the launcher against the trainer it runs (study/config/launcher.py)
-    _validate_chunk_bytes(d.chunk_bytes)
 
 
 #: Lightning's accelerator names (``AcceleratorRegistry`` and its aliases ``gpu``, ``auto``); written out
