@@ -169,9 +169,22 @@ def write_table(cfg, root: Path, tuned_file: Path | None | bool = None) -> dict:
         files[tuned_file] = tuned_yaml(table if task == "lm" else table_lm, tuned_sizes(tuned_file), tasks,
                                        tuned_size_recipes(tuned_file))
     out.mkdir(parents=True, exist_ok=True)
+    replace_together(files, (table, out) if results else None)
+    shown = f"{out / TABLE_MD}, {out / TABLE_JSON}{', ' + str(out / FIGURE) if results else ''}"
+    if tuned_file is False:
+        print(f"wrote {shown}")
+    else:
+        print(f"wrote {shown} and {tuned_file} (run `make params`, then commit them)")
+    return table
+
+
+def replace_together(files: dict[Path, str], figure_of: tuple[dict, Path] | None) -> None:
+    """Write each of ``files`` ({path: text}) and, given ``(table, folder)``, the tuning figure into the folder: every
+    output made first beside its target, then all renamed into place, so that a failure replaces none of them."""
     made = []
     try:
-        if results:
+        if figure_of is not None:
+            table, out = figure_of
             made.append((figure(table, out / ("tmp." + FIGURE)), out / FIGURE))
         for path, text in files.items():
             tmp = path.with_name(f".{path.name}.tmp")
@@ -182,12 +195,6 @@ def write_table(cfg, root: Path, tuned_file: Path | None | bool = None) -> dict:
     finally:
         for tmp, _ in made:
             tmp.unlink(missing_ok=True)
-    shown = f"{out / TABLE_MD}, {out / TABLE_JSON}{', ' + str(out / FIGURE) if results else ''}"
-    if tuned_file is False:
-        print(f"wrote {shown}")
-    else:
-        print(f"wrote {shown} and {tuned_file} (run `make params`, then commit them)")
-    return table
 
 
 TRANSFER_JSON, TRANSFER_MD = "transfer.json", "transfer.md"

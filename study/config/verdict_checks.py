@@ -102,25 +102,32 @@ def validate_verdict(cfg: RunConfig) -> None:
         if twice:
             raise ConfigError(f"{key} lists {twice} more than once: name each arm once")
     if s.arms:
-        if len(s.seeds) < 5:
-            raise ConfigError(f"study.seeds={list(s.seeds)} has {len(s.seeds)} seed(s): Stein's first stage needs at "
-                              f"least 5 test seeds, e.g. study.seeds=[1,2,3,4,5]")
-        if s.max_seeds < len(s.seeds):
-            raise ConfigError(f"study.max_seeds={s.max_seeds} is below the {len(s.seeds)} first-stage seeds of "
-                              f"study.seeds: raise it")
-        if not s.references or any(r not in s.arms for r in s.references):
-            raise ConfigError(f"study.references={list(s.references)} must be arms of study.arms={list(s.arms)} (at "
-                              f"least one): add them to study.arms, or drop them from study.references and study.pairs")
-        _validate_pairs(s, cfg.arms)
-        for key in ("target_halfwidth", "equivalence_margin"):
-            if not getattr(s, key) > 0:
-                raise ConfigError(f"study.{key}={getattr(s, key)} must be > 0 (% log-loss)")
-        # Stein's N makes the 95% interval's half-width d = target_halfwidth; an interval wider than the +-margin band
-        # can never lie inside it, so no comparison could be called equivalent: the seeds would answer nothing
-        if s.target_halfwidth > s.equivalence_margin:
-            raise ConfigError(f"study.target_halfwidth={s.target_halfwidth} is above study.equivalence_margin="
-                              f"{s.equivalence_margin} (% log-loss): an interval that wide never lies inside +-margin, so "
-                              f"no comparison could be decided equivalent; use at most the margin, e.g. "
-                              f"study.target_halfwidth={s.equivalence_margin / 2:g} (half of it, the default's ratio)")
+        _validate_tested(cfg)
     else:
         _pair_shapes(s)
+
+
+def _validate_tested(cfg: RunConfig) -> None:
+    """The test stage's keys where study.arms is set (:func:`validate_verdict`): Stein's first stage of at least 5
+    seeds, references among the arms, well-formed pairs, positive margins, a target half-width within the margin."""
+    s = cfg.study
+    if len(s.seeds) < 5:
+        raise ConfigError(f"study.seeds={list(s.seeds)} has {len(s.seeds)} seed(s): Stein's first stage needs at "
+                          f"least 5 test seeds, e.g. study.seeds=[1,2,3,4,5]")
+    if s.max_seeds < len(s.seeds):
+        raise ConfigError(f"study.max_seeds={s.max_seeds} is below the {len(s.seeds)} first-stage seeds of "
+                          f"study.seeds: raise it")
+    if not s.references or any(r not in s.arms for r in s.references):
+        raise ConfigError(f"study.references={list(s.references)} must be arms of study.arms={list(s.arms)} (at "
+                          f"least one): add them to study.arms, or drop them from study.references and study.pairs")
+    _validate_pairs(s, cfg.arms)
+    for key in ("target_halfwidth", "equivalence_margin"):
+        if not getattr(s, key) > 0:
+            raise ConfigError(f"study.{key}={getattr(s, key)} must be > 0 (% log-loss)")
+    # Stein's N makes the 95% interval's half-width d = target_halfwidth; an interval wider than the +-margin band
+    # can never lie inside it, so no comparison could be called equivalent: the seeds would answer nothing
+    if s.target_halfwidth > s.equivalence_margin:
+        raise ConfigError(f"study.target_halfwidth={s.target_halfwidth} is above study.equivalence_margin="
+                          f"{s.equivalence_margin} (% log-loss): an interval that wide never lies inside +-margin, so "
+                          f"no comparison could be decided equivalent; use at most the margin, e.g. "
+                          f"study.target_halfwidth={s.equivalence_margin / 2:g} (half of it, the default's ratio)")
