@@ -19,6 +19,8 @@ install: $(STAMP)
 CUDA ?= cu130
 TORCH_INDEX ?=
 install-gpu:
+	@echo '$(CUDA)' | grep -Eqx 'cu[0-9]{3}' || { echo "error: CUDA=$(CUDA) is not a CUDA wheel tag of PyTorch's index: \
+	  name one such as cu126, cu128 or cu130 (nvidia-smi shows the CUDA the driver supports)" >&2; exit 2; }
 	rm -f $(STAMP)
 	$(MAKE) --no-print-directory install TORCH_INDEX=https://download.pytorch.org/whl/$(CUDA) TORCH_REINSTALL=1
 
@@ -72,14 +74,19 @@ study-bpe2048: params
 LEARNED_LR := arms.baseline.lr=0.008860550625074392 arms.baseline_qknorm.lr=0.0097007048317196 \
   arms.nonlinear_q.lr=0.00989106044176436 arms.nonlinear_q_ph.lr=0.008878449320726749 \
   arms.no_context.lr=0.00598833458408565
-LEARNED := model.position=learned study.name=nonlinear-queries-learned study.runs_dir=runs/learned \
-  study.reports_dir=reports/learned 'tune.arms=[]' $(LEARNED_LR)
+LEARNED_RUNS := model.position=learned study.name=nonlinear-queries-learned study.runs_dir=runs/learned 'tune.arms=[]' \
+  $(LEARNED_LR)
+LEARNED := $(LEARNED_RUNS) study.reports_dir=reports/learned
 study-learned: params
+ifeq ($(DRY_RUN),)
 	.venv/bin/dvc repro prepare
 	$(PY) -m study.test_runs --params params.yaml $(LEARNED) $(LAUNCH_OVERRIDES)
 	$(PY) -m study.compare --params params.yaml $(LEARNED)
+else
+	$(PY) -m study.test_runs --params params.yaml --dry-run $(LEARNED) $(LAUNCH_OVERRIDES)
+endif
 
-# The five-minute path: the study's every stage and output at nano size (2 layers, n_embd 32, 16 steps a run), its
+# The few-minute path: the study's every stage and output at nano size (2 layers, n_embd 32, 16 steps a run), its
 # five arms at one fixed lr (no tuning), test seeds 1-5, in a data folder, runs, a report and an MLflow experiment of
 # their own (runs/nano, reports/nano, nonlinear-queries-nano).  It exercises the path; its numbers answer nothing.
 NANO := model=nano data.bpe_vocab_size=512 data.max_docs_per_corpus=20 data.dir=runs/nano/tokens \
@@ -88,9 +95,13 @@ NANO := model=nano data.bpe_vocab_size=512 data.max_docs_per_corpus=20 data.dir=
   arms.baseline.lr=0.02 arms.baseline_qknorm.lr=0.02 arms.nonlinear_q.lr=0.02 arms.nonlinear_q_ph.lr=0.02 \
   arms.no_context.lr=0.02
 study-nano: params
+ifeq ($(DRY_RUN),)
 	$(PY) -m study.prepare --params params.yaml $(NANO)
 	$(PY) -m study.test_runs --params params.yaml $(NANO) $(LAUNCH_OVERRIDES)
 	$(PY) -m study.compare --params params.yaml $(NANO)
+else
+	$(PY) -m study.test_runs --params params.yaml --dry-run $(NANO) $(LAUNCH_OVERRIDES)
+endif
 
 # Seeds until decided: the test stage again with study.max_seeds=DECIDE_MAX_SEEDS, so that each undecided comparison
 # gets the seeds Stein's N asks for (the report says how many and about how long); finished runs are reused.
@@ -123,44 +134,38 @@ tasks: study
 	  $(PY) -m study.compare --params params.yaml task=$$t || exit 1; \
 	done
 
-# The full study (docs/verdict.md): the recipe decomposition's seven arms, each at its lr* in conf/tuned.yaml, on
-# Stein's first-stage seeds (FULL_MAX_SEEDS=10 adds his second stage).  All seven are in conf/tuned.yaml, so nothing
-# is tuned again; FULL_TUNE_ARMS='[a,b]' tunes those arms first by the same rule (`make tune`; commit conf/tuned.yaml
-# and conf/tuning/ after).  The report adds the decomposition table and the share of the gap
-# baseline_today -> nonlinear_q that the linear recipe alone closes..
-# `make full`, `make projections` and the scale ladder run at learned positions (AT_LEARNED: task.position, which every
-# model file of the ladder takes), where their arms and sizes were tuned and their figures measured (docs/history.md);
-# at rotary positions each needs its lr* there first.
-AT_LEARNED := task.position=learned 'tune.arms=[]' $(LEARNED_LR)
+# The full study (docs/verdict.md): the recipe decomposition's seven arms, each at its lr*, on Stein's first-stage seeds
+# (FULL_MAX_SEEDS=10 adds his second stage); the report adds the decomposition table and the share of the gap
+# baseline_today -> nonlinear_q that the linear recipe alone closes.  `make full` and `make projections` run at learned
+# positions, where their arms were tuned and their figures measured (docs/history.md): in `make study-learned`'s runs
+# folder and MLflow experiment (its runs reused), each with a report of its own (reports/full, reports/projections).
+# At rotary positions each of their arms needs its lr* there first (`make tune TUNE_ARMS='[a,b]'`).
 FULL_ARMS ?= [baseline_today,baseline,baseline_d2z,baseline_qknorm,nonlinear_q,nonlinear_q_ph,nonlinear_q_linear]
-FULL_TUNE_ARMS ?=
 FULL_MAX_SEEDS ?= 5
+FULL := 'study.arms=$(FULL_ARMS)' 'study.pairs=[]' 'decomposition.rows=$(FULL_ARMS)' 'study.max_seeds=$(FULL_MAX_SEEDS)' \
+  $(LEARNED_RUNS) study.reports_dir=reports/full
 full: params
 ifeq ($(DRY_RUN),)
-	$(if $(FULL_TUNE_ARMS),$(MAKE) tune TUNE_ARMS='$(FULL_TUNE_ARMS)')
-	.venv/bin/dvc exp run compare -S 'study.arms=$(FULL_ARMS)' -S 'study.pairs=[]' -S 'decomposition.rows=$(FULL_ARMS)' \
-	  -S 'study.max_seeds=$(FULL_MAX_SEEDS)' $(foreach o,$(AT_LEARNED),-S '$(o)') $(foreach o,$(LAUNCH_OVERRIDES),-S '$(o)')
+	.venv/bin/dvc repro prepare
+	$(PY) -m study.test_runs --params params.yaml $(FULL) $(LAUNCH_OVERRIDES)
+	$(PY) -m study.compare --params params.yaml $(FULL)
 else
-	$(PY) -m study.test_runs --params params.yaml --dry-run 'study.arms=$(FULL_ARMS)' 'study.pairs=[]' \
-	  'decomposition.rows=$(FULL_ARMS)' 'study.max_seeds=$(FULL_MAX_SEEDS)' $(AT_LEARNED)
+	$(PY) -m study.test_runs --params params.yaml --dry-run $(FULL) $(LAUNCH_OVERRIDES)
 endif
 
 # The nonlinear map on each projection of the lm task (docs/tasks.md): on the queries, the keys, the values and the
-# attention's output projection, each at its lr* in conf/tuned.yaml, compared with the baseline on Stein's first-stage
-# seeds (FULL_MAX_SEEDS), in one decomposition table..  All five are in
-# conf/tuned.yaml, so nothing is tuned again; PROJ_TUNE_ARMS='[a,b]' tunes those arms first (`make tune`).
+# attention's output projection, each at its lr*, compared with the baseline on Stein's first-stage seeds
+# (FULL_MAX_SEEDS), in one decomposition table, at learned positions as `make full` (reports/projections).
 PROJ_ARMS ?= [baseline,nonlinear_q,nonlinear_k,nonlinear_v,nonlinear_o]
-PROJ_TUNE_ARMS ?=
 PROJ_OVERRIDES = 'study.arms=$(PROJ_ARMS)' 'study.references=[baseline]' 'study.pairs=[]' 'decomposition.rows=$(PROJ_ARMS)' \
-  'study.max_seeds=$(FULL_MAX_SEEDS)' $(AT_LEARNED)
+  'study.max_seeds=$(FULL_MAX_SEEDS)' $(LEARNED_RUNS) study.reports_dir=reports/projections
 projections: params
 ifeq ($(DRY_RUN),)
-	$(if $(PROJ_TUNE_ARMS),$(MAKE) tune TUNE_ARMS='$(PROJ_TUNE_ARMS)')
-	.venv/bin/dvc exp run compare -S 'study.arms=$(PROJ_ARMS)' -S 'study.references=[baseline]' -S 'study.pairs=[]' \
-	  -S 'decomposition.rows=$(PROJ_ARMS)' -S 'study.max_seeds=$(FULL_MAX_SEEDS)' $(foreach o,$(AT_LEARNED),-S '$(o)') \
-	  $(foreach o,$(LAUNCH_OVERRIDES),-S '$(o)')
+	.venv/bin/dvc repro prepare
+	$(PY) -m study.test_runs --params params.yaml $(PROJ_OVERRIDES) $(LAUNCH_OVERRIDES)
+	$(PY) -m study.compare --params params.yaml $(PROJ_OVERRIDES)
 else
-	$(PY) -m study.test_runs --params params.yaml --dry-run $(PROJ_OVERRIDES)
+	$(PY) -m study.test_runs --params params.yaml --dry-run $(PROJ_OVERRIDES) $(LAUNCH_OVERRIDES)
 endif
 
 # Tuning by one rule (docs/verdict.md): the DVC stages tune@ARM of tune.arms (each arm's grid, every
@@ -206,7 +211,7 @@ LADDER_THREADS ?= 2
 scale-ladder: $(STAMP)
 	.venv/bin/dvc exp run compare -S 'study.arms=[]' -S 'study.variants=$(PROFILE_VARIANTS)' \
 	  -S 'scale_ladder.variants=$(PROFILE_VARIANTS)' \
-	  -S 'scale_ladder.models=$(LADDER)' -S 'trainer.threads=$(LADDER_THREADS)' $(foreach o,$(AT_LEARNED),-S '$(o)')
+	  -S 'scale_ladder.models=$(LADDER)' -S 'trainer.threads=$(LADDER_THREADS)' -S task.position=learned
 
 # The ladder's lr transfer checked at one size: scale_ladder.variants tuned there by the same rule, on the ladder's
 # budget; the table and transfer.md (transferred lr against that size's lr*) go to conf/tuning/MODEL/ and that
@@ -215,7 +220,7 @@ LADDER_CHECK ?= bytes-48
 ladder-check: params
 	.venv/bin/dvc repro prepare
 	$(PY) -m study.tune --ladder $(LADDER_CHECK) --params params.yaml 'scale_ladder.variants=$(PROFILE_VARIANTS)' \
-	  $(AT_LEARNED)
+	  task.position=learned
 	$(PY) -m study.config
 
 # The ladder tuned per size: every size of LADDER tuned by the same rule (as ladder-check does at one), each lr*
@@ -224,7 +229,7 @@ ladder-tune: params
 	.venv/bin/dvc repro prepare
 	for m in $$(echo '$(LADDER)' | tr -d '[] ' | tr ',' ' '); do \
 	  $(PY) -m study.tune --ladder $$m --params params.yaml 'scale_ladder.variants=$(PROFILE_VARIANTS)' \
-	    $(AT_LEARNED) || exit 1; \
+	    task.position=learned || exit 1; \
 	  $(PY) -m study.config || exit 1; \
 	done
 
@@ -249,13 +254,17 @@ ui: $(STAMP)
 # or through sudo), starts the UI on the study's store, checks every run is listed with its val_loss and
 # saves reports/ui_runs.png.  Playwright (dev extra) drives it; its own browser download is not used.
 ui-check: $(STAMP)
-	$(PY) -m study.ui --check --install
+	$(PY) -m study.ui --check --install $(UI)
 
 # The analysis notebook executed against what the study wrote (the test runs of study.arms, reports/summary.json and
 # the MLflow store), saved beside it with its outputs as notebooks/analysis-run.ipynb (git-ignored; the committed
 # notebook stays without outputs).  `make lab` opens it in JupyterLab instead (a kernel of the project's .venv).
+# NB=nano or NB=learned: the notebook over `make study-nano`'s or `make study-learned`'s runs (NB='KEY=VALUE ...': any
+# study's overrides), passed to it as STUDY_OVERRIDES.
+NB ?=
+NB_OVERRIDES = $(if $(filter nano,$(NB)),$(NANO),$(if $(filter learned,$(NB)),$(LEARNED),$(NB)))
 notebook: $(STAMP)
-	.venv/bin/jupyter execute --output=analysis-run notebooks/analysis.ipynb
+	STUDY_OVERRIDES="$(NB_OVERRIDES)" .venv/bin/jupyter execute --output=analysis-run notebooks/analysis.ipynb
 
 lab: $(STAMP)
 	.venv/bin/jupyter lab notebooks/analysis.ipynb

@@ -190,7 +190,24 @@ def test_an_undecided_comparison_says_how_many_seeds_and_minutes_deciding_it_wou
 
     runs = {"a": {s: {"wall_time_s": 100.0} for s in range(1, 6)}, "r": {s: {"wall_time_s": 140.0} for s in range(1, 6)}}
     c = {"word": "undecided", "n_pairs": 5, "stein": {"n_needed": 12}, "arm": "a", "reference": "r"}
-    assert more_seeds(c, runs, 2) == {"seeds": 7, "minutes": pytest.approx(14.0)}
+    assert more_seeds(c, runs, 2) == {"seeds": 7, "n_needed": 12, "minutes": pytest.approx(14.0)}
     assert more_seeds({**c, "word": "better"}, runs, 2) is None
     assert more_seeds({**c, "stein": {"n_needed": 5}}, runs, 2) is None
-    assert more_seeds(c, {"a": {1: {}}, "r": {1: {"wall_time_s": None}}}, 2) == {"seeds": 7, "minutes": None}
+    assert more_seeds(c, {"a": {1: {}}, "r": {1: {"wall_time_s": None}}}, 2) == {"seeds": 7, "n_needed": 12,
+                                                                             "minutes": None}
+
+
+def test_the_seeds_hint_names_the_command_of_the_study_it_reports():
+    """`make decide` runs the default study's seeds; a study in other folders (the nano path's, a task's) is told the
+    study.max_seeds its test stage needs; a fraction of a minute is said so, not "about 0 min"."""
+    from conftest import ROOT
+    from study.analysis.verdict import decide_hint
+    from study.config import load_config
+
+    more = {"seeds": 7, "n_needed": 12, "minutes": 14.2}
+    assert decide_hint(load_config([], ROOT), more) == ", about 14 min at study.jobs=2 (`make decide`)"
+    nano = load_config(["study.runs_dir=runs/nano"], ROOT)
+    assert decide_hint(nano, {**more, "minutes": 0.3}) == (
+        ", under a minute at study.jobs=2 (the test stage again with study.max_seeds=12)")
+    assert decide_hint(load_config(["task=mlm"], ROOT), {**more, "minutes": None}) == (
+        " (the test stage again with study.max_seeds=12)")

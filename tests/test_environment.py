@@ -51,3 +51,10 @@ def test_make_install_gpu_installs_the_pinned_torch_from_the_cuda_index_then_the
                          text=True, check=True).stdout
     first = next(ln for ln in cpu.splitlines() if "torch==2.13.0" in ln)
     assert "--index-url" not in first and "--force-reinstall" not in first and re.search(r'"torch==2\.13\.0"\s*$', first)
+    (tmp_path / ".venv").mkdir()
+    (tmp_path / ".venv" / ".installed").touch()  # an install there: a refused CUDA must leave it as it is
+    for bad in ("", "cpu", "cu130 x", "../x"):
+        out = subprocess.run(["make", "--no-print-directory", "install-gpu", f"CUDA={bad}"], cwd=tmp_path,
+                             capture_output=True, text=True)
+        assert out.returncode == 2 and out.stderr.startswith(f"error: CUDA={bad} is not a CUDA wheel tag"), out
+        assert (tmp_path / ".venv" / ".installed").exists()

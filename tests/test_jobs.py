@@ -150,7 +150,8 @@ def test_ctrl_c_ends_the_tuning_and_test_stages_in_one_line(nano_project, monkey
 def test_make_projections_compares_the_map_on_each_projection_with_the_baseline(monkeypatch):
     """`make projections` (read from the Makefile, as make expands it): the baseline and the nonlinear map on Q, K, V
     and the output projection, each one parameter-matched arm compared with the baseline alone, all five in the
-    decomposition table; the DVC experiment and its dry run get the same overrides."""
+    decomposition table, at learned positions in `make study-learned`'s runs with a report of its own; the test
+    stage, the report and the dry run get the same overrides."""
     import shlex
     import subprocess
 
@@ -161,17 +162,20 @@ def test_make_projections_compares_the_map_on_each_projection_with_the_baseline(
     for dry in ("", "1"):
         out = subprocess.run(["make", "-n", "--no-print-directory", "projections", f"DRY_RUN={dry}"], cwd=ROOT,
                              capture_output=True, text=True, check=True).stdout.replace("\\\n", " ").splitlines()
-        line = next(ln for ln in out if ("dvc exp run compare" if not dry else "study.test_runs") in ln)
-        words = shlex.split(line)
-        got[dry] = words[words.index("--dry-run") + 1:] if dry else [w for p, w in zip(words, words[1:]) if p == "-S"]
-        if not dry:  # every arm has its lr* in conf/tuned.yaml: nothing is tuned again
-            assert not [ln for ln in out if "tune" in ln.split("compare")[0]], out
+        stages = [shlex.split(ln) for ln in out if "study.test_runs" in ln or "study.compare" in ln]
+        assert [w[2] for w in stages] == (["study.test_runs", "study.compare"] if not dry else ["study.test_runs"])
+        got[dry] = stages[0][6 if dry else 5:]
+        if not dry:  # every arm has its lr*: nothing is tuned again, and the report reads what the stage trained
+            assert not [ln for ln in out if "study.tune" in ln], out
+            assert stages[1][5:] == got[dry]
     assert got[""] == got["1"]
     cfg = load_config(got["1"], ROOT)
     arms = ["baseline", "nonlinear_q", "nonlinear_k", "nonlinear_v", "nonlinear_o"]
     from study.runner.arms import tuned_lr
     assert all(tuned_lr(cfg, a, ROOT) > 0 for a in arms)
     assert list(cfg.study.arms) == arms and list(cfg.decomposition.rows) == arms
+    assert (cfg.model.position, cfg.study.runs_dir, cfg.study.reports_dir) == ("learned", "runs/learned",
+                                                                              "reports/projections")
     assert comparisons_of(cfg) == [(a, "baseline") for a in arms[1:]]
     variant = {a: load_config([f"variant={cfg.arms[a].variant}"], ROOT).variant for a in arms}
     modes = {a: {k: str(variant[a][k]) for k in ("query", "key", "value", "output")} for a in arms}

@@ -494,3 +494,20 @@ def test_killed_run_resumes_exactly(nano_project, tmp_path):
     runs_in_store = client.search_runs([e.experiment_id for e in client.search_experiments()])
     assert len(runs_in_store) == 1 and runs_in_store[0].info.status == "FINISHED"  # continued, not a second run
     assert runs_in_store[0].info.run_id == got_m["mlflow_run_id"]
+
+
+def test_the_code_digest_reads_a_file_as_python_does_and_names_one_it_cannot(tmp_path):
+    """A byte-order mark changes nothing (Python imports such a file alike); a file that is not Python (a syntax
+    error, a null byte, bytes that are not UTF-8) is refused in one line naming it, not with a traceback."""
+    from study.config import StudyError
+    from study.runfolder import source_digest
+
+    (tmp_path / "bom.py").write_bytes(b"\xef\xbb\xbfX = 1\n")
+    (tmp_path / "plain.py").write_bytes(b"X = 1\n")
+    assert source_digest(tmp_path / "bom.py") == source_digest(tmp_path / "plain.py")
+    for name, data in (("syntax.py", b"def f(:\n"), ("nul.py", b"x = 1\x00\n"), ("latin.py", b'x = "\xff"\n')):
+        (tmp_path / name).write_bytes(data)
+        with pytest.raises(StudyError) as e:
+            source_digest(tmp_path / name)
+        assert "\n" not in str(e.value) and str(e.value).startswith(f"{tmp_path / name}")
+        assert "is not valid Python" in str(e.value) and str(e.value).endswith("fix or remove that file")

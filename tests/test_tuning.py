@@ -144,6 +144,10 @@ def test_an_lr_tuned_at_another_recipe_is_refused():
                                           r"model.position=rope: re-tune it"):
         tuned_lr(cfg, learned[0])
     assert tuned_lr(load_config(["model.position=learned"], ROOT), learned[0]) == committed["lr"][learned[0]]
+    with pytest.raises(ConfigError) as e:  # a default arm at learned positions: told where those lr* are kept
+        tuned_lr(load_config(["model.position=learned"], ROOT), rotary[0])
+    assert str(e.value).endswith("or set those back; the lr* tuned at learned positions are in "
+                                 "conf/tuning/lm-learned/ (`make study-learned` pins them)")
     other = load_config([f"train.warmup_tokens={2 * train['warmup_tokens']}"], ROOT)
     arm = rotary[0]
     with pytest.raises(ConfigError) as e:
@@ -214,6 +218,7 @@ def test_the_learned_position_profile_runs_at_the_lr_star_of_its_table_in_folder
     runs, reports and MLflow experiment (the default's stay untouched)."""
     import re
     import shlex
+    import subprocess
 
     from study.config import load_config
     from study.runner.arms import tuned_lr
@@ -225,8 +230,10 @@ def test_the_learned_position_profile_runs_at_the_lr_star_of_its_table_in_folder
     assert set(pinned) == {"baseline", "baseline_qknorm", "nonlinear_q", "nonlinear_q_ph", "no_context"}
     assert pinned == {a: table[a]["lr_star"] for a in pinned}
     assert all(table[a]["recipe"]["model"].get("position", "learned") == "learned" for a in pinned)
-    learned = " ".join(re.search(r"^LEARNED := (.*?)\n(?!\s)", make, re.S | re.M).group(1).split("\\\n"))
-    cfg = load_config(shlex.split(learned.replace("$(LEARNED_LR)", lr)), ROOT)
+    out = subprocess.run(["make", "-n", "--no-print-directory", "study-learned", "DRY_RUN=1"], cwd=ROOT,
+                         capture_output=True, text=True, check=True).stdout
+    words = shlex.split(next(ln for ln in out.splitlines() if "study.test_runs" in ln))
+    cfg = load_config(words[words.index("--dry-run") + 1:], ROOT)
     assert (cfg.model.position, cfg.study.name, cfg.study.runs_dir, cfg.study.reports_dir) == (
         "learned", "nonlinear-queries-learned", "runs/learned", "reports/learned")
     assert tuned_lr(cfg, "nonlinear_q") == pinned["nonlinear_q"]  # a fixed lr: conf/tuned.yaml is not read

@@ -257,8 +257,7 @@ def verdict_report(cfg, root: Path) -> dict | None:
                 c["verdict"] += f"; {x} diverged on {k} of {k + arms[x]['n_seeds']} seeds"
         c["more"] = more_seeds(c, runs, s.jobs)
         if c["more"]:
-            took = f", about {c['more']['minutes']:.0f} min at study.jobs={s.jobs}" if c["more"]["minutes"] else ""
-            c["verdict"] += f"; {c['more']['seeds']} more seed(s) per arm{took} (`make decide`)"
+            c["verdict"] += f"; {c['more']['seeds']} more seed(s) per arm{decide_hint(cfg, c['more'])}"
     d = cfg.decomposition
     dec = decomposition(ok, list(d.rows), d.start, d.end, d.linear) if d.rows else None
     return {"arms": arms, "comparisons": comps, "margin_pct": s.equivalence_margin, "halfwidth_pct": s.target_halfwidth,
@@ -268,7 +267,8 @@ def verdict_report(cfg, root: Path) -> dict | None:
 
 
 def more_seeds(c: dict, runs: dict[str, dict[int, dict]], jobs: int) -> dict | None:
-    """What deciding an undecided comparison would take: {"seeds": Stein's N minus the pairs in (per arm), "minutes":
+    """What deciding an undecided comparison would take: {"seeds": Stein's N minus the pairs in (per arm), "n_needed":
+    Stein's N, "minutes":
     that many runs of both arms at the mean wall time of their runs so far, ``jobs`` at once (None without recorded
     wall times)}; None when the comparison is decided or Stein's N is in."""
     need = c["stein"]["n_needed"]
@@ -277,7 +277,20 @@ def more_seeds(c: dict, runs: dict[str, dict[int, dict]], jobs: int) -> dict | N
     walls = [r.get("wall_time_s") for x in (c["arm"], c["reference"]) for r in runs.get(x, {}).values()]
     walls = [w for w in walls if isinstance(w, (int, float)) and not isinstance(w, bool) and w > 0]
     k = need - c["n_pairs"]
-    return {"seeds": k, "minutes": 2 * k * sum(walls) / len(walls) / max(1, int(jobs)) / 60 if walls else None}
+    return {"seeds": k, "n_needed": int(need),
+            "minutes": 2 * k * sum(walls) / len(walls) / max(1, int(jobs)) / 60 if walls else None}
+
+
+
+def decide_hint(cfg, more: dict) -> str:
+    """How long the seeds ``more`` asks for take, and the command that runs them: `make decide` for the default
+    study (runs/, task lm), ``study.max_seeds=N`` beside this study's own overrides for any other."""
+    minutes = more["minutes"]
+    took = "" if not minutes else (f", about {minutes:.0f} min" if minutes >= 1 else ", under a minute")
+    took += f" at study.jobs={cfg.study.jobs}" if took else ""
+    default = str(cfg.study.runs_dir).rstrip("/") == "runs" and cfg.task.name == "lm"
+    how = "`make decide`" if default else f"the test stage again with study.max_seeds={more['n_needed']}"
+    return f"{took} ({how})"
 
 
 def _f(x, spec=".4f") -> str:

@@ -34,7 +34,7 @@ import json
 import math
 from pathlib import Path
 
-from study.config import LAUNCH_SECTIONS, VERDICT_SECTIONS, flatten, resume_part, to_dict
+from study.config import LAUNCH_SECTIONS, VERDICT_SECTIONS, StudyError, flatten, resume_part, to_dict
 from study.data import DataError
 from study.data.records import MISSING, json_kind
 
@@ -89,9 +89,15 @@ def source_digest(path: Path) -> str:
 
     Raises:
         OSError: ``path`` cannot be read.
-        SyntaxError: ``path`` is not valid Python.
+        StudyError: ``path`` is not valid Python (one line naming the file and the line), as Python reads it: bytes,
+            with their encoding declaration or UTF-8 (a byte-order mark included).
     """
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    try:
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (SyntaxError, ValueError) as e:  # ValueError: null bytes; UnicodeDecodeError is a ValueError
+        where = f" line {e.lineno}" if getattr(e, "lineno", None) else ""
+        raise StudyError(f"{path}{where} is not valid Python ({getattr(e, 'msg', None) or e}): the resume key digests "
+                         f"every module of study/data and study/tasks; fix or remove that file") from None
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
@@ -108,7 +114,7 @@ def code_digests() -> dict[str, str]:
 
     Raises:
         OSError: a file cannot be read.
-        SyntaxError: a file is not valid Python.
+        StudyError: a file is not valid Python (:func:`source_digest`).
     """
     return {n: source_digest(STUDY / n) for n in code_files()}
 

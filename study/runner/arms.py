@@ -68,8 +68,12 @@ def tuned_lr(cfg, name: str, root: Path | None = None) -> float:
         if diff:
             def show(r):
                 return ", ".join(f"{k}={recipe_value(r, k)}" for k in diff)
+            learned = (diff == ["model.position"] and recipe_value(now, "model.position") == "learned"
+                       and cfg.task.name == "lm")  # the previous default: its lr* are kept, not lost
+            kept = ("; the lr* tuned at learned positions are in conf/tuning/lm-learned/ (`make study-learned` "
+                    "pins them)") if learned else ""
             raise ConfigError(f"arm {name!r}'s lr* (conf/tuned.yaml) was tuned at {show(at)}, but this study runs "
-                              f"{show(now)}: re-tune it ({retune_hint(cfg, name)}) or set those back")
+                              f"{show(now)}: re-tune it ({retune_hint(cfg, name)}) or set those back{kept}")
     return float(cfg.tuned.lr[name])
 
 
