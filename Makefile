@@ -204,7 +204,9 @@ levers: params
 # ladder compares variants, each at the lr* tuned at its size (conf/tuned.yaml tuned.size: `make ladder-tune` first;
 # scale_ladder.lr_per_size=false: the default size's lr* transferred unchanged), so it sets study.variants and
 # switches the decided verdict off (study.arms=[]).
-# One training at a time (DVC runs the stages in turn), so each gets LADDER_THREADS cores.
+# One training at a time (DVC runs the stages in turn), so each gets LADDER_THREADS cores.  The ladder, its tuning and
+# its check run at learned positions (task.position=learned, which every model file of the ladder takes), where its
+# sizes were tuned; at rotary positions each size needs its lr* there first.
 PROFILE_VARIANTS ?= [baseline,nonlinear_q]
 LADDER ?= [bytes-32,bytes-48,bytes-64]
 LADDER_THREADS ?= 2
