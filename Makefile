@@ -68,6 +68,14 @@ study-bpe2048: params
 	  -S 'study.arms=[baseline,baseline_qknorm,nonlinear_q,nonlinear_q_ph]' $(BPE2048_LR) \
 	  -S 'arms.baseline_qknorm.overrides=["train.schedule=d2z"]' -S 'arms.nonlinear_q_ph.overrides=["train.schedule=d2z"]'
 
+# A profile (study-learned, study-nano, full, projections): its data prepared ($(2)), then the test stage and the
+# report with the overrides $(1), in folders of their own; DRY_RUN=1: the test stage's plan only.
+define profile_run
+	$(if $(DRY_RUN),$(PY) -m study.test_runs --params params.yaml --dry-run $(1) $(LAUNCH_OVERRIDES),$(2))
+	$(if $(DRY_RUN),,$(PY) -m study.test_runs --params params.yaml $(1) $(LAUNCH_OVERRIDES))
+	$(if $(DRY_RUN),,$(PY) -m study.compare --params params.yaml $(1))
+endef
+
 # The default until 2026-12-06, learned positions (model.position=learned, nanoGPT's table), its five arms each at the
 # lr* tuned there by the same rule on seeds 101 and 102 (conf/tuning/lm-learned/table.md), in runs, a report and an
 # MLflow experiment of their own (runs/learned, reports/learned, nonlinear-queries-learned): its verdict, reproduced.
@@ -78,13 +86,7 @@ LEARNED_RUNS := model.position=learned study.name=nonlinear-queries-learned stud
   $(LEARNED_LR)
 LEARNED := $(LEARNED_RUNS) study.reports_dir=reports/learned
 study-learned: params
-ifeq ($(DRY_RUN),)
-	.venv/bin/dvc repro prepare
-	$(PY) -m study.test_runs --params params.yaml $(LEARNED) $(LAUNCH_OVERRIDES)
-	$(PY) -m study.compare --params params.yaml $(LEARNED)
-else
-	$(PY) -m study.test_runs --params params.yaml --dry-run $(LEARNED) $(LAUNCH_OVERRIDES)
-endif
+	$(call profile_run,$(LEARNED),.venv/bin/dvc repro prepare)
 
 # The few-minute path: the study's every stage and output at nano size (2 layers, n_embd 32, 16 steps a run), its
 # five arms at one fixed lr (no tuning), test seeds 1-5, in a data folder, runs, a report and an MLflow experiment of
@@ -95,13 +97,7 @@ NANO := model=nano data.bpe_vocab_size=512 data.max_docs_per_corpus=20 data.dir=
   arms.baseline.lr=0.02 arms.baseline_qknorm.lr=0.02 arms.nonlinear_q.lr=0.02 arms.nonlinear_q_ph.lr=0.02 \
   arms.no_context.lr=0.02
 study-nano: params
-ifeq ($(DRY_RUN),)
-	$(PY) -m study.prepare --params params.yaml $(NANO)
-	$(PY) -m study.test_runs --params params.yaml $(NANO) $(LAUNCH_OVERRIDES)
-	$(PY) -m study.compare --params params.yaml $(NANO)
-else
-	$(PY) -m study.test_runs --params params.yaml --dry-run $(NANO) $(LAUNCH_OVERRIDES)
-endif
+	$(call profile_run,$(NANO),$(PY) -m study.prepare --params params.yaml $(NANO))
 
 # Seeds until decided: the test stage again with study.max_seeds=DECIDE_MAX_SEEDS, so that each undecided comparison
 # gets the seeds Stein's N asks for (the report says how many and about how long); finished runs are reused.
@@ -145,13 +141,7 @@ FULL_MAX_SEEDS ?= 5
 FULL := 'study.arms=$(FULL_ARMS)' 'study.pairs=[]' 'decomposition.rows=$(FULL_ARMS)' 'study.max_seeds=$(FULL_MAX_SEEDS)' \
   $(LEARNED_RUNS) study.reports_dir=reports/full
 full: params
-ifeq ($(DRY_RUN),)
-	.venv/bin/dvc repro prepare
-	$(PY) -m study.test_runs --params params.yaml $(FULL) $(LAUNCH_OVERRIDES)
-	$(PY) -m study.compare --params params.yaml $(FULL)
-else
-	$(PY) -m study.test_runs --params params.yaml --dry-run $(FULL) $(LAUNCH_OVERRIDES)
-endif
+	$(call profile_run,$(FULL),.venv/bin/dvc repro prepare)
 
 # The nonlinear map on each projection of the lm task (docs/tasks.md): on the queries, the keys, the values and the
 # attention's output projection, each at its lr*, compared with the baseline on Stein's first-stage seeds
@@ -160,13 +150,7 @@ PROJ_ARMS ?= [baseline,nonlinear_q,nonlinear_k,nonlinear_v,nonlinear_o]
 PROJ_OVERRIDES = 'study.arms=$(PROJ_ARMS)' 'study.references=[baseline]' 'study.pairs=[]' 'decomposition.rows=$(PROJ_ARMS)' \
   'study.max_seeds=$(FULL_MAX_SEEDS)' $(LEARNED_RUNS) study.reports_dir=reports/projections
 projections: params
-ifeq ($(DRY_RUN),)
-	.venv/bin/dvc repro prepare
-	$(PY) -m study.test_runs --params params.yaml $(PROJ_OVERRIDES) $(LAUNCH_OVERRIDES)
-	$(PY) -m study.compare --params params.yaml $(PROJ_OVERRIDES)
-else
-	$(PY) -m study.test_runs --params params.yaml --dry-run $(PROJ_OVERRIDES) $(LAUNCH_OVERRIDES)
-endif
+	$(call profile_run,$(PROJ_OVERRIDES),.venv/bin/dvc repro prepare)
 
 # Tuning by one rule (docs/verdict.md): the DVC stages tune@ARM of tune.arms (each arm's grid, every
 # finished run reused), then the table, figure and conf/tuned.yaml from their results, then params.yaml again.
