@@ -236,18 +236,9 @@ def load_mlflow(cfg, root: Path, group: str = "main", pair: bool = True) -> dict
         variant, seed = tags["variant"], int(tags["seed"])
         if seed in runs.get(variant, {}):
             continue  # an older run of the same (variant, seed)
-        batch = int(params["train.batch_tokens"])
-        val = {m.step: m.value for m in client.get_metric_history(r.info.run_id, "val_loss")}
         corpora = sorted(k for k in metrics if k.startswith("val_loss/"))
         per = {k: {m.step: m.value for m in client.get_metric_history(r.info.run_id, k)} for k in corpora}
-        train = sorted((m.step, m.value) for m in client.get_metric_history(r.info.run_id, "train_loss"))
-        curve, prev = [], -1
-        for step in sorted(val):
-            seen = [x for s, x in train if prev < s <= step]
-            curve.append({"step": float(step), "tokens": float(step * batch), "val_loss": val[step],
-                          "train_loss": sum(seen) / len(seen) if seen else float("nan"),
-                          **{k: per[k].get(step, float("nan")) for k in corpora}})
-            prev = step
+        curve = _mlflow_curve(client, r.info.run_id, int(params["train.batch_tokens"]), per)
         lost = tags.get("status") == "diverged"
         final = None if lost else metrics.get("final_val_loss", metrics.get("val_loss"))
         step = tags.get("diverged_step")
@@ -267,6 +258,21 @@ def load_mlflow(cfg, root: Path, group: str = "main", pair: bool = True) -> dict
     if pair:
         check(runs, f"the MLflow runs of experiment {cfg.study.name!r}")
     return runs
+
+
+def _mlflow_curve(client, run_id: str, batch: int, per: dict[str, dict[int, float]]) -> list[dict]:
+    """curve.csv's rows rebuilt from a run's MLflow histories: at each validation step its val_loss, the mean
+    train_loss since the previous one, the tokens seen (``batch`` tokens a step) and ``per`` corpus's loss."""
+    val = {m.step: m.value for m in client.get_metric_history(run_id, "val_loss")}
+    train = sorted((m.step, m.value) for m in client.get_metric_history(run_id, "train_loss"))
+    curve, prev = [], -1
+    for step in sorted(val):
+        seen = [x for s, x in train if prev < s <= step]
+        curve.append({"step": float(step), "tokens": float(step * batch), "val_loss": val[step],
+                      "train_loss": sum(seen) / len(seen) if seen else float("nan"),
+                      **{k: per[k].get(step, float("nan")) for k in per}})
+        prev = step
+    return curve
 
 
 def _layer_values(metrics: dict, name: str) -> list[float] | None:

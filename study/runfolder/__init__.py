@@ -232,6 +232,21 @@ RECORD_NUMBERS = ("seed", "steps", "lr", "min_lr", "non_embedding_params", "tota
 LOST = ("val_loss", "val_perplexity", "val_loss_per_corpus")
 
 
+def _check_record_numbers(record: dict, bad) -> None:
+    """record.json's numbers (:data:`RECORD_NUMBERS`), ``val_loss_per_corpus`` and ``attn_logit_max`` (null where a
+    diverged run's last logits were not finite); ``bad(file, key, value, want)`` makes :func:`read_result`'s error."""
+    for k in RECORD_NUMBERS:
+        if record.get(k) is not None and not _number(record[k]):
+            raise bad("record.json", k, record[k], "a number")
+    per = record.get("val_loss_per_corpus")
+    if per is not None and not (isinstance(per, dict) and all(_number(x) for x in per.values())):
+        raise bad("record.json", "val_loss_per_corpus", per, "an object of numbers")
+    alm = record.get("attn_logit_max")
+    lost_ok = record.get("status") == "diverged"  # a diverged run's last logits may be non-finite (null)
+    if alm is not None and not (isinstance(alm, list) and all(_number(x) or (lost_ok and x is None) for x in alm)):
+        raise bad("record.json", "attn_logit_max", alm, "a list of numbers (one per layer)")
+
+
 def read_result(d: Path, train_cmd: str | None = None) -> dict:
     """A run folder's result: record.json and metrics.json in one dict (metric keys the file lacks
     are None), checked: both JSON objects; metrics.json's values finite numbers, with a ``val_loss``
@@ -273,16 +288,7 @@ def read_result(d: Path, train_cmd: str | None = None) -> dict:
         record = {**record, **dict.fromkeys(LOST)}
         metrics = {k: v for k, v in metrics.items() if k not in LOST}
         record.setdefault("diverged_step", None)
-    for k in RECORD_NUMBERS:
-        if record.get(k) is not None and not _number(record[k]):
-            raise bad("record.json", k, record[k], "a number")
-    per = record.get("val_loss_per_corpus")
-    if per is not None and not (isinstance(per, dict) and all(_number(x) for x in per.values())):
-        raise bad("record.json", "val_loss_per_corpus", per, "an object of numbers")
-    alm = record.get("attn_logit_max")
-    lost_ok = record.get("status") == "diverged"  # a diverged run's last logits may be non-finite (null)
-    if alm is not None and not (isinstance(alm, list) and all(_number(x) or (lost_ok and x is None) for x in alm)):
-        raise bad("record.json", "attn_logit_max", alm, "a list of numbers (one per layer)")
+    _check_record_numbers(record, bad)
     for k, v in metrics.items():
         if k in METRICS and not _number(v):
             raise bad("metrics.json", k, v, "a finite number")
