@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import functools
 import hashlib
 import json
 import math
@@ -92,6 +93,14 @@ def source_digest(path: Path) -> str:
         StudyError: ``path`` is not valid Python (one line naming the file and the line), as Python reads it: bytes,
             with their encoding declaration or UTF-8 (a byte-order mark included).
     """
+    st = path.stat()  # each file parsed once per process while it stays as it is (a run's resume key, every reuse)
+    return _tree_digest(str(path), st.st_mtime_ns, st.st_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _tree_digest(name: str, mtime_ns: int, size: int) -> str:
+    """:func:`source_digest` of the file ``name`` as it is at (``mtime_ns``, ``size``)."""
+    path = Path(name)
     try:
         tree = ast.parse(path.read_bytes(), filename=str(path))
     except (SyntaxError, ValueError) as e:  # ValueError: null bytes; UnicodeDecodeError is a ValueError
