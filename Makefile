@@ -130,16 +130,22 @@ tasks: study
 	  $(PY) -m study.compare --params params.yaml task=$$t || exit 1; \
 	done
 
-# The full study (docs/verdict.md): the recipe decomposition's seven arms, each at its lr*, on Stein's first-stage seeds
-# (FULL_MAX_SEEDS=10 adds his second stage); the report adds the decomposition table and the share of the gap
-# baseline_today -> nonlinear_q that the linear recipe alone closes.  `make full` and `make projections` run at learned
-# positions, where their arms were tuned and their figures measured (docs/history.md): in `make study-learned`'s runs
-# folder and MLflow experiment (its runs reused), each with a report of its own (reports/full, reports/projections).
-# At rotary positions each of their arms needs its lr* there first (`make tune TUNE_ARMS='[a,b]'`).
-FULL_ARMS ?= [baseline_today,baseline,baseline_d2z,baseline_qknorm,nonlinear_q,nonlinear_q_ph,nonlinear_q_linear]
+# The full study (docs/verdict.md): the recipe decomposition's seven arms, the paper's other two framings
+# (identity_q_mlp4.5: W_Q = I with the freed n_embd^2 parameters in the MLP; baseline_mlp4.75: +12.5% parameters) and
+# the baseline family's MLP widths, each at its lr* tuned at rotary positions, on Stein's first-stage seeds
+# (FULL_MAX_SEEDS=10 adds his second stage), in `make study`'s runs folder and MLflow experiment (its runs reused).
+# The report (reports/full) adds the decomposition table, the share of the gap baseline_today -> nonlinear_q that the
+# linear recipe alone closes, and the parameter frontier: what nonlinear_q and identity_q_mlp4.5 are worth in
+# non-embedding parameters, with their intervals.
+FULL_FAMILY ?= [baseline_mlp3.5,baseline,baseline_mlp4.75,baseline_mlp5]
+FULL_WORTH ?= [nonlinear_q,identity_q_mlp4.5]
+FULL_ROWS ?= [baseline_today,baseline,baseline_d2z,baseline_qknorm,nonlinear_q,nonlinear_q_ph,nonlinear_q_linear]
+FULL_ARMS ?= [baseline_today,baseline,baseline_d2z,baseline_qknorm,nonlinear_q,nonlinear_q_ph,nonlinear_q_linear,\
+identity_q_mlp4.5,baseline_mlp3.5,baseline_mlp4.75,baseline_mlp5]
 FULL_MAX_SEEDS ?= 5
-FULL := 'study.arms=$(FULL_ARMS)' 'study.pairs=[]' 'decomposition.rows=$(FULL_ARMS)' 'study.max_seeds=$(FULL_MAX_SEEDS)' \
-  $(LEARNED_RUNS) study.reports_dir=reports/full
+FULL := 'study.arms=$(FULL_ARMS)' 'study.pairs=[]' 'decomposition.rows=$(FULL_ROWS)' \
+  'decomposition.family=$(FULL_FAMILY)' 'decomposition.worth=$(FULL_WORTH)' 'study.max_seeds=$(FULL_MAX_SEEDS)' \
+  'tune.arms=[]' study.reports_dir=reports/full
 full: params
 	$(call profile_run,$(FULL),.venv/bin/dvc repro prepare)
 

@@ -24,9 +24,16 @@ def noise(variant: str, seed: int) -> float:
 
 
 def loss(variant: str, lr: float, seed: int) -> float | None:
+    if variant.startswith("baseline_mlp"):  # the baseline family: its bowl, 0.1 nats lower per e-fold of MLP width
+        return loss("baseline", lr, seed) - 0.1 * math.log(float(variant[len("baseline_mlp"):]) / 4)
     if lr > DIVERGE[variant]:
         return None
     return 4.0 + 0.05 * math.log(lr / BEST[variant]) ** 2 + noise(variant, seed) - (0.05 if variant == "nonlinear_q" else 0)
+
+
+def fake_params(variant) -> int:
+    """A run's non-embedding parameters: 1000 at the default MLP width, 250 per unit of a family arm's MLP ratio."""
+    return 1000 if variant.mlp_ratio is None else int(250 * variant.mlp_ratio)
 
 
 @pytest.fixture
@@ -42,7 +49,7 @@ def fake_train(monkeypatch):
         d = run_dir(root, cfg, cfg.variant.name, cfg.seed)
         x = loss(cfg.variant.name, cfg.variant.lr, cfg.seed)
         write_run(d, cfg.variant.name, cfg.seed, 9.0 if x is None else x, lr=cfg.variant.lr, tokens=cfg.train.tokens,
-                  status="ok" if x is not None else "diverged")
+                  status="ok" if x is not None else "diverged", params=fake_params(cfg.variant))
         rec = json.loads((d / "record.json").read_text())
         rec["config_hash"] = run_digest(cfg, root / cfg.data.dir)
         (d / "record.json").write_text(json.dumps(rec))
@@ -365,6 +372,51 @@ def test_an_arm_that_diverges_on_every_seed_is_named_in_its_verdict(nano_project
     assert c["word"] == "undecided" and c["verdict"].endswith("; wild diverged on 5 of 5 seeds"), c["verdict"]
     md = (tmp_path / "reports/comparison.md").read_text()
     assert "| wild | nonlinear_q | - | 0.05 | fixed | - | 0 (+5 diverged) |" in md
+
+
+def test_the_report_prices_the_nonlinear_query_on_the_baseline_familys_frontier(nano_project, tmp_path, monkeypatch,
+                                                                                 fake_train):
+    """decomposition.family (three MLP widths of the baseline) and decomposition.worth: summary.json's frontier is the
+    least-squares line through the family's log mean losses against log parameters (numpy's polyfit here), and
+    nlq's worth the size on it whose loss nlq reaches, over nlq's own size; comparison.md shows both."""
+    from study.compare import main as compare
+    from study.config import ConfigError, load_config
+    from study.test_runs import main as verdict
+
+    monkeypatch.chdir(nano_project)
+    monkeypatch.setenv("DVC_EXP_NAME", "test")
+    data = yaml.safe_load(write_params(nano_project, tmp_path).read_text())
+    for name, ratio in (("m3", "3.5"), ("m5", "5")):
+        data["arms"][name] = {"variant": f"baseline_mlp{ratio}", "overrides": [], "lr": 4e-3, "description": ""}
+    data["arms"]["base"]["lr"], data["arms"]["nlq"]["lr"] = 4e-3, 1.6e-2  # each at its bowl's bottom
+    data["study"].update(variants=[], arms=["base", "m3", "m5", "nlq"], references=["base"], pairs=[["nlq", "base"]])
+    data["tune"]["arms"] = []
+    data["decomposition"].update(rows=[], family=["m3", "base", "m5"], worth=["nlq"])
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert verdict(["--params", str(params)]) == 0 and compare(["--params", str(params)]) == 0
+    f = json.loads((tmp_path / "reports/summary.json").read_text())["verdict"]["frontier"]
+    size = {"m3": 875, "base": 1000, "m5": 1250}
+    mean = {a: np.mean([loss(v, 4e-3, s) for s in range(1, 6)])
+            for a, v in (("m3", "baseline_mlp3.5"), ("base", "baseline"), ("m5", "baseline_mlp5"))}
+    mean["nlq"] = np.mean([loss("nonlinear_q", 1.6e-2, s) for s in range(1, 6)])  # the seeds every arm has
+    slope, intercept = np.polyfit(np.log(list(size.values())), np.log([mean[a] for a in size]), 1)
+    assert f["fitted"] and f["slope"] == pytest.approx(slope) and f["intercept"] == pytest.approx(intercept)
+    assert [(r["arm"], r["non_embedding_params"]) for r in f["family"]] == list(size.items())
+    w = f["worth"]["nlq"]
+    assert w["multiplier"] == pytest.approx(math.exp((math.log(mean["nlq"]) - intercept) / slope) / 1000)
+    assert w["multiplier"] > 1 and w["ci95"][0] < w["multiplier"] < w["ci95"][1]
+    md = (tmp_path / "reports/comparison.md").read_text()
+    assert "### The parameter frontier" in md and f"| nlq | 1,000 | {w['equivalent_params']:,.0f} |" in md
+    # an arm priced but not tested, or a price without a frontier: refused in one line
+    data["decomposition"].update(worth=["nlq", "today"])
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(ConfigError, match=r"decomposition.worth names \['today'\], which study.arms="):
+        load_config([], nano_project, params=str(params))
+    data["decomposition"].update(family=[], worth=["nlq"])
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    with pytest.raises(ConfigError, match=r"decomposition.worth=\['nlq'\] needs a frontier"):
+        load_config([], nano_project, params=str(params))
 
 
 @pytest.mark.slow  # the ladder's tuning stage on faked trainings (~50 s)

@@ -211,3 +211,32 @@ def test_the_seeds_hint_names_the_command_of_the_study_it_reports():
         ", under a minute at study.jobs=2 (the test stage again with study.max_seeds=12)")
     assert decide_hint(load_config(["task=mlm"], ROOT), {**more, "minutes": None}) == (
         " (the test stage again with study.max_seeds=12)")
+
+
+def test_the_frontier_prices_an_arm_in_parameters_by_hand():
+    """Each seed's family lies on its own exact power law L = c_s N^-0.1; the priced arm reaches, on seed 1, the loss
+    of N = 300 and, on seed 2, of N = 360, at 200 parameters: per-seed multipliers 1.5 and 1.8."""
+    from study.analysis.decision import frontier_worth
+    from study.analysis.verdict import frontier_lines
+
+    c = {1: 5.0, 2: 5.5}
+    params = {"mlp3": 100, "base": 200, "mlp5": 400, "nlq": 200}
+    means = {a: {s: c[s] * params[a] ** -0.1 for s in c} for a in ("mlp3", "base", "mlp5")}
+    means["nlq"] = {1: c[1] * 300 ** -0.1, 2: c[2] * 360 ** -0.1}
+    f = frontier_worth(means, params, ["mlp3", "base", "mlp5"], ["nlq"])
+    assert f["fitted"] and f["slope"] == pytest.approx(-0.1) and f["intercept"] == pytest.approx(math.log(5.25))
+    w = f["worth"]["nlq"]
+    assert w["per_seed"] == {1: pytest.approx(1.5), 2: pytest.approx(1.8)}
+    # the point estimate from the seed means: the family's mean frontier is 5.25 N^-0.1
+    loss = (c[1] * 300 ** -0.1 + c[2] * 360 ** -0.1) / 2
+    assert w["multiplier"] == pytest.approx((loss / 5.25) ** -10 / 200)
+    logs = [math.log(1.5), math.log(1.8)]
+    half = stats.t.ppf(0.975, 1) * np.std(logs, ddof=1) / math.sqrt(2)
+    assert w["ci95"] == [pytest.approx(math.exp(np.mean(logs) - half)), pytest.approx(math.exp(np.mean(logs) + half))]
+    assert [r["arm"] for r in f["family"]] == ["mlp3", "base", "mlp5"] and f["family"][1]["non_embedding_params"] == 200
+    md = "\n".join(frontier_lines(f))
+    assert "### The parameter frontier" in md and f"| nlq | 200 | {w['equivalent_params']:,.0f} | {w['multiplier']:.3f} |" in md
+    # two sizes say nothing of a power law's shape: not fitted, and the report says why
+    two = frontier_worth(means, params, ["mlp3", "base"], ["nlq"])
+    assert not two["fitted"] and two["worth"] == {} and "at least 3" in two["reason"]
+    assert "Frontier not fitted: 2 size(s)" in "\n".join(frontier_lines(two))

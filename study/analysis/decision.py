@@ -1,6 +1,6 @@
 """A decided verdict (pure statistics, no I/O): Stein's two-stage seed count, the paired t test beside
 two one-sided tests of equivalence (TOST), Benjamini-Hochberg over every comparison, one word per
-comparison, and the recipe decomposition.
+comparison, the recipe decomposition and the arms' worth in parameters on the baseline family's frontier.
 
 Units: losses and differences in nats; margins and half-widths in percent log-loss, turned into
 nats with the reference arm's mean loss (``pct / 100 * L_ref``), as the paper's percent log-loss
@@ -30,7 +30,7 @@ import math
 import numpy as np
 from scipy import stats
 
-from study.analysis.stats import adjust, mean_ci, zero_variance
+from study.analysis.stats import adjust, fit_power_law, mean_ci, not_fitted, parameter_multiplier, zero_variance
 
 ALPHA = 0.05
 
@@ -252,3 +252,34 @@ def decomposition(means: dict[str, dict], rows: list[str], start: str, end: str,
         note = f"no share: {start}, {end} or {linear} has no finished runs"
     return {"rows": out_rows, "start": start, "end": end, "linear": linear, "gap": gap, "gap_ci95": gap_ci,
             "share": share, "note": note}
+
+
+def frontier_worth(means: dict[str, dict[int, float]], params: dict[str, int], family: list[str],
+                   worth: list[str]) -> dict:
+    """What each arm of ``worth`` is worth in non-embedding parameters, on the power-law frontier
+    log L = intercept + slope log N of the baseline family's arms (MLP widths, each at its own lr*), as the
+    paper prices its nonlinear query against a baseline with 12.5% more parameters (arXiv 2603.13381).
+
+    Args:
+        means: {arm: {seed: val loss (nats)}}; params: {arm: non-embedding parameters}.
+        family: the frontier's arms (distinct sizes); worth: the arms to price on it.
+
+    Returns: {"family": [{"arm", "non_embedding_params", "n_seeds", "mean"}], "fitted", "reason" (why not: fewer
+    than 3 sizes with runs), "slope", "intercept" (over the seeds every size has), "worth": {arm: :func:`stats.parameter_multiplier` (multiplier
+    N_equivalent / N_arm, its 95% interval over the seeds' own frontiers) + "non_embedding_params"}}.
+    """
+    fam = {params[a]: means[a] for a in family if means.get(a) and a in params}
+    rows = [{"arm": a, "non_embedding_params": params.get(a), "n_seeds": len(means.get(a) or {}),
+             "mean": float(np.mean(list(means[a].values()))) if means.get(a) else float("nan")} for a in family]
+    out = {"family": rows, "fitted": False, "reason": not_fitted(len(fam)), "slope": None, "intercept": None,
+           "worth": {}}
+    if out["reason"] is not None:
+        return out
+    sizes = sorted(fam)
+    common = sorted(set.intersection(*[set(fam[n]) for n in sizes]))  # the seeds every size has (a second stage may add)
+    slope, intercept = fit_power_law(sizes, [float(np.mean([fam[n][s] for s in common])) for n in sizes])
+    out.update(fitted=True, slope=slope, intercept=intercept)
+    for a in worth:
+        if means.get(a) and a in params:
+            out["worth"][a] = {**parameter_multiplier(fam, means[a], params[a]), "non_embedding_params": params[a]}
+    return out

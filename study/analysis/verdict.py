@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from study.analysis.decision import compare_pair, decide, decomposition, seed_list
+from study.analysis.decision import compare_pair, decide, decomposition, frontier_worth, seed_list
 from study.analysis.pairing import check
 from study.analysis.runs import RunsError, final_losses, load_runs
 from study.analysis.stats import mean_ci
@@ -260,8 +260,12 @@ def verdict_report(cfg, root: Path) -> dict | None:
             c["verdict"] += f"; {c['more']['seeds']} more seed(s) per arm{decide_hint(cfg, c['more'])}"
     d = cfg.decomposition
     dec = decomposition(ok, list(d.rows), d.start, d.end, d.linear) if d.rows else None
+    params = {a: r["non_embedding_params"] for a, by_seed in runs.items() for r in by_seed.values()
+              if r.get("non_embedding_params")}
+    front = frontier_worth(ok, params, list(d.family), list(d.worth)) if d.family else None
     return {"arms": arms, "comparisons": comps, "margin_pct": s.equivalence_margin, "halfwidth_pct": s.target_halfwidth,
-            "max_seeds": s.max_seeds, "n0": len(s.seeds), "decomposition": dec, "attention": attention_share(cfg, runs, ok),
+            "max_seeds": s.max_seeds, "n0": len(s.seeds), "decomposition": dec, "frontier": front,
+            "attention": attention_share(cfg, runs, ok),
             "seed_roles": {"tuning": list(cfg.tune.seeds), "pilot": list(s.pilot_seeds),
                            "test": sorted({x for by_seed in runs.values() for x in by_seed})}}
 
@@ -407,4 +411,28 @@ def verdict_section(v: dict) -> list[str]:
         lines += ["", head + (f"; the linear recipe alone ({dec['linear']}) closes {100 * dec['share']:.0f}% of it"
                               if dec["share"] is not None else f"; {dec.get('note') or 'no share'}")
                   + " (the follow-up measured 88% at GPT-3 Large)."]
+    return lines + frontier_lines(v.get("frontier"))
+
+
+def frontier_lines(f: dict | None) -> list[str]:
+    """comparison.md's parameter frontier of the decided verdict (summary.json "verdict" "frontier")."""
+    if not f:
+        return []
+    lines = ["", "### The parameter frontier", "",
+             "The baseline family's arms, each at its own lr*: log L = intercept + slope log N (N: non-embedding "
+             "parameters), and what each priced arm is worth on it: the N of the family whose loss it reaches, over "
+             "its own N (above 1: worth more parameters than it has). 95% interval: Student t over the seeds' own "
+             "log multipliers (each seed's own frontier and loss).", "",
+             "| family arm | non-embedding params | seeds | val loss mean |", "|---|---|---|---|"]
+    lines += [f"| {r['arm']} | {r['non_embedding_params'] or 0:,} | {r['n_seeds']} | {_f(r['mean'])} |"
+              for r in f["family"]]
+    if not f["fitted"]:
+        return lines + ["", f"Frontier {f['reason']}."]
+    lines += ["", f"Slope {f['slope']:+.4f} (log nats per log parameter).", "",
+              "| arm | non-embedding params | worth (params) | multiplier | 95% interval |", "|---|---|---|---|---|"]
+    for a, w in f["worth"].items():
+        lo, hi = w["ci95"]
+        lines.append(f"| {a} | {w['non_embedding_params']:,} | {_f(w['equivalent_params'], ',.0f')} | "
+                     f"{_f(w['multiplier'], '.3f')} | [{_f(lo, '.3f')}, {_f(hi, '.3f')}]"
+                     f"{' (' + w['ci_note'] + ')' if w.get('ci_note') else ''} |")
     return lines

@@ -303,6 +303,10 @@ class DecompositionConfig:
     start: str = ""  # the gap's start, e.g. the baseline at today's recipe
     end: str = ""  # the gap's end, e.g. tuned nonlinear_q
     linear: str = ""  # the linear recipe alone (e.g. baseline + d2z + QK-norm, tuned)
+    # the parameter frontier (off while family is []): the baseline family's arms (MLP widths, each at its lr*, at
+    # least 3 sizes) and the arms priced on it (how many non-embedding parameters each is worth, with its interval)
+    family: list = field(default_factory=list)
+    worth: list = field(default_factory=list)
 
 
 @dataclass

@@ -9,7 +9,7 @@ def used_arms(cfg: RunConfig) -> list[str]:
     """The arms the tuning and test stages and the decomposition name (in that order, each once)."""
     d = cfg.decomposition
     names = [*cfg.tune.arms, *cfg.study.arms, *cfg.study.references, *d.rows,
-             *([x for x in (d.start, d.end, d.linear) if x] if d.rows else [])]
+             *([x for x in (d.start, d.end, d.linear) if x] if d.rows else []), *d.family, *d.worth]
     return list(dict.fromkeys(str(a) for a in names))
 
 
@@ -121,6 +121,16 @@ def _validate_tested(cfg: RunConfig) -> None:
         raise ConfigError(f"study.references={list(s.references)} must be arms of study.arms={list(s.arms)} (at "
                           f"least one): add them to study.arms, or drop them from study.references and study.pairs")
     _validate_pairs(s, cfg.arms)
+    d = cfg.decomposition
+    for key, names in (("decomposition.family", d.family), ("decomposition.worth", d.worth)):
+        missing = [n for n in names if n not in s.arms]
+        if missing:
+            raise ConfigError(f"{key} names {missing}, which study.arms={list(s.arms)} does not test: add them to "
+                              f"study.arms, or drop them from {key}")
+    if d.worth and not d.family:
+        raise ConfigError(f"decomposition.worth={list(d.worth)} needs a frontier to price them on: set "
+                          f"decomposition.family to the baseline family's arms (at least 3 sizes), e.g. "
+                          f"decomposition.family=[baseline_mlp3.5,baseline,baseline_mlp4.75]")
     for key in ("target_halfwidth", "equivalence_margin"):
         if not getattr(s, key) > 0:
             raise ConfigError(f"study.{key}={getattr(s, key)} must be > 0 (% log-loss)")
