@@ -147,20 +147,15 @@ def test_ctrl_c_ends_the_tuning_and_test_stages_in_one_line(nano_project, monkey
     assert err == study.tune.INTERRUPTED.format(stage=f"study.{stage}"), err
 
 
-def test_make_projections_compares_the_map_on_each_projection_with_the_baseline(monkeypatch):
-    """`make projections` (read from the Makefile, as make expands it): the baseline and the nonlinear map on Q, K, V
-    and the output projection, each one parameter-matched arm compared with the baseline alone, all five in the
-    decomposition table, at learned positions in `make study-learned`'s runs with a report of its own; the test
-    stage, the report and the dry run get the same overrides."""
+def make_profile_stages(target: str) -> dict[str, list[str]]:
+    """The overrides `make -n TARGET` hands the test stage, with and without DRY_RUN (they must agree); the report's
+    too; raises AssertionError where the profile would tune again or the report read other overrides."""
     import shlex
     import subprocess
 
-    from study.analysis.verdict import comparisons_of
-
-    monkeypatch.chdir(ROOT)
     got = {}
     for dry in ("", "1"):
-        out = subprocess.run(["make", "-n", "--no-print-directory", "projections", f"DRY_RUN={dry}"], cwd=ROOT,
+        out = subprocess.run(["make", "-n", "--no-print-directory", target, f"DRY_RUN={dry}"], cwd=ROOT,
                              capture_output=True, text=True, check=True).stdout.replace("\\\n", " ").splitlines()
         stages = [shlex.split(ln) for ln in out if "study.test_runs" in ln or "study.compare" in ln]
         assert [w[2] for w in stages] == (["study.test_runs", "study.compare"] if not dry else ["study.test_runs"])
@@ -169,7 +164,38 @@ def test_make_projections_compares_the_map_on_each_projection_with_the_baseline(
             assert not [ln for ln in out if "study.tune" in ln], out
             assert stages[1][5:] == got[dry]
     assert got[""] == got["1"]
-    cfg = load_config(got["1"], ROOT)
+    return got[""]
+
+
+def test_make_full_runs_the_papers_three_framings_at_rotary_positions_with_the_frontier(monkeypatch):
+    """`make full` (as make expands it): the decomposition's seven arms, identity_q_mlp4.5 and baseline_mlp4.75 (the
+    paper's other two framings) and the baseline family's MLP widths, every arm at an lr* tuned at rotary positions,
+    in `make study`'s runs, the frontier pricing nonlinear_q and identity_q_mlp4.5, with a report of its own."""
+    from study.runner.arms import tuned_lr
+
+    monkeypatch.chdir(ROOT)
+    cfg = load_config(make_profile_stages("full"), ROOT)
+    rows = ["baseline_today", "baseline", "baseline_d2z", "baseline_qknorm", "nonlinear_q", "nonlinear_q_ph",
+            "nonlinear_q_linear"]
+    family = ["baseline_mlp3.5", "baseline", "baseline_mlp4.75", "baseline_mlp5"]
+    assert list(cfg.study.arms) == rows + ["identity_q_mlp4.5", "baseline_mlp3.5", "baseline_mlp4.75", "baseline_mlp5"]
+    assert list(cfg.decomposition.rows) == rows and list(cfg.decomposition.family) == family
+    assert list(cfg.decomposition.worth) == ["nonlinear_q", "identity_q_mlp4.5"]
+    assert (cfg.model.position, cfg.study.runs_dir, cfg.study.reports_dir) == ("rope", "runs", "reports/full")
+    assert all(tuned_lr(cfg, a, ROOT) > 0 for a in cfg.study.arms if cfg.arms[a].lr is None)
+    widths = {a: load_config([f"variant={cfg.arms[a].variant}"], ROOT).variant.mlp_ratio for a in family}
+    assert widths == {"baseline_mlp3.5": 3.5, "baseline": None, "baseline_mlp4.75": 4.75, "baseline_mlp5": 5}
+
+
+def test_make_projections_compares_the_map_on_each_projection_with_the_baseline(monkeypatch):
+    """`make projections` (read from the Makefile, as make expands it): the baseline and the nonlinear map on Q, K, V
+    and the output projection, each one parameter-matched arm compared with the baseline alone, all five in the
+    decomposition table, at learned positions in `make study-learned`'s runs with a report of its own; the test
+    stage, the report and the dry run get the same overrides."""
+    from study.analysis.verdict import comparisons_of
+
+    monkeypatch.chdir(ROOT)
+    cfg = load_config(make_profile_stages("projections"), ROOT)
     arms = ["baseline", "nonlinear_q", "nonlinear_k", "nonlinear_v", "nonlinear_o"]
     from study.runner.arms import tuned_lr
     assert all(tuned_lr(cfg, a, ROOT) > 0 for a in arms)

@@ -185,10 +185,42 @@ class Runner:
         cmd = [sys.executable, "-m", "study.train", *self.train_overrides()]
         out: dict = {"steps": t["steps"], "batch_tokens": t["batch_tokens"], "kill_after": t["kill_after"],
                      "log_every": min(10, t["eval_every"])}
+        out["first_exit"], killed_at = self.train_until_killed(cmd, ckpt, rec1, t_start, limit)
+        out["first_seconds"] = round(time.monotonic() - t_start, 1)
+        if killed_at is None:
+            out["error"] = ("the first run ended or ran out of time before a checkpoint past step "
+                            f"{t['kill_after']} was written")
+            return self.train_failed(out, "failed (see log.txt)", t_start)
+        out["checkpoint_step"] = resume_step = checkpoint_step(ckpt)  # what the second run resumes from
+        state = run / "checkpoints" / "run.json"
+        first_mlflow_run = json.loads(state.read_text()).get("mlflow_run_id") if state.is_file() else None
+        rc, _ = self.run("train (resumed)", cmd, max(1.0, limit - (time.monotonic() - t_start)),
+                         env={**self.env, "STUDY_RECORD_WINDOWS": str(rec2)})
+        out["resumed_exit"] = rc
+        if rc != 0 or not (run / "metrics.json").is_file():
+            out["error"] = "the resumed run did not finish (see log.txt)"
+            return self.train_failed(out, "killed at its time limit" if rc is None else f"failed (exit {rc})", t_start)
+        self.resume_checks(out, run, _windows(rec1), _windows(rec2), resume_step, first_mlflow_run)
+        self.results["train"] = out
+        self.phase("train", "ok", time.monotonic() - t_start)
+        return True
+
+    def train_failed(self, out: dict, status: str, t_start: float) -> bool:
+        """Record a failed training phase (its partial results and status); returns False."""
+        self.results["train"] = out
+        self.phase("train", status, time.monotonic() - t_start)
+        return False
+
+    def train_until_killed(self, cmd: list[str], ckpt: Path, windows: Path, t_start: float,
+                           limit: float) -> tuple[int, int | None]:
+        """The first training, SIGKILLed once ``ckpt`` holds a step >= kill_after (or at the time limit).
+
+        Returns: (its exit status, the checkpoint step seen at the kill; None if it never got that far)."""
+        kill_after = self.p["train"]["kill_after"]
         with open(self.log, "a") as log:
             log.write(f"\n=== train (first, to be killed): {' '.join(cmd)}\n")
             log.flush()
-            proc = subprocess.Popen(cmd, cwd=self.root, env={**self.env, "STUDY_RECORD_WINDOWS": str(rec1)},
+            proc = subprocess.Popen(cmd, cwd=self.root, env={**self.env, "STUDY_RECORD_WINDOWS": str(windows)},
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             killed_at, seen = None, None
             while time.monotonic() - t_start < limit and proc.poll() is None:
@@ -196,7 +228,7 @@ class Runner:
                 step = checkpoint_step(ckpt) if stamp is not None and stamp != seen else None
                 if step is not None:
                     seen = stamp  # read each checkpoint once (Lightning replaces last.ckpt atomically)
-                    if step >= t["kill_after"]:
+                    if step >= kill_after:
                         os.killpg(proc.pid, signal.SIGKILL)
                         killed_at = step
                         break
@@ -205,32 +237,16 @@ class Runner:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             log.write(f"=== train (first): exit {proc.returncode}, checkpoint step seen at the kill: {killed_at}\n")
-        out["first_exit"] = proc.returncode
-        out["first_seconds"] = round(time.monotonic() - t_start, 1)
-        if killed_at is None:
-            out["error"] = ("the first run ended or ran out of time before a checkpoint past step "
-                            f"{t['kill_after']} was written")
-            self.results["train"] = out
-            self.phase("train", "failed (see log.txt)", time.monotonic() - t_start)
-            return False
-        out["checkpoint_step"] = resume_step = checkpoint_step(ckpt)  # what the second run resumes from
-        state = run / "checkpoints" / "run.json"
-        first_mlflow_run = json.loads(state.read_text()).get("mlflow_run_id") if state.is_file() else None
-        rc, _ = self.run("train (resumed)", cmd, max(1.0, limit - (time.monotonic() - t_start)),
-                         env={**self.env, "STUDY_RECORD_WINDOWS": str(rec2)})
-        out["resumed_exit"] = rc
-        metrics_path = run / "metrics.json"
-        if rc != 0 or not metrics_path.is_file():
-            out["error"] = "the resumed run did not finish (see log.txt)"
-            self.results["train"] = out
-            self.phase("train", "killed at its time limit" if rc is None else f"failed (exit {rc})",
-                       time.monotonic() - t_start)
-            return False
+        return proc.returncode, killed_at
+
+    def resume_checks(self, out: dict, run: Path, first: list, resumed: list, resume_step: int,
+                      first_mlflow_run: str | None) -> None:
+        """The resumed run's numbers into ``out`` and its checks into results["checks"]: it finished, its loss fell,
+        it continued the first MLflow run, and it read the windows after the checkpoint in the killed run's order."""
+        t = self.p["train"]
         # the run's result: record.json (status, steps, ids) beside metrics.json (the numbers DVC shows)
-        metrics = {**json.loads((run / "record.json").read_text()), **json.loads(metrics_path.read_text())}
+        metrics = {**json.loads((run / "record.json").read_text()), **json.loads((run / "metrics.json").read_text())}
         curve = read_curve(run / "curve.csv")
-        first = _windows(rec1)
-        resumed = _windows(rec2)
         per_step = t["batch_tokens"] // self.block_size()
         done = resume_step * per_step
         overlap = max(0, min(len(first) - done, len(resumed)))
@@ -259,9 +275,6 @@ class Runner:
             and first[done:done + overlap] == resumed[:overlap])
         checks["curve_spans_the_kill"] = bool(any(r["step"] <= resume_step for r in curve)
                                               and any(r["step"] > resume_step for r in curve))
-        self.results["train"] = out
-        self.phase("train", "ok", time.monotonic() - t_start)
-        return True
 
     def evaluate(self) -> None:
         limit = self.limit("eval")
