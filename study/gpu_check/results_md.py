@@ -8,15 +8,9 @@ def _fmt(x, spec=",.0f", none="-"):
     return none if x is None else format(x, spec)
 
 
-def markdown(res: dict) -> str:
-    """results.md: the environment, the bench table, the targets, the training run and the checks."""
-    env = res.get("environment", {})
-    lines = [f"# GPU check ({res['profile']} profile), {res['date']}", ""]
-    if env:
-        lines.append(", ".join(f"{k} {v}" for k, v in env.items() if k != "import_errors"))
-        for k, v in env.get("import_errors", {}).items():
-            lines.append(f"\nimport {k} FAILED: {v}")
-        lines.append("")
+def bench_lines(res: dict) -> list[str]:
+    """results.md's bench table (empty without a bench phase): tokens/s and MFU per variant and mode."""
+    lines: list[str] = []
     setup = res.get("bench_setup")
     if res.get("bench"):
         if setup:
@@ -38,6 +32,12 @@ def markdown(res: dict) -> str:
             lines.append(f"\nMFU against {peak / 1e12:.4g} TFLOP/s ({res['bench'][0]['peak_flops_source']}), "
                          f"{res['bench'][0]['flops_per_token'] / 1e9:.4g} GFLOP per token (baseline).")
         lines.append("")
+    return lines
+
+
+def target_lines(res: dict) -> list[str]:
+    """results.md's targets table (empty when none were measured)."""
+    lines: list[str] = []
     if res.get("targets"):
         lines += ["| target | measured | wanted | met |", "|---|---|---|---|"]
         tg = res["targets"]
@@ -54,6 +54,12 @@ def markdown(res: dict) -> str:
             lines.append(f"| Lightning / plain loop, {t['mode']} | {t['min']:.3f}-{t['max']:.3f} | >= {t['target']} | "
                          f"{'yes' if t['met'] else 'no'} |")
         lines.append("")
+    return lines
+
+
+def train_lines(res: dict) -> list[str]:
+    """results.md's training run: killed, resumed, its curve and what the resumed process read."""
+    lines: list[str] = []
     tr = res.get("train")
     if tr:
         lines.append(f"Training run: {tr['steps']} steps of {tr['batch_tokens']:,} tokens; killed (SIGKILL) with the "
@@ -73,6 +79,19 @@ def markdown(res: dict) -> str:
         if tr.get("error"):
             lines.append(f"\nError: {tr['error']}")
         lines.append("")
+    return lines
+
+
+def markdown(res: dict) -> str:
+    """results.md: the environment, the bench table, the targets, the training run and the checks."""
+    env = res.get("environment", {})
+    lines = [f"# GPU check ({res['profile']} profile), {res['date']}", ""]
+    if env:
+        lines.append(", ".join(f"{k} {v}" for k, v in env.items() if k != "import_errors"))
+        for k, v in env.get("import_errors", {}).items():
+            lines.append(f"\nimport {k} FAILED: {v}")
+        lines.append("")
+    lines += bench_lines(res) + target_lines(res) + train_lines(res)
     ev = res.get("eval")
     if ev:
         vals = ", ".join(f"{v:.5f} (micro-batch {k})" for k, v in ev["val_loss"].items())
