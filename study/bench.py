@@ -62,7 +62,8 @@ def bench_header(base, device: str, fast: bool, steps: int, repeats: int) -> dic
             "kernels": f"{cpu_capability()} ({numerics_mode()})"}
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    """The bench's options and the config overrides after them (KEY=VALUE, as every stage takes)."""
     parser = argparse.ArgumentParser(description="training throughput per variant, precision and loop")
     parser.add_argument("--steps", type=_positive, default=30, help="timed steps per measurement (after warm-up)")
     parser.add_argument("--repeats", type=_positive, default=3, help="measurements per loop; the median is reported")
@@ -71,17 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", default="eager,compiled", help="eager, compiled or both (comma-separated)")
     parser.add_argument("--quick", action="store_true", help="fp32 eager only")
     parser.add_argument("--json", default=None, help="write the rows to this JSON file (rewritten after every row)")
-    args, overrides = parser.parse_known_args(argv)
-    if any(a.startswith("--cfg") for a in overrides):  # print the composed config (the stage runner's --cfg job)
-        from study.config import run_stage
-        return run_stage(lambda cfg, root: 0, overrides)
-    root = project_root()
-    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-    import logging
-    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+    return parser.parse_known_args(argv)
+
+
+def bench_plan(base, args: argparse.Namespace) -> tuple[str, bool, list[str], list[str]]:
+    """(device, fast bf16, modes, precisions) of a bench; raises ConfigError for a GPU trainer without a GPU or for
+    modes/precisions it cannot run."""
     from study.config import ConfigError
 
-    base = load_config(overrides, root)
     device = bench_device(base)
     if device == "cuda":
         if not torch.cuda.is_available():
@@ -97,38 +95,11 @@ def main(argv: list[str] | None = None) -> int:
                           f"and at least one precision (e.g. 32-true,bf16-mixed)")
     if args.quick:
         modes, precisions = ["eager"], ["32-true"]
-    header = bench_header(base, device, fast, args.steps, args.repeats)
-    print(f"# {header['date']}  {header['device']}  {header['machine']} {header['cpu_count']} cores  torch "
-          f"{header['torch']}  threads {header['threads']}  kernels {header['kernels']}  bf16 fast: {fast}  steps "
-          f"{args.steps} x {args.repeats} repeats (median)")
-    rows = []
+    return device, fast, modes, precisions
 
-    def dump():
-        if args.json:
-            path = Path(args.json)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({**header, "rows": rows}, indent=1))
-            tmp.replace(path)
 
-    dump()
-    variants = args.variants.split(",")
-    for mode in modes:
-        for precision in precisions:
-            steps = args.steps if precision == "32-true" or fast else max(3, args.steps // 5)
-            peak, peak_source = device_peak_flops(device, precision)
-            for name in variants:
-                cfg = load_config([*overrides, f"variant={name}"], root)
-                row, peak_memory = measure_row(cfg, name, steps, precision, mode, args.repeats, peak, peak_source)
-                p, li = row["plain_tokens_per_s"], row["lightning_tokens_per_s"]
-                rows.append(row)
-                dump()
-                mem = f"  peak mem {peak_memory / 2**30:.2f} GiB" if peak_memory is not None else ""
-                mfu = f"  MFU {row['mfu_plain']:.1%} / {row['mfu_lightning']:.1%}" if peak else ""
-                print(f"{name:<18s} {precision:<10s} {mode:<8s} plain {p:>9,.0f} tok/s "
-                      f"(range {row['plain_range'][0]:,.0f}-{row['plain_range'][1]:,.0f})  lightning {li:>9,.0f} tok/s "
-                      f"(range {row['lightning_range'][0]:,.0f}-{row['lightning_range'][1]:,.0f})  ratio {li / p:.3f}"
-                      f"{mfu}{mem}", flush=True)
+def print_summary(rows: list[dict], fast: bool) -> None:
+    """The fastest setting of each variant against the baseline's, QK-norm's cost, and bf16 against fp32."""
     best = {}
     for r in rows:
         if r["lightning_tokens_per_s"] > best.get(r["variant"], (0.0,))[0]:
@@ -148,6 +119,52 @@ def main(argv: list[str] | None = None) -> int:
         if name in fp32:
             print(f"bf16/fp32 {name:<18s} {bf16[name] / fp32[name]:.3f}"
                   f"{'' if fast else '  (this CPU has no fast bf16: the 1.5x target does not apply)'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, overrides = parse_args(argv)
+    if any(a.startswith("--cfg") for a in overrides):  # print the composed config (the stage runner's --cfg job)
+        from study.config import run_stage
+        return run_stage(lambda cfg, root: 0, overrides)
+    root = project_root()
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+    import logging
+    logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
+
+    base = load_config(overrides, root)
+    device, fast, modes, precisions = bench_plan(base, args)
+    header = bench_header(base, device, fast, args.steps, args.repeats)
+    print(f"# {header['date']}  {header['device']}  {header['machine']} {header['cpu_count']} cores  torch "
+          f"{header['torch']}  threads {header['threads']}  kernels {header['kernels']}  bf16 fast: {fast}  steps "
+          f"{args.steps} x {args.repeats} repeats (median)")
+    rows = []
+
+    def dump():
+        if args.json:
+            path = Path(args.json)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(".tmp")
+            tmp.write_text(json.dumps({**header, "rows": rows}, indent=1))
+            tmp.replace(path)
+
+    dump()
+    for mode in modes:
+        for precision in precisions:
+            steps = args.steps if precision == "32-true" or fast else max(3, args.steps // 5)
+            peak, peak_source = device_peak_flops(device, precision)
+            for name in args.variants.split(","):
+                cfg = load_config([*overrides, f"variant={name}"], root)
+                row, peak_memory = measure_row(cfg, name, steps, precision, mode, args.repeats, peak, peak_source)
+                p, li = row["plain_tokens_per_s"], row["lightning_tokens_per_s"]
+                rows.append(row)
+                dump()
+                mem = f"  peak mem {peak_memory / 2**30:.2f} GiB" if peak_memory is not None else ""
+                mfu = f"  MFU {row['mfu_plain']:.1%} / {row['mfu_lightning']:.1%}" if peak else ""
+                print(f"{name:<18s} {precision:<10s} {mode:<8s} plain {p:>9,.0f} tok/s "
+                      f"(range {row['plain_range'][0]:,.0f}-{row['plain_range'][1]:,.0f})  lightning {li:>9,.0f} tok/s "
+                      f"(range {row['lightning_range'][0]:,.0f}-{row['lightning_range'][1]:,.0f})  ratio {li / p:.3f}"
+                      f"{mfu}{mem}", flush=True)
+    print_summary(rows, fast)
     return 0
 
 
