@@ -234,8 +234,22 @@ def test_the_frontier_prices_an_arm_in_parameters_by_hand():
     half = stats.t.ppf(0.975, 1) * np.std(logs, ddof=1) / math.sqrt(2)
     assert w["ci95"] == [pytest.approx(math.exp(np.mean(logs) - half)), pytest.approx(math.exp(np.mean(logs) + half))]
     assert [r["arm"] for r in f["family"]] == ["mlp3", "base", "mlp5"] and f["family"][1]["non_embedding_params"] == 200
+    # an exact power law: no residual, so the slope's interval is the slope itself, and it falls; 300 and 360 lie
+    # within 100-400: read off between the family's points
+    assert f["slope_ci95"] == [pytest.approx(-0.1), pytest.approx(-0.1)] and f["falls"] and not w["extrapolated"]
     md = "\n".join(frontier_lines(f))
     assert "### The parameter frontier" in md and f"| nlq | 200 | {w['equivalent_params']:,.0f} | {w['multiplier']:.3f} |" in md
+    # a flat family (noise, no trend): the slope's t interval (1 degree of freedom) holds zero, the report says no
+    # worth can be read off it, and a worth beyond the family's sizes is marked extrapolated
+    flat = {"mlp3": {1: 2.00, 2: 2.01}, "base": {1: 1.99, 2: 2.00}, "mlp5": {1: 2.005, 2: 2.005}, "nlq": {1: 1.9, 2: 1.9}}
+    g = frontier_worth(flat, params, ["mlp3", "base", "mlp5"], ["nlq"])
+    x, y = np.log([100, 200, 400]), np.log([2.005, 1.995, 2.005])
+    fit = stats.linregress(x, y)
+    half = stats.t.ppf(0.975, 1) * fit.stderr
+    assert g["slope_ci95"] == [pytest.approx(fit.slope - half), pytest.approx(fit.slope + half)] and not g["falls"]
+    assert g["worth"]["nlq"]["extrapolated"]
+    flat_md = "\n".join(frontier_lines(g))
+    assert "does not fall measurably" in flat_md and "(extrapolated: outside the family sizes)" in flat_md
     # two sizes say nothing of a power law's shape: not fitted, and the report says why
     two = frontier_worth(means, params, ["mlp3", "base"], ["nlq"])
     assert not two["fitted"] and two["worth"] == {} and "at least 3" in two["reason"]

@@ -30,7 +30,8 @@ import math
 import numpy as np
 from scipy import stats
 
-from study.analysis.stats import adjust, fit_power_law, mean_ci, not_fitted, parameter_multiplier, zero_variance
+from study.analysis.stats import (adjust, fit_power_law, mean_ci, not_fitted, parameter_multiplier, slope_interval,
+                                  zero_variance)
 
 ALPHA = 0.05
 
@@ -265,8 +266,11 @@ def frontier_worth(means: dict[str, dict[int, float]], params: dict[str, int], f
         family: the frontier's arms (distinct sizes); worth: the arms to price on it.
 
     Returns: {"family": [{"arm", "non_embedding_params", "n_seeds", "mean"}], "fitted", "reason" (why not: fewer
-    than 3 sizes with runs), "slope", "intercept" (over the seeds every size has), "worth": {arm: :func:`stats.parameter_multiplier` (multiplier
-    N_equivalent / N_arm, its 95% interval over the seeds' own frontiers) + "non_embedding_params"}}.
+    than 3 sizes with runs), "slope", "intercept" (over the seeds every size has), "slope_ci95" (Student t, sizes - 2
+    degrees of freedom), "falls" (that interval below zero: the family's loss falls with size beyond its noise;
+    otherwise no worth can be read off it), "worth": {arm: :func:`stats.parameter_multiplier` (multiplier
+    N_equivalent / N_arm, its 95% interval over the seeds' own frontiers) + "non_embedding_params", "extrapolated"
+    (N_equivalent outside the family's sizes: read off the line beyond its points)}}.
     """
     fam = {params[a]: means[a] for a in family if means.get(a) and a in params}
     rows = [{"arm": a, "non_embedding_params": params.get(a), "n_seeds": len(means.get(a) or {}),
@@ -277,9 +281,15 @@ def frontier_worth(means: dict[str, dict[int, float]], params: dict[str, int], f
         return out
     sizes = sorted(fam)
     common = sorted(set.intersection(*[set(fam[n]) for n in sizes]))  # the seeds every size has (a second stage may add)
-    slope, intercept = fit_power_law(sizes, [float(np.mean([fam[n][s] for s in common])) for n in sizes])
-    out.update(fitted=True, slope=slope, intercept=intercept)
+    losses = [float(np.mean([fam[n][s] for s in common])) for n in sizes]
+    slope, intercept = fit_power_law(sizes, losses)
+    lo, hi = slope_interval(sizes, losses)
+    out.update(fitted=True, slope=slope, intercept=intercept, slope_ci95=[lo, hi],
+               falls=bool(math.isfinite(hi) and hi < 0))  # the family's loss falls with size, beyond its noise
     for a in worth:
         if means.get(a) and a in params:
-            out["worth"][a] = {**parameter_multiplier(fam, means[a], params[a]), "non_embedding_params": params[a]}
+            w = parameter_multiplier(fam, means[a], params[a])
+            n = w["equivalent_params"]
+            out["worth"][a] = {**w, "non_embedding_params": params[a],
+                               "extrapolated": not (math.isfinite(n) and sizes[0] <= n <= sizes[-1])}
     return out

@@ -205,6 +205,17 @@ def fit_power_law(params, losses) -> tuple[float, float]:
     return float(fit.slope), float(fit.intercept)
 
 
+def slope_interval(params, losses, level: float = 0.95) -> tuple[float, float]:
+    """The Student-t interval of the slope of log L = intercept + slope log N (scipy.stats.linregress's standard
+    error, n - 2 degrees of freedom); (NaN, NaN) with fewer than three distinct sizes (no residual freedom)."""
+    x, y = np.log(np.asarray(params, float)), np.log(np.asarray(losses, float))
+    if len(set(x.tolist())) < 3:
+        return float("nan"), float("nan")
+    fit = stats.linregress(x, y)
+    half = float(stats.t.ppf(0.5 + level / 2, len(x) - 2)) * float(fit.stderr)
+    return float(fit.slope) - half, float(fit.slope) + half
+
+
 def equivalent_params(loss: float, slope: float, intercept: float) -> float:
     """The size N on the fitted frontier whose loss is ``loss``: exp((log L - intercept) / slope)."""
     return float(safe_exp((math.log(loss) - intercept) / slope)) if slope < 0 else float("nan")

@@ -428,11 +428,16 @@ def frontier_lines(f: dict | None) -> list[str]:
               for r in f["family"]]
     if not f["fitted"]:
         return lines + ["", f"Frontier {f['reason']}."]
-    lines += ["", f"Slope {f['slope']:+.4f} (log nats per log parameter).", "",
+    lo, hi = f.get("slope_ci95") or (None, None)
+    lines += ["", f"Slope {f['slope']:+.4f} (log nats per log parameter), 95% interval [{_f(lo, '+.4f')}, "
+                  f"{_f(hi, '+.4f')}]" + ("." if f.get("falls") else
+                  ": the family's loss does not fall measurably with its size, so no arm's worth in parameters can "
+                  "be read off it; the multipliers below are the line's arithmetic, not a measurement."), "",
               "| arm | non-embedding params | worth (params) | multiplier | 95% interval |", "|---|---|---|---|---|"]
     for a, w in f["worth"].items():
         lo, hi = w["ci95"]
         lines.append(f"| {a} | {w['non_embedding_params']:,} | {_f(w['equivalent_params'], ',.0f')} | "
                      f"{_f(w['multiplier'], '.3f')} | [{_f(lo, '.3f')}, {_f(hi, '.3f')}]"
-                     f"{' (' + w['ci_note'] + ')' if w.get('ci_note') else ''} |")
+                     f"{' (' + w['ci_note'] + ')' if w.get('ci_note') else ''}"
+                     f"{' (extrapolated: outside the family sizes)' if w.get('extrapolated') else ''} |")
     return lines
