@@ -52,8 +52,8 @@ def test_a_task_without_an_lr_star_names_its_own_tuning_command(mlm, tmp_path):
     msg = refused(load_config, ["task=mlm", "variant=baseline_mlp4.75", "train.lr_from_tuned=true"], ROOT)
     assert "has no lr* in conf/tuned.yaml" in msg and "`python -m study.tune --arm baseline_mlp4.75 task=mlm`" in msg
     # lm's own arms are still sent to `make tune`
-    with pytest.raises(ConfigError, match=r"tune it \(`make tune` with baseline_mlp4.75 in tune.arms\)"):
-        load_config(["variant=baseline_mlp4.75", "train.lr_from_tuned=true"], ROOT)
+    with pytest.raises(ConfigError, match=r"tune it \(`make tune` with baseline_mlp4.5 in tune.arms\)"):
+        load_config(["variant=baseline_mlp4.5", "train.lr_from_tuned=true"], ROOT)
 
 
 @pytest.mark.parametrize("tasks, bad", [("bogus", "bogus"), ("mlm bogus lm", "bogus lm")])

@@ -260,12 +260,11 @@ def verdict_report(cfg, root: Path) -> dict | None:
             c["verdict"] += f"; {c['more']['seeds']} more seed(s) per arm{decide_hint(cfg, c['more'])}"
     d = cfg.decomposition
     dec = decomposition(ok, list(d.rows), d.start, d.end, d.linear) if d.rows else None
-    params = {a: r["non_embedding_params"] for a, by_seed in runs.items() for r in by_seed.values()
-              if r.get("non_embedding_params")}
+    params = {a: r["non_embedding_params"] for a, rs in runs.items() for r in rs.values() if r.get("non_embedding_params")}
     front = frontier_worth(ok, params, list(d.family), list(d.worth)) if d.family else None
     return {"arms": arms, "comparisons": comps, "margin_pct": s.equivalence_margin, "halfwidth_pct": s.target_halfwidth,
-            "max_seeds": s.max_seeds, "n0": len(s.seeds), "decomposition": dec, "frontier": front,
-            "attention": attention_share(cfg, runs, ok),
+            "max_seeds": s.max_seeds, "n0": len(s.seeds), "decomposition": dec, "frontier": front, "attention":
+            attention_share(cfg, runs, ok),
             "seed_roles": {"tuning": list(cfg.tune.seeds), "pilot": list(s.pilot_seeds),
                            "test": sorted({x for by_seed in runs.values() for x in by_seed})}}
 
@@ -424,8 +423,7 @@ def frontier_lines(f: dict | None) -> list[str]:
              "its own N (above 1: worth more parameters than it has). 95% interval: Student t over the seeds' own "
              "log multipliers (each seed's own frontier and loss).", "",
              "| family arm | non-embedding params | seeds | val loss mean |", "|---|---|---|---|"]
-    lines += [f"| {r['arm']} | {r['non_embedding_params'] or 0:,} | {r['n_seeds']} | {_f(r['mean'])} |"
-              for r in f["family"]]
+    lines += [f"| {r['arm']} | {r['non_embedding_params'] or 0:,} | {r['n_seeds']} | {_f(r['mean'])} |" for r in f["family"]]
     if not f["fitted"]:
         return lines + ["", f"Frontier {f['reason']}."]
     lo, hi = f.get("slope_ci95") or (None, None)
@@ -435,9 +433,8 @@ def frontier_lines(f: dict | None) -> list[str]:
                   "be read off it; the multipliers below are the line's arithmetic, not a measurement."), "",
               "| arm | non-embedding params | worth (params) | multiplier | 95% interval |", "|---|---|---|---|---|"]
     for a, w in f["worth"].items():
-        lo, hi = w["ci95"]
         lines.append(f"| {a} | {w['non_embedding_params']:,} | {_f(w['equivalent_params'], ',.0f')} | "
-                     f"{_f(w['multiplier'], '.3f')} | [{_f(lo, '.3f')}, {_f(hi, '.3f')}]"
+                     f"{_f(w['multiplier'], '.3f')} | [{_f(w['ci95'][0], '.3f')}, {_f(w['ci95'][1], '.3f')}]"
                      f"{' (' + w['ci_note'] + ')' if w.get('ci_note') else ''}"
                      f"{' (extrapolated: outside the family sizes)' if w.get('extrapolated') else ''} |")
     return lines
