@@ -151,7 +151,7 @@ full: params
 
 # The nonlinear map on each projection of the lm task (docs/tasks.md): on the queries, the keys, the values and the
 # attention's output projection, each at its lr*, compared with the baseline on Stein's first-stage seeds
-# (FULL_MAX_SEEDS), in one decomposition table, at learned positions as `make full` (reports/projections).
+# (FULL_MAX_SEEDS), in one decomposition table, at learned positions, where nonlinear_k/v/o were tuned (reports/projections).
 PROJ_ARMS ?= [baseline,nonlinear_q,nonlinear_k,nonlinear_v,nonlinear_o]
 PROJ_OVERRIDES = 'study.arms=$(PROJ_ARMS)' 'study.references=[baseline]' 'study.pairs=[]' 'decomposition.rows=$(PROJ_ARMS)' \
   'study.max_seeds=$(FULL_MAX_SEEDS)' $(LEARNED_RUNS) study.reports_dir=reports/projections
