@@ -64,7 +64,7 @@ endif
 BPE2048_LR := -S arms.baseline.lr=0.01072604469616761 -S arms.baseline_qknorm.lr=0.010805953792476262 \
   -S arms.nonlinear_q.lr=0.010834739527526447 -S arms.nonlinear_q_ph.lr=0.011760976163614139
 study-bpe2048: params
-	.venv/bin/dvc exp run compare -S model=cpu-bpe2048 -S data.bpe_vocab_size=2048 -S tune.arms=[] \
+	.venv/bin/dvc exp run compare -S model=cpu-bpe2048 -S data.tokenizer=bpe -S data.vocab_size=2048 -S tune.arms=[] \
 	  -S 'study.arms=[baseline,baseline_qknorm,nonlinear_q,nonlinear_q_ph]' $(BPE2048_LR) \
 	  -S 'arms.baseline_qknorm.overrides=["train.schedule=d2z"]' -S 'arms.nonlinear_q_ph.overrides=["train.schedule=d2z"]'
 
@@ -91,7 +91,7 @@ study-learned: params
 # The few-minute path: the study's every stage and output at nano size (2 layers, n_embd 32, 16 steps a run), its
 # five arms at one fixed lr (no tuning), test seeds 1-5, in a data folder, runs, a report and an MLflow experiment of
 # their own (runs/nano, reports/nano, nonlinear-queries-nano).  It exercises the path; its numbers answer nothing.
-NANO := model=nano data.bpe_vocab_size=512 data.max_docs_per_corpus=20 data.dir=runs/nano/tokens \
+NANO := model=nano data.tokenizer=bpe data.vocab_size=512 data.max_docs_per_corpus=20 data.dir=runs/nano/tokens \
   train.tokens=32768 train.warmup_tokens=8192 train.val_tokens=8192 train.eval_every=8 \
   study.name=nonlinear-queries-nano study.runs_dir=runs/nano study.reports_dir=reports/nano 'tune.arms=[]' \
   arms.baseline.lr=0.02 arms.baseline_qknorm.lr=0.02 arms.nonlinear_q.lr=0.02 arms.nonlinear_q_ph.lr=0.02 \
@@ -274,7 +274,7 @@ gpu-prep: $(STAMP)
 # The same script at nano size on this CPU (what tests/test_gpu_check.py runs), with the imports of packages
 # the GPU image lacks and .gpu/wheels does not carry made to fail (after gpu-prep); results in runs/gpu-check-cpu/
 gpu-check-cpu: $(STAMP)
-	$(PY) -m study.prepare model=nano data.bpe_vocab_size=512 data.max_docs_per_corpus=10 data.val_every=5 data.dir=runs/gpu-check-cpu/tokens
+	$(PY) -m study.prepare model=nano data.tokenizer=bpe data.vocab_size=512 data.max_docs_per_corpus=10 data.val_every=5 data.dir=runs/gpu-check-cpu/tokens
 	$(PY) -m study.gpu_check --cpu $$(test -d .gpu/wheels && echo --simulate-image) --tokens runs/gpu-check-cpu/tokens --work runs/gpu-check-cpu/work --out runs/gpu-check-cpu
 
 clean:

@@ -34,6 +34,7 @@ from pathlib import Path
 import torch
 
 from study.config import load_config, project_root
+from study.tasks import configured_rows
 from study.runner.throughput import bench_device, bf16_fast, device_peak_flops, measure_row
 
 
@@ -58,7 +59,7 @@ def bench_header(base, device: str, fast: bool, steps: int, repeats: int) -> dic
             "cpu_count": os.cpu_count(), "torch": torch.__version__, "threads": torch.get_num_threads(),
             "bf16_fast": fast, "steps": steps, "repeats": repeats, "model": base.model.name,
             "n_layer": base.model.n_layer, "n_embd": base.model.n_embd, "block_size": base.model.block_size,
-            "vocab_size": base.model.vocab_size, "batch_tokens": base.train.batch_tokens, "trainer": base.trainer.name,
+            "vocab_size": configured_rows(base), "batch_tokens": base.train.batch_tokens, "trainer": base.trainer.name,
             "kernels": f"{cpu_capability()} ({numerics_mode()})"}
 
 

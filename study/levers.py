@@ -48,7 +48,7 @@ def read_levers(root: Path) -> dict:
     rows = spec.get("rows") if isinstance(spec, dict) else None
     if not isinstance(rows, dict) or not rows or not all(isinstance(v, list) for v in rows.values()):
         raise ConfigError(f"{path}: rows must map each row's name to a list of overrides (key=value), e.g. "
-                          f"bytes-T128: [data.bpe_vocab_size=257, model.vocab_size=257]")
+                          f"bytes-T256: [model.block_size=256]")
     if not isinstance(spec.get("seed"), int) or not isinstance(spec.get("lr"), (int, float)) or not spec["lr"] > 0:
         raise ConfigError(f"{path}: seed must be an integer and lr a number > 0 (got seed={spec.get('seed')!r}, "
                           f"lr={spec.get('lr')!r})")
@@ -60,7 +60,7 @@ def data_dir_of(cfg) -> str:
     setting the prepared data depend on (data.*, the validation windows), so rows of equal data share one."""
     key = json.dumps({**prepared_keys(cfg.data), "block_size": cfg.model.block_size,
                       "val_tokens": cfg.train.val_tokens}, sort_keys=True, default=str)
-    vocab = cfg.data.bpe_vocab_size if cfg.data.tokenizer == "bpe" else "gpt2"
+    vocab = cfg.data.vocab_size if cfg.data.tokenizer == "bpe" else ""
     return f"data/{GROUP}/{cfg.data.tokenizer}{vocab}-T{cfg.model.block_size}-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
 
 

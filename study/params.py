@@ -15,6 +15,7 @@ import sys
 
 from study.config import ConfigError, available, load_config, project_root, run_stage
 from study.modeling.accounting import describe
+from study.tasks import configured_rows
 
 
 def table(overrides: list[str]) -> dict[str, dict[str, int]]:
@@ -28,7 +29,7 @@ def table(overrides: list[str]) -> dict[str, dict[str, int]]:
         except ConfigError as e:  # an override every variant takes may break one of them: name it
             raise ConfigError(f"conf/variant/{name}.yaml{' with ' + ' '.join(overrides) if overrides else ''}: "
                               f"{e}") from None
-        out[name] = describe(cfg.model, cfg.variant)
+        out[name] = describe(cfg.model, cfg.variant, configured_rows(cfg))
     return out
 
 

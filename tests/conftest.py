@@ -35,7 +35,8 @@ study:
 model: {{}}
 trainer: {{}}
 data:
-  bpe_vocab_size: 512
+  tokenizer: bpe
+  vocab_size: 512
   max_docs_per_corpus: 10
   val_every: 5
 train:

@@ -474,8 +474,8 @@ def test_a_run_folder_copied_onto_another_runs_name_is_refused(nano_project, tmp
 
 
 def test_missing_run_hint_keeps_the_overrides_when_the_picks_alone_fail_validation(tmp_path, monkeypatch, capsys):
-    """The project's own conf/ with a BPE vocabulary above nano's vocab_size: model=nano with it fails validation,
-    so the hint used to drop every override; run as printed, it must train that run."""
+    """The project's own conf/ with data.tokenizer=bpe, which fails validation without its data.vocab_size, so the
+    hint used to drop every override; run as printed, it must train that run."""
     import re
     import shlex
 
@@ -484,9 +484,9 @@ def test_missing_run_hint_keeps_the_overrides_when_the_picks_alone_fail_validati
 
     root = Path(__file__).resolve().parent.parent
     with pytest.raises(ConfigError):
-        load_config(["model=nano", "data.bpe_vocab_size=2048"], root)  # the premise: nano does not take 2048
+        load_config(["model=nano", "data.tokenizer=bpe"], root)  # the premise: one override alone fails
     runs = tmp_path / "runs"
-    given = ["model=nano", "data.bpe_vocab_size=512", "train.tokens=20480", "train.warmup_tokens=4096"]
+    given = ["model=nano", "data.tokenizer=bpe", "data.vocab_size=512", "train.tokens=20480", "train.warmup_tokens=4096"]
     monkeypatch.chdir(root)
     assert main([f"study.runs_dir={runs}", f"study.reports_dir={tmp_path / 'reports'}", "study.seeds=[1]",
                  "study.variants=[baseline,nonlinear_q]", "study.arms=[]", *given]) == 2
@@ -497,7 +497,7 @@ def test_missing_run_hint_keeps_the_overrides_when_the_picks_alone_fail_validati
     overrides = shlex.split(cmds[1])
     assert overrides[:2] == ["variant=nonlinear_q", "seed=1"] and set(given) <= set(overrides), overrides
     cfg = load_config(overrides, root)  # the printed command composes and validates ...
-    assert (cfg.model.name, cfg.data.bpe_vocab_size, cfg.train.tokens) == ("nano", 512, 20480)
+    assert (cfg.model.name, cfg.data.vocab_size, cfg.train.tokens) == ("nano", 512, 20480)
     assert run_dir(root, cfg, cfg.variant.name, cfg.seed, cfg.study.group) == runs / "nonlinear_q-s1"  # ... here
     assert not (tmp_path / "reports").exists()
 

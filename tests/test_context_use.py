@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from study.modeling.lit_module import in_context_gain
 from study.modeling.accounting import describe
 from study.modeling.model import GPT
-from tests.test_model import model_cfg, variant_cfg
+from tests.test_model import VOCAB, model_cfg, variant_cfg
 
 
 def test_in_context_gain_on_a_synthetic_curve():
@@ -48,11 +48,11 @@ def test_the_diagonal_mask_against_an_explicit_score_matrix():
     x = torch.randn(2, 16, m.n_embd)
     for name, allowed in (("no_context", torch.eye(16, dtype=torch.bool)),
                           ("baseline", torch.ones(16, 16).tril().bool())):
-        attn = GPT(m, variant_cfg(name), init_seed=3).transformer.h[0].attn.eval()
+        attn = GPT(m, variant_cfg(name), VOCAB, init_seed=3).transformer.h[0].attn.eval()
         with torch.no_grad():
             assert torch.allclose(attn(x), _explicit_attention(attn, x, allowed), atol=1e-6), name
     # with one key per query the softmax is exactly 1: the output is c_proj(v_t)
-    attn = GPT(m, variant_cfg("no_context"), init_seed=3).transformer.h[0].attn.eval()
+    attn = GPT(m, variant_cfg("no_context"), VOCAB, init_seed=3).transformer.h[0].attn.eval()
     with torch.no_grad():
         _, _, v = attn.heads(x)
         assert torch.allclose(attn(x), attn.c_proj(v.transpose(1, 2).reshape(2, 16, m.n_embd)), atol=1e-6)
@@ -63,17 +63,17 @@ def test_the_no_context_model_ignores_every_earlier_token():
     causal baseline's does; both have the same parameters."""
     torch.manual_seed(1)
     m = model_cfg("nano")
-    idx = torch.randint(0, m.vocab_size, (1, m.block_size))
+    idx = torch.randint(0, VOCAB, (1, m.block_size))
     changed = idx.clone()
-    changed[0, :10] = (idx[0, :10] + 7) % m.vocab_size  # every token before position 10 differs
+    changed[0, :10] = (idx[0, :10] + 7) % VOCAB  # every token before position 10 differs
     for name, same in (("no_context", True), ("baseline", False)):
-        model = GPT(m, variant_cfg(name), init_seed=5).eval()
+        model = GPT(m, variant_cfg(name), VOCAB, init_seed=5).eval()
         with torch.no_grad():
             a, _ = model(idx)
             b, _ = model(changed)
         # positions 10.. see the same own token (and position): identical under context: self
         assert torch.equal(a[0, 10:], b[0, 10:]) is same, name
-    assert describe(m, variant_cfg("no_context")) == describe(m, variant_cfg("baseline"))
+    assert describe(m, variant_cfg("no_context"), VOCAB) == describe(m, variant_cfg("baseline"), VOCAB)
 
 
 def _read_positions(path):
@@ -101,7 +101,7 @@ def test_per_position_loss_against_a_hand_loop(run_in, nano_project, tmp_path):
 
     # the hand loop: the run's final weights, the fixed validation windows, one window and one position at a time
     ckpt = torch.load(run / "checkpoints/last.ckpt", map_location="cpu", weights_only=False)
-    model = GPT(cfg.model, variant_cfg("baseline"))
+    model = GPT(cfg.model, variant_cfg("baseline"), VOCAB)
     model.load_state_dict({k.removeprefix("model."): v for k, v in ckpt["state_dict"].items()})
     model.eval()
     n_val = cfg.train.val_tokens // T
@@ -191,8 +191,8 @@ def test_the_no_context_diagnostics_use_its_own_mask():
 
     torch.manual_seed(2)
     m = model_cfg("nano")
-    idx = torch.randint(0, m.vocab_size, (2, 16))
-    model = GPT(m, variant_cfg("no_context"), init_seed=1).eval()
+    idx = torch.randint(0, VOCAB, (2, 16))
+    model = GPT(m, variant_cfg("no_context"), VOCAB, init_seed=1).eval()
     with torch.no_grad():
         d = diagnostics(model, idx)
         attn, h = model.transformer.h[0].attn, model.transformer.h[0].ln_1(

@@ -64,7 +64,7 @@ def test_user_folder_bad_files(tmp_path, name, content, match):
 
 
 def test_bpe_tokenizer_trains_with_eot(tmp_path):
-    cfg = OmegaConf.structured(DataConfig(tokenizer="bpe", bpe_vocab_size=300))
+    cfg = OmegaConf.structured(DataConfig(tokenizer="bpe", vocab_size=300))
     texts = [d.text for d in read_kjv()[:3]]
     tok = make_tokenizer(cfg, texts, tmp_path / "tok.json")
     assert tok.vocab_size == 300 and tok.eot_id == 0
@@ -72,6 +72,26 @@ def test_bpe_tokenizer_trains_with_eot(tmp_path):
     assert arrays[0].dtype == np.uint16 and arrays[0][-1] == 0 and 0 not in arrays[0][:-1]
     again = make_tokenizer(cfg, None, tmp_path / "tok.json")
     assert again.encode("In the beginning") == tok.encode("In the beginning")
+
+
+def test_bytes_tokenizer_is_one_token_per_byte_without_a_corpus(tmp_path):
+    """data.tokenizer=bytes: 257 ids (256 bytes + end of text), one token per UTF-8 byte, a bijection on the
+    bytes, built without a corpus and the same ids as a byte-level BPE trained to 257 tokens on real text."""
+    cfg = OmegaConf.structured(DataConfig())
+    assert (cfg.tokenizer, cfg.vocab_size) == ("bytes", None)
+    tok = make_tokenizer(cfg, None, tmp_path / "bytes.json")
+    assert (tok.name, tok.vocab_size, tok.eot_id) == ("bytes", 257, 0)
+    text = "Unicode: café, 日本語 — ok.\n"
+    assert len(tok.encode(text)) == len(text.encode("utf-8"))
+    every = bytes(range(256)).decode("latin-1")  # 256 characters, 384 UTF-8 bytes
+    ids = [tok.encode(bytes([b]).decode("latin-1"))[0] for b in range(128)]  # the ASCII bytes: one id each
+    assert len(set(ids)) == 128 and 0 not in ids and max(tok.encode(every)) <= 256
+    trained = make_tokenizer(OmegaConf.structured(DataConfig(tokenizer="bpe", vocab_size=257)),
+                             [d.text for d in read_kjv()[:3]], tmp_path / "bpe257.json")
+    assert trained.encode(text) == tok.encode(text) and trained.vocab_size == 257
+    assert (tmp_path / "bytes.json").read_bytes() == (tmp_path / "bpe257.json").read_bytes()
+    again = make_tokenizer(cfg, None, tmp_path / "bytes.json")  # loaded from the saved file
+    assert again.encode(text) == tok.encode(text)
 
 
 def test_prepared_chunks_match_meta(nano_project):

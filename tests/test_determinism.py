@@ -56,7 +56,7 @@ def test_prepare_twice_gives_byte_identical_data(nano_project, tmp_path):
     from study.runner.run_state import run_digest
 
     small = ["model=nano", "data.corpora=[sotu]", "data.max_docs_per_corpus=7", "data.val_every=3",
-             "data.bpe_vocab_size=300"]
+             "data.tokenizer=bpe", "data.vocab_size=300"]
     for name in ("a", "b"):
         r = run_cli(nano_project, "study.prepare", *small, f"data.dir={tmp_path / name}", timeout=600)
         assert r.returncode == 0, r.stderr[-2000:]

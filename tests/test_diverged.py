@@ -138,7 +138,7 @@ def test_the_validation_mean_keeps_nan():
     from study.config import load_config
     from conftest import ROOT
 
-    module = study.modeling.lit_module.GPTModule(load_config(["model=nano", "data.bpe_vocab_size=512"], ROOT))
+    module = study.modeling.lit_module.GPTModule(load_config(["model=nano", "data.tokenizer=bpe", "data.vocab_size=512"], ROOT))
     for x in (2.0, float("nan"), 4.0):
         module.val_loss.update(torch.tensor(x), weight=1)
     assert math.isnan(module.val_loss.compute().item())

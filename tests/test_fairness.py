@@ -49,7 +49,7 @@ def test_one_seed_gives_two_variants_the_same_weights_where_they_share_modules(n
 
     def build(variant, seed=1):
         cfg = load_config(["model=nano", f"variant={variant}"], nano_project)
-        return dict(GPT(cfg.model, cfg.variant, init_seed=seed).named_parameters())
+        return dict(GPT(cfg.model, cfg.variant, 257, init_seed=seed).named_parameters())
 
     base, nlq, mlp, other = build("baseline"), build("nonlinear_q"), build("baseline_mlp4.75"), build("baseline", 2)
     C = 32

@@ -30,7 +30,7 @@ EDGE = ["", "  leading and trailing spaces, a newline\n", "Unicode: café, naïv
 STUDY = """\
 defaults: [run_config, {model: nano}, {variant: baseline}, {data: owt}, {trainer: cpu}, _self_]
 study: {name: hf-test, variants: [baseline], seeds: [1], baseline: baseline}
-model: {vocab_size: 50304}
+model: {vocab_multiple: 64}
 """
 
 
@@ -158,7 +158,7 @@ def test_parallel_tokenising_with_a_trained_bpe(owt_copy, tmp_path):
     from study.data.tokenizers import make_tokenizer
 
     path, docs = owt_copy
-    cfg = _cfg(tmp_path, hf_dataset=str(path), tokenizer="bpe", bpe_vocab_size=400, num_proc=2, val_every=VAL_EVERY)
+    cfg = _cfg(tmp_path, hf_dataset=str(path), tokenizer="bpe", vocab_size=400, num_proc=2, val_every=VAL_EVERY)
     ds, _ = load_hf_dataset(cfg)
     batches = list(hf_train_texts(ds, cfg, batch=64))
     assert [t for b in batches for t in b] == [d for i, d in enumerate(docs) if i % VAL_EVERY != VAL_EVERY // 2]

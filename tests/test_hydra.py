@@ -15,23 +15,23 @@ import yaml
 
 from conftest import ROOT, env_for
 
-NANO = ["model=nano", "data.bpe_vocab_size=512"]  # the nano model's vocabulary is below the default BPE's
+NANO = ["model=nano", "data.tokenizer=bpe", "data.vocab_size=512"]  # the nano study's data: a 512-token BPE
 
 
 def test_group_and_field_overrides_compose():
     from study.config import load_config
 
     cfg = load_config([*NANO, "model.n_layer=3", "variant=nonlinear_q", "seed=2", "train.lr=1e-3"], ROOT)
-    assert (cfg.model.name, cfg.model.n_layer, cfg.model.n_embd, cfg.model.vocab_size) == ("nano", 3, 32, 512)
+    assert (cfg.model.name, cfg.model.n_layer, cfg.model.n_embd, cfg.model.vocab_multiple) == ("nano", 3, 32, 1)
     assert (cfg.variant.name, cfg.variant.query, cfg.variant.bottleneck) == ("nonlinear_q", "nonlinear", 0.5)
     assert (cfg.seed, cfg.train.lr, cfg.train.min_lr) == (2, 1e-3, 3e-4)  # min_lr from conf/study.yaml's train
-    assert (cfg.trainer.name, cfg.trainer.precision, cfg.data.bpe_vocab_size) == ("cpu", "32-true", 512)
+    assert (cfg.trainer.name, cfg.trainer.precision, cfg.data.vocab_size) == ("cpu", "32-true", 512)
     # a field override wins over the group file whatever the order on the command line
     assert load_config(["model.n_layer=3", *NANO], ROOT).model.n_layer == 3
     default = load_config([], ROOT)
     assert (default.model.name, default.variant.name, default.model.n_embd, default.train.tokens) == ("cpu", "baseline", 64,
                                                                                                      2097152)
-    assert default.data.bpe_vocab_size == 257 and default.data.val_every == 20  # study.yaml's data over data/default
+    assert (default.data.tokenizer, default.data.vocab_size, default.data.val_every) == ("bytes", None, 20)
 
 
 def test_study_sections_override_the_chosen_group_file(tmp_path):
@@ -79,9 +79,9 @@ def test_a_group_file_naming_another_file_is_refused(tmp_path):
     shutil.copytree(ROOT / "conf", tmp_path / "conf")
     (tmp_path / "conf/model/nano2.yaml").write_text((ROOT / "conf/model/nano.yaml").read_text())
     with pytest.raises(ConfigError, match=r"conf/model/nano2.yaml says name: nano: write name: nano2"):
-        load_config(["model=nano2", "data.bpe_vocab_size=512"], tmp_path)
-    (tmp_path / "conf/model/nano3.yaml").write_text("n_layer: 1\nn_head: 2\nn_embd: 32\nblock_size: 64\nvocab_size: 512\n")
-    assert load_config(["model=nano3", "data.bpe_vocab_size=512"], tmp_path).model.name == "nano3"  # no name: the file's
+        load_config(["model=nano2", "data.tokenizer=bpe", "data.vocab_size=512"], tmp_path)
+    (tmp_path / "conf/model/nano3.yaml").write_text("n_layer: 1\nn_head: 2\nn_embd: 32\nblock_size: 64\n")
+    assert load_config(["model=nano3", "data.tokenizer=bpe", "data.vocab_size=512"], tmp_path).model.name == "nano3"  # no name: the file's
 
 
 @pytest.mark.parametrize("edit,words", [
@@ -127,7 +127,7 @@ def test_cfg_job_prints_the_composed_config_and_writes_nothing(tmp_path):
     assert r.returncode == 0, r.stderr
     cfg = yaml.safe_load(r.stdout)
     assert (cfg["model"]["name"], cfg["model"]["n_embd"], cfg["variant"]["query"]) == ("nano", 32, "nonlinear")
-    assert (cfg["train"]["lr"], cfg["seed"], cfg["data"]["bpe_vocab_size"]) == (1e-3, 3, 512)
+    assert (cfg["train"]["lr"], cfg["seed"], cfg["data"]["vocab_size"]) == (1e-3, 3, 512)
     assert sorted(os.listdir(tmp_path)) == ["conf"]  # no runs/, outputs/ or .hydra/
 
 
@@ -233,7 +233,7 @@ def test_stage_under_dvc_takes_params_yaml_and_its_own_group_choice(tmp_path, mo
                                           r"differ\): after editing conf/ run `make params`"):
         load_config(["variant=nonlinear_q"], tmp_path, params="params.yaml")
     (tmp_path / "params.yaml").write_text(composed_params(tmp_path))
-    fresh = load_config(["variant=nonlinear_q", "model=nano", "data.bpe_vocab_size=512"], tmp_path, params="params.yaml")
+    fresh = load_config(["variant=nonlinear_q", "model=nano", "data.tokenizer=bpe", "data.vocab_size=512"], tmp_path, params="params.yaml")
     assert (fresh.model.name, fresh.variant.name, fresh.train.lr) == ("nano", "nonlinear_q", 3e-3)
 
 

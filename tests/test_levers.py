@@ -15,7 +15,7 @@ seed: 1
 lr: 3.0e-3
 rows:
   bpe512: []
-  bytes: [data.bpe_vocab_size=257, model.vocab_size=257]
+  bytes: [data.tokenizer=bytes, data.vocab_size=null]
 """
 
 
@@ -28,9 +28,10 @@ def test_the_levers_table_reads_its_runs(tmp_path):
     rows = {line.split(" | ")[0].strip("| "): line.split(" | ") for line in md.splitlines() if line.startswith("| b")}
     assert set(rows) == {"bpe512", "bytes"}
     for name, vocab in (("bpe512", 512), ("bytes", 257)):
+        folder = f"{name}-T64-*"
         base = json.loads((project / f"runs/levers/{name}/baseline-s1/metrics.json").read_text())
         yard = json.loads((project / f"runs/levers/{name}/no_context-s1/metrics.json").read_text())
-        (data,) = [p for p in (project / "data/levers").glob(f"bpe{vocab}-T64-*") if p.is_dir()]  # each row's own data
+        (data,) = [p for p in (project / "data/levers").glob(folder) if p.is_dir()]  # each row's own data
         meta = json.loads((data / "meta.json").read_text())
         assert meta["vocab_size"] == vocab
         cells = rows[name]
@@ -77,8 +78,8 @@ def test_the_command_lines_overrides_reach_every_row(tmp_path, monkeypatch):
         cfg = load_config(overrides, ROOT)
         assert (cfg.data.max_docs_per_corpus, cfg.study.runs_dir, cfg.train.tokens) == (3, str(tmp_path / "runs"), 1048576)
     bytes_cfg = load_config(trained[-1], ROOT)
-    assert (bytes_cfg.model.vocab_size, bytes_cfg.variant.name) == (257, "no_context")
-    default = load_config(["data.bpe_vocab_size=257", "model.vocab_size=257"], ROOT)
+    assert (bytes_cfg.data.tokenizer, bytes_cfg.variant.name) == ("bytes", "no_context")
+    default = load_config(["data.tokenizer=bytes"], ROOT)
     assert bytes_cfg.data.dir != levers.data_dir_of(default)  # the small corpus has its own folder
 
 
@@ -90,6 +91,6 @@ def test_an_override_that_a_row_sets_too_is_refused_in_one_line(tmp_path, monkey
     (tmp_path / "levers.yaml").write_text(LEVERS)
     monkeypatch.setattr(levers, "LEVERS", str(tmp_path / "levers.yaml"))
     monkeypatch.setattr(levers, "_prepare", lambda *a: pytest.fail("prepared despite a clash"))
-    assert levers.main(["model.vocab_size=512"]) == 2
-    assert capsys.readouterr().err == (f"error: model.vocab_size is set by row bytes of {tmp_path / 'levers.yaml'} and on "
+    assert levers.main(["data.tokenizer=gpt2"]) == 2
+    assert capsys.readouterr().err == (f"error: data.tokenizer is set by row bytes of {tmp_path / 'levers.yaml'} and on "
                                        f"the command line: drop it from the command line (or edit the row)\n")

@@ -13,9 +13,11 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from study.config import ModelConfig, VariantConfig
+from study.config import ModelConfig, VariantConfig, embedding_rows
 from study.modeling.accounting import describe, param_counts
 from study.modeling.model import GPT
+
+VOCAB = 512  # embedding rows of the test models (tokens)
 
 ROOT_CONF = __import__("pathlib").Path(__file__).resolve().parent.parent / "conf"
 
@@ -42,46 +44,49 @@ VARIANTS = ["baseline", "identity_q", "nonlinear_q", "baseline_mlp4.75"]
 def test_forward_shapes_and_initial_loss(variant):
     torch.manual_seed(0)
     m = model_cfg("nano")
-    model = GPT(m, variant_cfg(variant))
-    idx = torch.randint(0, m.vocab_size, (3, m.block_size))
-    targets = torch.randint(0, m.vocab_size, (3, m.block_size))
+    model = GPT(m, variant_cfg(variant), VOCAB)
+    idx = torch.randint(0, VOCAB, (3, m.block_size))
+    targets = torch.randint(0, VOCAB, (3, m.block_size))
     logits, loss = model(idx, targets)
-    assert logits.shape == (3, m.block_size, m.vocab_size)
+    assert logits.shape == (3, m.block_size, VOCAB)
     # at init the logits are nearly uniform: loss close to ln(vocab_size)
-    assert abs(loss.item() - math.log(m.vocab_size)) < 0.1
+    assert abs(loss.item() - math.log(VOCAB)) < 0.1
     with pytest.raises(ValueError, match="block_size"):
         model(torch.zeros(1, m.block_size + 1, dtype=torch.long))
 
 
 def test_non_embedding_parameters_at_gpt3_small():
     m = model_cfg("gpt3-small")
+    rows = embedding_rows(50257, m.vocab_multiple)  # GPT-2's ids padded to model.vocab_multiple
+    assert rows == 50304
     C, L = 768, 12
     per_layer_ln = 2 * C
     baseline = L * (4 * C * C + 2 * C * 4 * C + per_layer_ln) + C  # qkv+proj, MLP 4C, 2 LN; final LN
-    counts = {v: describe(m, variant_cfg(v))["non_embedding_params"] for v in VARIANTS}
+    counts = {v: describe(m, variant_cfg(v), rows)["non_embedding_params"] for v in VARIANTS}
     assert counts["baseline"] == baseline
     assert round(counts["baseline"] / 1e6, 2) == 84.95
     assert round(counts["identity_q"] / 1e6, 2) == 77.88
     assert counts["identity_q"] == baseline - L * C * C
     assert counts["nonlinear_q"] == baseline + L * 2 * C  # W1, W2 replace W_Q; + RMSNorm and LN gains
     assert abs(counts["baseline_mlp4.75"] / baseline - 1.125) < 0.001
-    assert describe(m, variant_cfg("baseline"))["total_params"] == baseline + 50304 * C + 1024 * C
+    assert describe(m, variant_cfg("baseline"), rows)["total_params"] == baseline + 50304 * C + 1024 * C
 
 
 def test_flops_per_token_formula():
     m = model_cfg("gpt3-small")
     C, L, T, V = 768, 12, 1024, 50304
+    rows = embedding_rows(50257, m.vocab_multiple)
     matmul_weights = L * 12 * C * C + V * C
-    assert describe(m, variant_cfg("baseline"))["flops_per_token"] == 6 * matmul_weights + 12 * L * C * T
+    assert describe(m, variant_cfg("baseline"), rows)["flops_per_token"] == 6 * matmul_weights + 12 * L * C * T
     # the nonlinear query costs the same matmul FLOPs as the linear one (C x C/2 + C/2 x C = C x C)
-    assert describe(m, variant_cfg("nonlinear_q"))["flops_per_token"] == 6 * matmul_weights + 12 * L * C * T
+    assert describe(m, variant_cfg("nonlinear_q"), rows)["flops_per_token"] == 6 * matmul_weights + 12 * L * C * T
 
 
 def test_nonlinear_query_is_the_papers_f():
     """q = x + LN(W2 GELU(W1 RMSNorm(x))), W1: C -> C/2, W2: C/2 -> C, no biases, exact GELU."""
     torch.manual_seed(1)
     m = model_cfg("nano", n_embd=64, n_head=4)
-    model = GPT(m, variant_cfg("nonlinear_q"))
+    model = GPT(m, variant_cfg("nonlinear_q"), VOCAB)
     attn = model.transformer.h[0].attn
     f = attn.proj["q"]
     C = m.n_embd
@@ -120,7 +125,7 @@ def reference_attention(q, k, v, n_head, scale):
 def test_attention_scale(variant, factor):
     torch.manual_seed(2)
     m = model_cfg("nano", n_embd=64, n_head=4)
-    attn = GPT(m, variant_cfg(variant)).transformer.h[0].attn
+    attn = GPT(m, variant_cfg(variant), VOCAB).transformer.h[0].attn
     x = torch.randn(2, 7, 64)
     q, k, v = attn.qkv(x)
     expected = reference_attention(q, k, v, 4, factor / math.sqrt(16)) @ attn.c_proj.weight.T
@@ -134,8 +139,8 @@ def test_attention_scale(variant, factor):
 
 def test_initialisation_follows_the_paper():
     torch.manual_seed(3)
-    m = model_cfg("nano", n_layer=4, n_embd=256, n_head=4, vocab_size=4096, block_size=256)
-    model = GPT(m, variant_cfg("nonlinear_q"))
+    m = model_cfg("nano", n_layer=4, n_embd=256, n_head=4, block_size=256)
+    model = GPT(m, variant_cfg("nonlinear_q"), 4096)
     scaled = 0.02 / math.sqrt(2 * 4)
     for block in model.transformer.h:
         assert abs(block.attn.c_proj.weight.std().item() - scaled) < 0.1 * scaled
@@ -175,8 +180,8 @@ def test_identity_query_is_a_change_of_basis_without_normalisation():
     torch.set_default_dtype(torch.float64)
     try:
         m = model_cfg("nano", n_layer=1, n_embd=32, n_head=4, norm="none")
-        base = GPT(m, variant_cfg("baseline"))
-        ident = GPT(m, variant_cfg("identity_q"))
+        base = GPT(m, variant_cfg("baseline"), VOCAB)
+        ident = GPT(m, variant_cfg("identity_q"), VOCAB)
         C = m.n_embd
         ba, ia = base.transformer.h[0], ident.transformer.h[0]
         Wq, Wk, Wv = ba.attn.c_attn.weight.split(C, dim=0)  # nn.Linear weights: A = W^T
@@ -189,7 +194,7 @@ def test_identity_query_is_a_change_of_basis_without_normalisation():
             ia.mlp.c_proj.weight.copy_((ba.mlp.c_proj.weight.T @ Aq).T)
             ident.transformer.wte.weight.copy_(base.transformer.wte.weight @ Aq)
             ident.transformer.wpe.weight.copy_(base.transformer.wpe.weight @ Aq)
-        idx = torch.randint(0, m.vocab_size, (2, m.block_size))
+        idx = torch.randint(0, VOCAB, (2, m.block_size))
 
         def stream(model):
             pos = torch.arange(idx.shape[1])
@@ -200,8 +205,8 @@ def test_identity_query_is_a_change_of_basis_without_normalisation():
         torch.testing.assert_close(h_ident, h_base @ Aq, atol=1e-9, rtol=1e-9)
         logits_base = h_base @ base.transformer.wte.weight.T
         torch.testing.assert_close(h_ident @ Aq_inv @ base.transformer.wte.weight.T, logits_base)
-        assert describe(m, variant_cfg("identity_q"))["non_embedding_params"] == \
-            describe(m, variant_cfg("baseline"))["non_embedding_params"] - C * C
+        assert describe(m, variant_cfg("identity_q"), VOCAB)["non_embedding_params"] == \
+            describe(m, variant_cfg("baseline"), VOCAB)["non_embedding_params"] - C * C
     finally:
         torch.set_default_dtype(torch.float32)
 
@@ -211,8 +216,8 @@ def test_diagnostics_by_hand():
 
     torch.manual_seed(5)
     m = model_cfg("nano", n_layer=2)
-    model = GPT(m, variant_cfg("nonlinear_q")).eval()
-    idx = torch.randint(0, m.vocab_size, (2, 16))
+    model = GPT(m, variant_cfg("nonlinear_q"), VOCAB).eval()
+    idx = torch.randint(0, VOCAB, (2, 16))
     d = diagnostics(model, idx)
     assert set(d) == {f"L{i}/{k}" for i in (0, 1)
                       for k in ("f_ratio_q", "branch_share_q", "turn_q", "attn_entropy", "attn_logit_max")}
@@ -234,7 +239,7 @@ def test_diagnostics_by_hand():
     # entropy of a causal softmax lies between 0 and the uniform bound mean(log(t)), t = 1..T
     upper = sum(math.log(t) for t in range(1, 17)) / 16
     assert 0 < d["L0/attn_entropy"] <= upper + 1e-6
-    assert "L0/f_ratio_q" not in diagnostics(GPT(m, variant_cfg("baseline")), idx)
+    assert "L0/f_ratio_q" not in diagnostics(GPT(m, variant_cfg("baseline"), VOCAB), idx)
 
 
 def test_the_nonlinear_output_projection_by_hand_and_its_parameters():
@@ -242,7 +247,7 @@ def test_the_nonlinear_output_projection_by_hand_and_its_parameters():
     per layer it swaps W_O (C^2) for W1, W2 (2 C C/2) and two gains (2C): + 2C per layer at both sizes."""
     torch.manual_seed(0)
     m = model_cfg("nano")
-    attn = GPT(m, variant_cfg("nonlinear_o"), init_seed=2).transformer.h[0].attn.eval()
+    attn = GPT(m, variant_cfg("nonlinear_o"), VOCAB, init_seed=2).transformer.h[0].attn.eval()
     assert attn.c_proj is None and set(attn.proj) == {"o"}
     x = torch.randn(2, 8, m.n_embd)
     o = attn.proj["o"]
@@ -257,5 +262,5 @@ def test_the_nonlinear_output_projection_by_hand_and_its_parameters():
         assert torch.allclose(attn(x), y + ln, atol=1e-5)
     for size in ("nano", "gpt3-small"):
         c = model_cfg(size)
-        base = describe(c, variant_cfg("baseline"))["non_embedding_params"]
-        assert describe(c, variant_cfg("nonlinear_o"))["non_embedding_params"] == base + c.n_layer * 2 * c.n_embd
+        base = describe(c, variant_cfg("baseline"), VOCAB)["non_embedding_params"]
+        assert describe(c, variant_cfg("nonlinear_o"), VOCAB)["non_embedding_params"] == base + c.n_layer * 2 * c.n_embd

@@ -71,7 +71,7 @@ def test_resolve_tokens_per_param_and_tuned_lr(nano_project, tmp_path, monkeypat
     cfg = load_config(["variant=nonlinear_q", "model=ladder-96", "train.tokens_per_param=1.0"], nano_project)
     resolve(cfg, nano_project)
     base = GPT(load_config(["variant=baseline", "model=ladder-96"], nano_project).model,
-               load_config(["variant=baseline"], nano_project).variant)
+               load_config(["variant=baseline"], nano_project).variant, 512)
     n = sum(p.numel() for name, p in base.named_parameters() if name not in ("transformer.wte.weight",
                                                                              "transformer.wpe.weight"))
     assert cfg.train.tokens == (n // 2048) * 2048 and cfg.train.tokens > 0
@@ -165,7 +165,7 @@ def test_the_scale_ladder_through_dvc(tmp_path):
     project = copy_project(tmp_path / "proj", seeds=(1, 2), tokens=10240)
     for d in (64,):
         (project / f"conf/model/nano-{d}.yaml").write_text(
-            f"n_layer: 2\nn_head: 2\nn_embd: {d}\nblock_size: 64\nvocab_size: 512\nmlp_ratio: 4.0\n")
+            f"n_layer: 2\nn_head: 2\nn_embd: {d}\nblock_size: 64\nmlp_ratio: 4.0\n")
     (project / "conf/study.yaml").write_text(PROFILES_STUDY.format(
         name="profiles", variants=["baseline", "nonlinear_q"], seeds=[1, 2], tokens=10240))
     write_params(project)

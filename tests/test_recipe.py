@@ -15,11 +15,14 @@ from omegaconf import OmegaConf
 from study.config import RunConfig
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
+VOCAB = 512  # embedding rows of the nano runs here (tokens)
 
 
 def nano_run_config(variant: str, **train) -> RunConfig:
-    """The nano model (conf/model/nano.yaml) with conf/variant/VARIANT.yaml, schema defaults elsewhere."""
+    """The nano model (conf/model/nano.yaml) with conf/variant/VARIANT.yaml on a VOCAB-token BPE, schema defaults
+    elsewhere."""
     cfg = OmegaConf.structured(RunConfig)
+    cfg.data.tokenizer, cfg.data.vocab_size = "bpe", VOCAB
     cfg.model = OmegaConf.merge(cfg.model, OmegaConf.load(CONF / "model" / "nano.yaml"))
     cfg.variant = OmegaConf.merge(cfg.variant, OmegaConf.load(CONF / "variant" / f"{variant}.yaml"))
     for k, v in train.items():
@@ -39,7 +42,7 @@ def short_run(variant: str, steps: int = 10) -> float:
     module = GPTModule(cfg)
     opts = module.configure_optimizers()
     opt, sched = opts["optimizer"], opts["lr_scheduler"]["scheduler"]
-    tokens = torch.randint(0, cfg.model.vocab_size, (steps, 4, cfg.model.block_size + 1),
+    tokens = torch.randint(0, VOCAB, (steps, 4, cfg.model.block_size + 1),
                            generator=torch.Generator().manual_seed(123))
     for step in range(steps):
         module._loss(tokens[step])[0].backward()
@@ -80,7 +83,7 @@ def model_and_variant(model: str, variant: str, **over):
 def non_embedding(model: str, variant: str, **over) -> int:
     from study.modeling.accounting import describe
 
-    return describe(*model_and_variant(model, variant, **over))["non_embedding_params"]
+    return describe(*model_and_variant(model, variant, **over), VOCAB)["non_embedding_params"]
 
 
 @pytest.mark.parametrize("model", ["nano", "gpt3-small"])
@@ -105,7 +108,7 @@ def test_gelu_free_ablation_has_nonlinear_qs_exact_parameters():
     """nonlinear_q_linear: the same parameter names, shapes and initial values as nonlinear_q; only act differs."""
     from study.modeling.model import GPT
 
-    a, b = GPT(*model_and_variant("nano", "nonlinear_q")), GPT(*model_and_variant("nano", "nonlinear_q_linear"))
+    a, b = GPT(*model_and_variant("nano", "nonlinear_q"), VOCAB), GPT(*model_and_variant("nano", "nonlinear_q_linear"), VOCAB)
     sa, sb = a.state_dict(), b.state_dict()
     assert list(sa) == list(sb) and all(torch.equal(sa[k], sb[k]) for k in sa)
     assert isinstance(b.transformer.h[0].attn.proj["q"].act, torch.nn.Identity)
@@ -116,7 +119,7 @@ def test_split_depth_layers():
     from study.modeling.model import NonlinearProjection, GPT
 
     m, v = model_and_variant("cpu", "split_depth")  # 4 layers
-    model = GPT(m, v)
+    model = GPT(m, v, VOCAB)
     kinds = [type(b.attn.proj["q"]).__name__ for b in model.transformer.h]
     assert kinds == ["Identity", "Identity", "NonlinearProjection", "NonlinearProjection"]
     q = model.transformer.h[3].attn.proj["q"]
@@ -136,7 +139,7 @@ def test_normalised_q_and_k_have_unit_rms_per_head(qk_norm, k_norm):
 
     torch.manual_seed(0)
     m, v = model_and_variant("nano", "baseline", qk_norm=qk_norm, k_norm=k_norm)
-    attn = GPT(m, v).transformer.h[0].attn
+    attn = GPT(m, v, VOCAB).transformer.h[0].attn
     x = 3.0 * torch.randn(2, 16, m.n_embd)
     q, k, _ = attn.heads(x)  # (B, n_head, T, head_dim)
     raw_q, raw_k, _ = (t.view(2, 16, m.n_head, -1).transpose(1, 2) for t in attn.qkv(x))
@@ -183,7 +186,7 @@ def test_per_head_arm_normalises_its_keys_and_scales_by_one():
     from study.modeling.model import GPT, NonlinearProjection
 
     m, v = model_and_variant("nano", "nonlinear_q_ph")
-    attn = GPT(m, v).transformer.h[1].attn
+    attn = GPT(m, v, VOCAB).transformer.h[1].attn
     assert isinstance(attn.proj["q"], NonlinearProjection) and attn.proj["q"].n_head == m.n_head
     assert attn.q_norm is None and attn.k_norm is not None and attn.k_norm.weight is None
     assert attn.scale == pytest.approx(1 / (m.n_embd // m.n_head) ** 0.5)
@@ -198,9 +201,9 @@ def test_every_parameter_receives_a_gradient(variant, over):
 
     torch.manual_seed(0)
     m, v = model_and_variant("nano", variant, **over)
-    model = GPT(m, v)
-    idx = torch.randint(0, m.vocab_size, (2, m.block_size))
-    model(idx, torch.randint(0, m.vocab_size, (2, m.block_size)))[1].backward()
+    model = GPT(m, v, VOCAB)
+    idx = torch.randint(0, VOCAB, (2, m.block_size))
+    model(idx, torch.randint(0, VOCAB, (2, m.block_size)))[1].backward()
     none = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
     assert none == []
     if over.get("qk_norm") == "rms_gain":
@@ -284,12 +287,12 @@ def test_attn_logit_max_against_an_explicit_score_matrix(variant, over):
 
     torch.manual_seed(1)
     m, v = model_and_variant("nano", variant, **over)
-    model = GPT(m, v, init_seed=5)
+    model = GPT(m, v, VOCAB, init_seed=5)
     for name, p in model.named_parameters():  # gains away from 1, so that a missed gain shows
         if name.endswith("norm.weight"):
             with torch.no_grad():
                 p.copy_(torch.rand_like(p) + 0.5)
-    idx = torch.randint(0, m.vocab_size, (2, 24))
+    idx = torch.randint(0, VOCAB, (2, 24))
     got = diagnostics(model, idx)
     H, hd, T = m.n_head, m.n_embd // m.n_head, 24
     x = model.transformer.wte(idx) + model.transformer.wpe(torch.arange(T))
@@ -433,7 +436,7 @@ def test_wsd_inside_the_warmup_is_refused_once_tokens_per_param_sets_the_tokens(
     from study.config import ConfigError, load_config
     from study.runner.budget import resolve
 
-    over = ["model=nano", "data.bpe_vocab_size=512", "variant=baseline", "train.tokens=20480",
+    over = ["model=nano", "data.tokenizer=bpe", "data.vocab_size=512", "variant=baseline", "train.tokens=20480",
             "train.batch_tokens=2048", "train.warmup_tokens=4096", "train.tokens_per_param=0.5", "train.schedule=wsd"]
     cfg = load_config([*over, "train.decay_fraction=1.0"], CONF.parent)  # passes: the tokens are not known
     with pytest.raises(ConfigError, match=r"of 6 steps \(train.tokens_per_param=0.5; train.decay_fraction=1.0\)"):

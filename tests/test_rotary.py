@@ -9,7 +9,7 @@ import torch
 from study.config import ConfigError, load_config
 from study.modeling.accounting import describe
 from study.modeling.model import GPT, rotary
-from tests.test_model import model_cfg, variant_cfg
+from tests.test_model import VOCAB, model_cfg, variant_cfg
 
 
 def test_rotary_is_a_complex_rotation_of_each_half_split_pair():
@@ -44,17 +44,17 @@ def test_rotary_scores_depend_on_the_offset_only():
 def test_a_rope_model_has_no_position_table_and_the_same_non_embedding_parameters():
     base, rope = model_cfg("nano"), model_cfg("nano", position="rope")
     v = variant_cfg("baseline")
-    a, b = describe(base, v), describe(rope, v)
+    a, b = describe(base, v, VOCAB), describe(rope, v, VOCAB)
     assert a["non_embedding_params"] == b["non_embedding_params"]
     assert a["total_params"] - b["total_params"] == base.block_size * base.n_embd  # the wpe table
-    model = GPT(rope, v, init_seed=0)
+    model = GPT(rope, v, VOCAB, init_seed=0)
     assert "wpe" not in model.transformer
-    idx = torch.randint(0, rope.vocab_size, (2, rope.block_size))
+    idx = torch.randint(0, VOCAB, (2, rope.block_size))
     logits, loss = model(idx, idx)
-    assert logits.shape == (2, rope.block_size, rope.vocab_size) and torch.isfinite(loss)
+    assert logits.shape == (2, rope.block_size, VOCAB) and torch.isfinite(loss)
     # bidirectional with rope: moving the whole window by one token changes the output at the moved tokens only
     # through what they see, so a window of one repeated token gives the same output at every position
-    enc = GPT(rope, v, init_seed=0, causal=False)
+    enc = GPT(rope, v, VOCAB, init_seed=0, causal=False)
     out = enc(torch.full((1, 16), 7))[0][0]  # (T, vocab_size)
     torch.testing.assert_close(out, out[:1].expand_as(out), rtol=1e-5, atol=1e-5)
 
@@ -85,7 +85,7 @@ def test_the_task_picks_the_positions_a_run_does_not_name(nano_project, tmp_path
     assert load_config(["task=mlm"], nano_project, params=tmp_path / "params.yaml").model.position == "rope"
     assert load_config([], nano_project, params=tmp_path / "params.yaml").model.position == "learned"
     # the schema's null builds nanoGPT's position table (a config that never met a task is an lm's)
-    assert "wpe" in GPT(model_cfg("nano", position=None), variant_cfg("baseline"), init_seed=0).transformer
+    assert "wpe" in GPT(model_cfg("nano", position=None), variant_cfg("baseline"), VOCAB, init_seed=0).transformer
     with pytest.raises(ConfigError) as e:  # an odd head_dim under mlm's rotary default names both fixes
         load_config(["model=nano", "task=mlm", "model.n_embd=36", "model.n_head=4"], nano_project)
     assert "\n" not in str(e.value) and "model.position=learned" in str(e.value)

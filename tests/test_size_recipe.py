@@ -55,12 +55,12 @@ def test_a_ladder_at_another_budget_is_refused_before_it_trains():
     assert "tuned at train.warmup_tokens=262144, but this run trains at train.warmup_tokens=131072" in msg
     assert "scale_ladder.warmup_tokens=131072`" in msg
     # the BPE-era ladder, reproduced as docs/history.md says, is at the recipe its sizes were tuned at
-    bpe = load_config(["model=cpu-bpe2048", "data.bpe_vocab_size=2048", *LADDER[:2], LADDER[3],
+    bpe = load_config(["model=cpu-bpe2048", "data.tokenizer=bpe", "data.vocab_size=2048", *LADDER[:2], LADDER[3],
                        "scale_ladder.models=[ladder-64,ladder-96,ladder-128]", "scale_ladder.tokens_per_param=1.0",
                        "scale_ladder.warmup_tokens=32768"], ROOT)
     assert bpe.scale_ladder.models == ["ladder-64", "ladder-96", "ladder-128"]
     # and at bytes it is not (its lr* were tuned on BPE 2048)
-    assert "tuned at data.bpe_vocab_size=2048" in refusal(
+    assert "tuned at data.tokenizer=bpe, data.vocab_size=2048, but this run trains at data.tokenizer=bytes, data.vocab_size=None" in refusal(
         [*LADDER[:2], LADDER[3], "scale_ladder.models=[ladder-64,ladder-96]", "scale_ladder.tokens_per_param=1.0",
          "scale_ladder.warmup_tokens=32768"])
 

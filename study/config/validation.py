@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 
 from .schedule import batch_tokens_message, max_steps, peak_lr, wsd_decay_steps
-from .schema import (ACTIVATIONS, CONTEXTS, PRECISIONS, PROJECTION_MODES, QK_NORMS, SCHEDULES, TOKENIZERS, ConfigError,
-                     DataConfig, RunConfig)
+from .schema import (ACTIVATIONS, CONTEXTS, FIXED_VOCAB, PRECISIONS, PROJECTION_MODES, QK_NORMS, SCHEDULES, TOKENIZERS,
+                     ConfigError, DataConfig, RunConfig)
 from .launcher import resolve_launcher
 from .transfer import check_transferable, transferred_lr  # noqa: F401 (the ladder's lr, re-exported)
 from .verdict_checks import used_arms, validate_verdict  # noqa: F401 (used_arms: re-exported)
@@ -38,7 +38,7 @@ def validate(cfg: RunConfig) -> None:
 def _validate_model(cfg: RunConfig) -> None:
     """Cfg.model's shape and positions (:func:`validate`)."""
     m = cfg.model
-    for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_size"):
+    for key in ("n_layer", "n_head", "n_embd", "block_size", "vocab_multiple"):
         if getattr(m, key) <= 0:
             raise ConfigError(f"model.{key}={getattr(m, key)} must be a positive integer")
     if m.n_embd % m.n_head:
@@ -130,19 +130,17 @@ def _validate_precision(cfg: RunConfig) -> None:
 
 
 def _validate_data(cfg: RunConfig) -> None:
-    """The tokenizer against the model's vocabulary, the held-out share (:func:`validate`)."""
-    m, d = cfg.model, cfg.data
+    """The tokenizer and its vocabulary, the held-out share (:func:`validate`)."""
+    d = cfg.data
     if d.tokenizer not in TOKENIZERS:
         raise ConfigError(f"data.tokenizer={d.tokenizer!r}: choose one of {list(TOKENIZERS)}")
-    if d.tokenizer == "bpe" and d.bpe_vocab_size < 257:
-        raise ConfigError(f"data.bpe_vocab_size={d.bpe_vocab_size} is below the byte-level BPE's 256 bytes + "
-                          f"<|endoftext|>: use at least 257")
-    if d.tokenizer == "bpe" and d.bpe_vocab_size > m.vocab_size:
-        raise ConfigError(f"data.bpe_vocab_size={d.bpe_vocab_size} is larger than model.vocab_size="
-                          f"{m.vocab_size}: lower bpe_vocab_size or raise vocab_size")
-    if d.tokenizer == "gpt2" and m.vocab_size < 50257:
-        raise ConfigError(f"data.tokenizer=gpt2 has 50257 tokens but model.vocab_size={m.vocab_size}: "
-                          f"use model.vocab_size=50304 or data.tokenizer=bpe")
+    fixed = FIXED_VOCAB.get(d.tokenizer)
+    if fixed is not None and d.vocab_size not in (None, fixed):
+        raise ConfigError(f"data.vocab_size={d.vocab_size} but data.tokenizer={d.tokenizer} has {fixed} ids: "
+                          f"set data.vocab_size=null, or data.tokenizer=bpe to train a BPE of that size")
+    if d.tokenizer == "bpe" and (d.vocab_size is None or d.vocab_size < 257):
+        raise ConfigError(f"data.tokenizer=bpe needs data.vocab_size of at least 257 (256 bytes + <|endoftext|>), "
+                          f"not {d.vocab_size}: set it, or use data.tokenizer=bytes")
     if d.val_every < 2:
         raise ConfigError(f"data.val_every={d.val_every} must be >= 2 (one document in val_every is held out)")
 

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 
-from study.config import ConfigError
 from study.data import DataError
 from study.data.chunks import HF_ROWS_PER_INPUT, emit_hf_rows, release_hf_rows, write_chunks
 from study.data.corpora import corpus_runs, is_val_index, read_documents, split_documents
@@ -31,13 +30,6 @@ from study.data.tokenizers import make_tokenizer
 from study.data.yardsticks import prepared_yardsticks
 
 YARDSTICK_MAX_TOKENS = 50_000_000  # training tokens counted for the yardsticks (source hf: the first ones)
-
-
-def check_vocab(cfg, tok) -> None:
-    """Refuse a tokenizer with more ids than the model's embedding holds (ConfigError)."""
-    if tok.vocab_size > cfg.model.vocab_size:
-        raise ConfigError(f"the {tok.name} tokenizer has {tok.vocab_size} tokens, more than "
-                          f"model.vocab_size={cfg.model.vocab_size}: raise vocab_size or lower bpe_vocab_size")
 
 
 def _build_hf(cfg, ds, tmp: Path) -> tuple[object, dict, dict, np.ndarray]:
@@ -52,7 +44,6 @@ def _build_hf(cfg, ds, tmp: Path) -> tuple[object, dict, dict, np.ndarray]:
                         f"{d.val_every}; lower val_every or raise data.max_docs_per_corpus")
     tok_path = tmp / "tokenizer.json"
     tok = make_tokenizer(d, hf_train_texts(ds, d) if d.tokenizer == "bpe" else None, tok_path)
-    check_vocab(cfg, tok)
     tokenized = tokenize_hf(ds, d, tok, tmp / "hf-tokens" / "tokens.arrow", tok_path)
     files = tuple(f["filename"] for f in tokenized.cache_files)
     if not files:
@@ -162,7 +153,6 @@ def _build(cfg, root: Path) -> dict:
         else:
             tok = make_tokenizer(cfg.data, [d.text for d in train_docs] if cfg.data.tokenizer == "bpe" else None,
                                  tmp / "tokenizer.json")
-            check_vocab(cfg, tok)
             counts, corpus_tokens = {}, {}
             for split, split_docs in (("train", train_docs), ("val", val_docs)):
                 arrays = tok.encode_documents([d.text for d in split_docs])
@@ -178,7 +168,6 @@ def _build(cfg, root: Path) -> dict:
         meta = {
             "tokenizer": tok.name,
             "vocab_size": tok.vocab_size,
-            "bpe_vocab_size": cfg.data.bpe_vocab_size if tok.name == "bpe" else None,
             "eot_id": tok.eot_id,
             "source": cfg.data.source,
             "corpora": list(cfg.data.corpora) if cfg.data.source == "embedded" else None,

@@ -176,7 +176,7 @@ _WORKER_TOKENIZERS: dict = {}
 def hf_tokenize_batch(batch: dict, text_field: str, tokenizer: str, tokenizer_path: str | None) -> dict:
     """``Dataset.map`` function (top level, so that every worker process can load it): a batch of
     texts -> ``ids`` (the tokens, then the end-of-text id) and ``len``.  Each process builds its
-    tokenizer once (``gpt2``: tiktoken, offline; ``bpe``: the tokenizer.json at ``tokenizer_path``)."""
+    tokenizer once (``gpt2``: tiktoken, offline; ``bytes``, ``bpe``: the tokenizer.json at ``tokenizer_path``)."""
     key = (tokenizer, tokenizer_path)
     tok = _WORKER_TOKENIZERS.get(key)
     if tok is None:
@@ -200,6 +200,6 @@ def tokenize_hf(ds, cfg: DataConfig, tok: Tokenizer, cache_file: Path, tokenizer
     return ds.map(hf_tokenize_batch, batched=True, batch_size=1000, num_proc=n if n > 1 else None,
                   remove_columns=ds.column_names, features=features, load_from_cache_file=False,
                   fn_kwargs={"text_field": cfg.hf_text_field, "tokenizer": tok.name,
-                             "tokenizer_path": str(tokenizer_path) if tok.name == "bpe" else None},
+                             "tokenizer_path": str(tokenizer_path) if tok.name != "gpt2" else None},
                   cache_file_name=str(cache_file), desc=f"tokenizing ({tok.name}, {n} processes)")
 

@@ -233,13 +233,13 @@ def chunk_token_range(split_dir: Path) -> tuple[int, int]:
 
 def prepared_keys(d: DataConfig) -> dict:
     """The ``data.*`` settings that shape prepared data, as meta.json records them (``prepared_with``):
-    source, corpora, tokenizer, bpe_vocab_size, val_every, max_docs_per_corpus, chunk_bytes and, for
+    source, corpora, tokenizer, vocab_size (bpe's), val_every, max_docs_per_corpus, chunk_bytes and, for
     ``source=hf``, hf_dataset, hf_split, hf_text_field.  Not data.num_proc, hf_cache_dir, dir: they
     change how and where prepare runs, not what it writes."""
     keys = {"source": d.source,
             "corpora": list(d.corpora) if d.source == "embedded" else None,
             "tokenizer": d.tokenizer,
-            "bpe_vocab_size": d.bpe_vocab_size if d.tokenizer == "bpe" else None,
+            "vocab_size": d.vocab_size if d.tokenizer == "bpe" else None,
             "val_every": d.val_every,
             "max_docs_per_corpus": d.max_docs_per_corpus,
             "chunk_bytes": d.chunk_bytes}
@@ -257,17 +257,12 @@ def prepared_overrides(data_dir: Path) -> list[str]:
         if isinstance(v, list):
             return "[" + ",".join(str(x) for x in v) + "]"
         return str(v)
-    not_applicable = ("data.corpora", "data.bpe_vocab_size")  # None there: another source / tokenizer
+    not_applicable = ("data.corpora",)  # None there: another source
     meta = read_meta(Path(data_dir), check=False)  # only prepared_with is read here
     was = meta.get("prepared_with", {})
     if not isinstance(was, dict):
         raise corrupt_field(Path(data_dir) / "meta.json", "prepared_with", was, "an object")
     return [f"{k}={value(v)}" for k, v in was.items() if v is not None or k not in not_applicable]
-
-
-# meta.json keys of prepares older than ``prepared_with``: the data.* keys they recorded
-_LEGACY_META_KEYS = {"data.source": "source", "data.corpora": "corpora", "data.tokenizer": "tokenizer",
-                     "data.bpe_vocab_size": "bpe_vocab_size", "data.val_every": "val_every"}
 
 
 def _same_source(a, b) -> bool:
@@ -280,15 +275,14 @@ def check_prepared(data_dir: Path, cfg) -> dict:
     """Refuse prepared data that does not match a run's config; return meta.json.
 
     Checks: meta.json exists; every ``data.*`` key that shapes the data (:func:`prepared_keys`) has the
-    value it was prepared with; the tokenizer's vocabulary fits model.vocab_size; each split's chunks
-    hold the token count written in meta.json, and every token id is below the tokenizer's vocabulary
+    value it was prepared with; each split's chunks hold the token count written in meta.json, and every token id is below the tokenizer's vocabulary
     (:func:`chunk_token_range`).
 
     Raises:
         DataError: with the file, the keys that differ, and the fix.
     """
     meta = read_meta(data_dir)
-    missing = {"tokenizer", "vocab_size", "tokens"} - set(meta)
+    missing = {"tokenizer", "vocab_size", "tokens", "prepared_with"} - set(meta)
     if missing:
         raise DataError(f"{data_dir}/meta.json lacks {sorted(missing)}: re-run `python -m study.prepare`")
     want = cfg.data.tokenizer
@@ -296,21 +290,13 @@ def check_prepared(data_dir: Path, cfg) -> dict:
         raise DataError(f"{data_dir}/meta.json was prepared with tokenizer {meta.get('tokenizer')!r} but "
                         f"the config asks for data.tokenizer={want!r}: re-run `python -m study.prepare "
                         f"data.tokenizer={want}` or change data.tokenizer")
-    now = prepared_keys(cfg.data)
-    if "prepared_with" in meta:
-        was = meta["prepared_with"]
-    else:  # an older prepare: check the keys it recorded
-        was = {k: meta.get(m) for k, m in _LEGACY_META_KEYS.items() if m in meta}
-        now = {k: now[k] for k in was}
+    now, was = prepared_keys(cfg.data), meta["prepared_with"]
     differ = [k for k in sorted(set(was) | set(now)) if not (
         _same_source(was.get(k), now.get(k)) if k == "data.source" else was.get(k) == now.get(k))]
     if differ:
         diff = ", ".join(f"{k}={was.get(k)!r} there, {now.get(k)!r} here" for k in differ)
         raise DataError(f"{data_dir} was prepared with other data settings ({diff}): re-run `python -m "
                         f"study.prepare` with this config, or give each data set its own data.dir")
-    if meta["vocab_size"] > cfg.model.vocab_size:
-        raise DataError(f"the tokenizer in {data_dir} has {meta['vocab_size']} tokens, more than "
-                        f"model.vocab_size={cfg.model.vocab_size}: raise model.vocab_size")
     for split in ("train", "val"):
         n = chunk_token_count(data_dir / split)
         if n != meta["tokens"][split]:

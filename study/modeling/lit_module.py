@@ -16,7 +16,6 @@ all validation windows, so ``val_loss`` is the same on every rank and world size
 """
 from __future__ import annotations
 
-import copy
 import math
 import time
 
@@ -29,7 +28,7 @@ from study.config import RunConfig, lr_at, peak_lr, run_seeds
 from study.modeling.diagnostics import curve_diagnostics, diagnostics
 from study.modeling.accounting import flops_per_token, param_counts
 from study.modeling.model import GPT
-from study.tasks import get_task
+from study.tasks import configured_rows, get_task
 from study.tasks.common import scored
 
 
@@ -130,7 +129,7 @@ class GPTModule(pl.LightningModule):
       - a validation loss is NaN/inf (validation averages keep NaN: ``MeanMetric(nan_strategy="disable")``;
         torchmetrics' default would drop the NaN windows and average the finite rest);
       - two consecutive evaluations each exceed the best validation loss so far by more than
-        ``train.divergence_nats``.  The best starts at ln(model.vocab_size), the loss of the uniform
+        ``train.divergence_nats``.  The best starts at ln(vocab_size), the loss of the uniform
         prediction that the untrained model (weights N(0, 0.02): near-zero logits) makes to within a few
         hundredths of a nat, so a run that is worse than untrained from its first evaluation on diverges
         too; every rank evaluates all windows, so all ranks decide alike.
@@ -140,15 +139,14 @@ class GPTModule(pl.LightningModule):
     """
 
     def __init__(self, cfg: RunConfig, corpora: list[str] | None = None, vocab_size: int | None = None):
+        """``vocab_size``: the embedding's rows (the task's ``model_vocab`` of the prepared data; None: the rows
+        the config names, :func:`study.tasks.configured_rows`)."""
         super().__init__()
+        vocab_size = configured_rows(cfg) if vocab_size is None else vocab_size
         self.cfg = cfg
         self.corpora = list(corpora or [])  # names of the validation batches' corpus indices
         self.task = get_task(cfg.task.name)  # its objective (split), mask (CAUSAL) and scored positions (LABELLED)
-        shape = cfg.model
-        if vocab_size is not None and vocab_size != cfg.model.vocab_size:  # the task's rows (mlm: + a mask token)
-            shape = copy.deepcopy(cfg.model)
-            shape.vocab_size = vocab_size
-        self.model = GPT(shape, cfg.variant, init_seed=run_seeds(cfg)[1], causal=self.task.CAUSAL)
+        self.model = GPT(cfg.model, cfg.variant, vocab_size, init_seed=run_seeds(cfg)[1], causal=self.task.CAUSAL)
         counts = param_counts(self.model)  # counted on the model just built, not a second copy
         self.counts = {"total_params": counts["total"], "non_embedding_params": counts["non_embedding"],
                        "flops_per_token": flops_per_token(self.model)}
@@ -170,7 +168,7 @@ class GPTModule(pl.LightningModule):
         self._step_loss: torch.Tensor | None = None  # sum of this optimizer step's micro-batch losses, on device
         self._step_micro = 0
         self._last_step: int | None = None
-        self._best_val = math.log(shape.vocab_size)  # nats: the untrained model's loss (see the class docstring)
+        self._best_val = math.log(vocab_size)  # nats: the untrained model's loss (see the class docstring)
         self._above: list[tuple[int, float]] = []  # (step, val_loss) of the evaluations since the last one within bounds
         self._t_last: float | None = None
         self._tokens_since = 0

@@ -345,19 +345,22 @@ def _keyed_normal(shape: tuple, std: float, seed: int, name: str) -> torch.Tenso
 
 
 class GPT(nn.Module):
-    """Token ids (B, T) -> logits (B, T, vocab_size): a decoder, or with ``causal=False`` an encoder (same blocks)."""
+    """Token ids (B, T) -> logits (B, T, vocab_size): a decoder, or with ``causal=False`` an encoder (same blocks).
+    ``vocab_size`` is the embedding's rows (tokens): the prepared data's vocabulary as the task pads it
+    (``study.tasks``' ``model_vocab``)."""
 
-    def __init__(self, config: ModelConfig, variant: VariantConfig, init_seed: int = 0, causal: bool = True):
+    def __init__(self, config: ModelConfig, variant: VariantConfig, vocab_size: int, init_seed: int = 0,
+                 causal: bool = True):
         super().__init__()
-        self.config, self.variant, self.causal = config, variant, causal
+        self.config, self.variant, self.causal, self.vocab_size = config, variant, causal, vocab_size
         self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
+            wte=nn.Embedding(vocab_size, config.n_embd),
             **({"wpe": nn.Embedding(config.block_size, config.n_embd)} if config.position != "rope" else {}),
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config, variant, i, causal) for i in range(config.n_layer)]),
             ln_f=_norm(config),
         ))
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.n_embd, vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # tied embeddings
         self.init_parameters(init_seed)
 

@@ -80,12 +80,14 @@ def _flops(cfg, root: Path, cache: dict) -> tuple[int, int]:
     derived settings (compute-matched tokens)."""
     from study.config import max_steps
     from study.runner.budget import resolve
+    from study.tasks import configured_rows
 
     cfg = resolve(copy.deepcopy(cfg), root)
-    key = json.dumps([dict(cfg.model), dict(cfg.variant)], sort_keys=True, default=str)
+    rows = configured_rows(cfg)
+    key = json.dumps([dict(cfg.model), dict(cfg.variant), rows], sort_keys=True, default=str)
     if key not in cache:
         from study.modeling.accounting import describe  # built on the meta device: no weights allocated
-        cache[key] = describe(cfg.model, cfg.variant)["flops_per_token"]
+        cache[key] = describe(cfg.model, cfg.variant, rows)["flops_per_token"]
     fpt, steps = cache[key], max_steps(cfg)
     evals = steps // max(1, int(cfg.train.eval_every)) + 1  # forward only: a third of a training token's FLOPs
     return fpt, int(steps * cfg.train.batch_tokens + evals * cfg.train.val_tokens / 3)

@@ -38,9 +38,10 @@ def resolve(cfg: RunConfig, root: Path) -> RunConfig:
     """
     if cfg.train.tokens_per_param is not None:
         from study.modeling.accounting import describe
+        from study.tasks import configured_rows
 
         base = load_config([f"variant={cfg.study.baseline}"], root).variant
-        n = describe(cfg.model, base)["non_embedding_params"]
+        n = describe(cfg.model, base, configured_rows(cfg))["non_embedding_params"]
         steps = max(1, int(cfg.train.tokens_per_param * n) // cfg.train.batch_tokens)
         cfg.train.tokens = steps * cfg.train.batch_tokens
         from study.config.validation import check_wsd_fits

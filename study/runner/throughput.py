@@ -13,13 +13,15 @@ import time
 
 import torch
 
+from study.tasks import configured_rows
+
 WARMUP = 3
 
 
 def _batches(cfg, n: int, seed: int = 0) -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     seqs = cfg.train.batch_tokens // cfg.model.block_size
-    return [torch.randint(0, cfg.model.vocab_size, (seqs, cfg.model.block_size + 1), generator=g) for _ in range(n)]
+    return [torch.randint(0, configured_rows(cfg), (seqs, cfg.model.block_size + 1), generator=g) for _ in range(n)]
 
 
 def bench_device(cfg) -> str:
@@ -69,7 +71,7 @@ def plain_loop(cfg, steps: int, precision: str, compile_: bool) -> dict:
     torch.manual_seed(0)
     device = bench_device(cfg)
     before = _reset_memory(device)
-    model = GPT(cfg.model, cfg.variant).to(device)
+    model = GPT(cfg.model, cfg.variant, configured_rows(cfg)).to(device)
     fwd = torch.compile(model) if compile_ else model
     decay = [p for p in model.parameters() if p.dim() >= 2]
     other = [p for p in model.parameters() if p.dim() < 2]
@@ -150,7 +152,7 @@ def measure_row(cfg, name: str, steps: int, precision: str, mode: str, repeats: 
     from study.modeling.model import GPT
 
     with torch.device("meta"):
-        fpt = flops_per_token(GPT(cfg.model, cfg.variant))
+        fpt = flops_per_token(GPT(cfg.model, cfg.variant, configured_rows(cfg)))
     plain, light = measure(cfg, steps, precision, mode == "compiled", repeats)
     p = statistics.median(r["tokens_per_s"] for r in plain)
     li = statistics.median(r["tokens_per_s"] for r in light)

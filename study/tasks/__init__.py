@@ -14,7 +14,9 @@ Each module holds:
                                 :data:`IGNORE` where nothing is scored
   METRICS                       what a validation reports: val_loss (nats per scored token), val_accuracy
   check_data(cfg, root) -> meta the data a run needs, checked (or, mqar, built once and kept with the data)
-  model_vocab(cfg, meta)        rows of the embedding / output head
+  model_vocab(cfg, meta)        rows of the embedding / output head, from the data's vocabulary (meta.json)
+  config_ids(cfg)               the ids the config names before data exist (lm, mlm: data.tokenizer's vocabulary;
+                                mqar: task.vocab_size): :func:`configured_rows` builds a meta of them
   datamodule(cfg, root, meta, micro, data_seed, n_val, val_micro, global_batch)   its LightningDataModule
   split(batch) -> (inputs, targets)   the objective's input: the model's loss is the cross-entropy of these
   yardsticks(cfg, root, meta)   what a count model or chance scores on the same validation targets
@@ -40,3 +42,12 @@ def get_task(name: str):
     if name not in modules:
         raise ConfigError(f"task.name={name!r} is not a task: choose one of {list(TASKS)} (task=NAME)")
     return modules[name]
+
+
+def configured_rows(cfg) -> int:
+    """The embedding rows (tokens) a run of ``cfg`` has, from the config alone: the task's ``model_vocab`` of the
+    ids its config names (``config_ids``).  A run builds its model from the prepared data's meta.json instead;
+    the two agree unless a BPE learned fewer tokens than ``data.vocab_size`` asked (throughput benches, counts
+    and tests build from this)."""
+    task = get_task(cfg.task.name)
+    return task.model_vocab(cfg, {"vocab_size": task.config_ids(cfg)})

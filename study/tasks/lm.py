@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from study.config import embedding_rows, tokenizer_vocab
+
 CAUSAL = True
 LABELLED = False
 METRICS = ("val_loss",)
@@ -26,9 +28,15 @@ def check_data(cfg, root: Path) -> dict:
     return meta
 
 
+def config_ids(cfg) -> int:
+    """The tokenizer's ids as the config names them (``data.tokenizer``, ``data.vocab_size``)."""
+    return tokenizer_vocab(cfg.data)
+
+
 def model_vocab(cfg, meta: dict) -> int:
-    """``model.vocab_size``: the padded vocabulary of the tokenizer."""
-    return int(cfg.model.vocab_size)
+    """Rows of the embedding: the prepared data's vocabulary (meta.json ``vocab_size``) rounded up to a multiple
+    of ``model.vocab_multiple``."""
+    return embedding_rows(meta["vocab_size"], cfg.model.vocab_multiple)
 
 
 def datamodule(cfg, root: Path, meta: dict, micro: int, data_seed: int, n_val: int, val_micro: int,

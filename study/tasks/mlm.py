@@ -6,7 +6,8 @@ create_pretraining_data: a fixed count, positions uniform without replacement); 
 the mask token with probability ``task.mask_token_fraction`` (0.8), by a uniform random token of the tokenizer's
 vocabulary with ``task.random_token_fraction`` (0.1), else kept (0.1).  The loss (nats) is the cross-entropy of
 the chosen tokens only, their mean over all chosen tokens of a batch; the mask token is the id after the
-tokenizer's vocabulary (meta.json ``vocab_size``), so the embedding has max(model.vocab_size, V + 1) rows.
+tokenizer's vocabulary (meta.json ``vocab_size``), so the embedding has V + 1 rows (rounded up to
+``model.vocab_multiple``).
 
 Masks are static, as BERT's: a training window's mask is drawn from a generator keyed by (data seed, the window's
 index in the split), so every arm of a seed reads the same masked windows in the same order, on any world size
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from study.config import embedding_rows
 from study.data.datamodule import TokenDataModule
 from study.tasks.common import IGNORE, keyed_generator
 from study.tasks import lm
@@ -29,6 +31,7 @@ CAUSAL = False
 LABELLED = True
 METRICS = ("val_loss", "val_accuracy")
 check_data = lm.check_data
+config_ids = lm.config_ids
 
 
 def mask_id(meta: dict) -> int:
@@ -37,8 +40,9 @@ def mask_id(meta: dict) -> int:
 
 
 def model_vocab(cfg, meta: dict) -> int:
-    """max(model.vocab_size, tokenizer vocabulary + 1): room for the mask token."""
-    return max(int(cfg.model.vocab_size), mask_id(meta) + 1)
+    """Rows of the embedding: the tokenizer's vocabulary + 1 (room for the mask token) rounded up to a multiple of
+    ``model.vocab_multiple``."""
+    return embedding_rows(mask_id(meta) + 1, cfg.model.vocab_multiple)
 
 
 def mask_window(tokens: torch.Tensor, key: str, vocab: int, mask: int, fraction: float = 0.15,

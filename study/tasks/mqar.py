@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import lightning.pytorch as pl
 
-from study.config import mqar_spec, task_data_dir  # noqa: F401 (task_data_dir: where check_data writes)
+from study.config import embedding_rows, mqar_spec, task_data_dir  # noqa: F401 (task_data_dir: where check_data writes)
 from study.data import DataError
 from study.data.loader import ORDER_VERSION, WindowSampler
 from study.tasks.common import IGNORE
@@ -117,9 +117,15 @@ def test_set(root_or_folder: Path) -> tuple[torch.Tensor, torch.Tensor]:
         return torch.from_numpy(z["inputs"]), torch.from_numpy(z["targets"])
 
 
-def model_vocab(cfg, meta: dict) -> int:
-    """``task.vocab_size``: the model's embedding has exactly the task's ids."""
+def config_ids(cfg) -> int:
+    """``task.vocab_size``: the generator's ids."""
     return int(cfg.task.vocab_size)
+
+
+def model_vocab(cfg, meta: dict) -> int:
+    """``task.vocab_size`` (meta.json's): the model's embedding has exactly the task's ids (rounded up to a
+    multiple of ``model.vocab_multiple``)."""
+    return embedding_rows(meta["vocab_size"], cfg.model.vocab_multiple)
 
 
 class MQARDataModule(pl.LightningDataModule):
