@@ -110,6 +110,10 @@ decide: params
 # conf/tuned.yaml (tuned.task.TASK) and conf/tuning/TASK/, then runs its verdict and its report (reports/TASK/).
 # TASKS is checked against conf/task/ before anything runs (lm is `make study` itself).
 TASKS ?= mlm mqar
+# Seeds until decided, per task (the same rule as `make decide`): TASK_MAX_SEEDS=N lets Stein's second stage add seeds
+# to each undecided pair up to N (a decided pair takes none); unset, Stein's first stage only (study.max_seeds).
+TASK_MAX_SEEDS ?=
+TASK_SEEDS = $(if $(TASK_MAX_SEEDS),study.max_seeds=$(TASK_MAX_SEEDS))
 ifneq ($(filter tasks,$(MAKECMDGOALS)),)
 TASK_CHOICES := $(filter-out lm,$(basename $(notdir $(wildcard conf/task/*.yaml))))
 ifeq ($(strip $(TASKS)),)
@@ -126,8 +130,8 @@ tasks: study
 	    $(PY) -m study.tune --arm $$a --params params.yaml task=$$t || exit 1; done; \
 	  $(PY) -m study.tune --write --params params.yaml task=$$t || exit 1; \
 	  $(PY) -m study.config || exit 1; \
-	  $(PY) -m study.test_runs --params params.yaml task=$$t || exit 1; \
-	  $(PY) -m study.compare --params params.yaml task=$$t || exit 1; \
+	  $(PY) -m study.test_runs --params params.yaml task=$$t $(TASK_SEEDS) || exit 1; \
+	  $(PY) -m study.compare --params params.yaml task=$$t $(TASK_SEEDS) || exit 1; \
 	done
 
 # The full study (docs/verdict.md): the recipe decomposition's seven arms, the paper's other two framings

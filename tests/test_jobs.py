@@ -208,3 +208,28 @@ def test_make_projections_compares_the_map_on_each_projection_with_the_baseline(
     assert modes["baseline"] == {"query": "linear", "key": "linear", "value": "linear", "output": "linear"}
     for a, k in zip(arms[1:], ("query", "key", "value", "output")):
         assert {m for m, v in modes[a].items() if v != "linear"} == {k}, (a, modes[a])
+
+
+def test_make_tasks_adds_seeds_until_decided_only_when_asked(monkeypatch):
+    """`make tasks` (as make expands it) runs each task's test stage and report on Stein's first stage alone; with
+    TASK_MAX_SEEDS=N both get study.max_seeds=N, the seed rule of `make decide`: the second stage adds test seeds to
+    an undecided pair up to N, never a tuning or pilot seed."""
+    import shlex
+    import subprocess
+
+    from study.analysis.verdict import all_seeds
+
+    monkeypatch.chdir(ROOT)
+
+    def stages(*extra):
+        out = subprocess.run(["make", "-n", "--no-print-directory", "tasks", "TASKS=mlm", *extra], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout.replace("\\\n", " ")
+        lines = [ln.split("||")[0] for ln in out.split(";") if "study.test_runs" in ln or "study.compare" in ln]
+        return [shlex.split(ln.replace("$t", "mlm"))[5:] for ln in lines]
+
+    assert stages() == [["task=mlm"], ["task=mlm"]]
+    assert stages("TASK_MAX_SEEDS=200") == [["task=mlm", "study.max_seeds=200"]] * 2
+    cfg = load_config(["task=mlm", "study.max_seeds=200"], ROOT)
+    seeds = all_seeds(cfg)
+    assert len(seeds) == 200 and seeds[:5] == [1, 2, 3, 4, 5]
+    assert not {101, 102, 201, 202, 203, 204, 205} & set(seeds)  # tuning and pilot seeds never test
