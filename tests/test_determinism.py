@@ -38,6 +38,7 @@ def test_the_nano_run_gives_the_pinned_losses(run_in, tmp_path):
 
     r = run_in("variant=nonlinear_q", "seed=1")
     assert r["status"] == "ok" and r["steps"] == 10
+    assert (r["tokenizer"], r["vocab_size"]) == ("bpe", 512)  # the embedding's rows: the prepared BPE's 512 ids
     assert r["val_loss"] == PINNED_FINAL
     d = tmp_path / "runs" / "nonlinear_q-s1"
     with open(d / "curve.csv", newline="") as f:

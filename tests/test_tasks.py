@@ -351,3 +351,20 @@ def test_a_nano_run_per_task_in_its_own_folder_and_experiment(run_in, tmp_path, 
     client = mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlruns.db'}")
     assert client.get_experiment_by_name(f"test-study-{task}") is not None
     assert "val_accuracy" in (d / "curve.csv").read_text().splitlines()[0]
+
+
+def test_the_embedding_rows_come_from_the_data_vocabulary_of_each_task():
+    """One vocabulary setting (data.tokenizer, data.vocab_size; mqar: task.vocab_size): lm takes the data's ids, mlm
+    one more (its mask token), mqar the generator's, each rounded up to model.vocab_multiple; a run reads them from
+    meta.json, the config alone (configured_rows) gives the same before data exist."""
+    from study.tasks import configured_rows, lm
+
+    lm_cfg, mlm_cfg, mqar_cfg = load_config([]), load_config(["task=mlm"]), load_config(["task=mqar"])
+    assert (lm_cfg.data.tokenizer, lm_cfg.data.vocab_size) == ("bytes", None)
+    assert [configured_rows(c) for c in (lm_cfg, mlm_cfg, mqar_cfg)] == [257, 258, mqar_cfg.task.vocab_size]
+    assert mlm.model_vocab(mlm_cfg, {"vocab_size": 257}) == 258 and lm.model_vocab(lm_cfg, {"vocab_size": 300}) == 300
+    gpt = load_config(["model=gpt3-small", "data=gpt2", "trainer=cpu"])
+    assert configured_rows(gpt) == 50304 == 64 * 786  # 50257 GPT-2 ids padded to a multiple of 64
+    assert configured_rows(load_config(["model=gpt3-small", "data=gpt2", "trainer=cpu", "task=mlm"])) == 50304
+    bpe = load_config(["data.tokenizer=bpe", "data.vocab_size=2048", "model.vocab_multiple=3"])
+    assert configured_rows(bpe) == 2049 and lm.model_vocab(bpe, {"vocab_size": 2000}) == 2001  # meta.json wins

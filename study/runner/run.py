@@ -389,6 +389,7 @@ def result_of(plan: Plan, run: OpenRun, module, trainer, seconds: float) -> dict
         "wall_time_s": round(run.state["seconds"], 2),
         "tokens_per_s": round(trained_tokens / seconds, 1) if seconds > 0 else None,
         "tokenizer": plan.meta["tokenizer"],
+        "vocab_size": module.model.vocab_size,  # the embedding's rows, from the prepared data (the task's model_vocab)
         "machine": machine_record(),  # CPU model, vendor, vector flags, torch/MKL/oneDNN versions, threads, pins
         "config_hash": run.digest,
         "mlflow_run_id": run.state["mlflow_run_id"],
