@@ -65,7 +65,8 @@ def bench_header(base, device: str, fast: bool, steps: int, repeats: int) -> dic
 
 def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     """The bench's options and the config overrides after them (KEY=VALUE, as every stage takes)."""
-    parser = argparse.ArgumentParser(description="training throughput per variant, precision and loop")
+    parser = argparse.ArgumentParser(description="training throughput per variant, precision and loop",
+                                     epilog="config overrides follow the options: KEY=VALUE (e.g. model=gpt3-small data=gpt2)")
     parser.add_argument("--steps", type=_positive, default=30, help="timed steps per measurement (after warm-up)")
     parser.add_argument("--repeats", type=_positive, default=3, help="measurements per loop; the median is reported")
     parser.add_argument("--variants", default="baseline,identity_q,nonlinear_q,baseline_mlp4.75")

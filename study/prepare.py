@@ -3,7 +3,7 @@
 Writes ``data.dir`` (default data/tokens/):
   train/, val/     litdata chunks (``litdata.optimize`` + ``TokensLoader``), one
                    end-of-text token after every document
-  tokenizer.json   the trained byte-level BPE (tokenizer ``bpe`` only)
+  tokenizer.json   the byte-level tokenizer (``bytes``: no merges; ``bpe``: trained; not for ``gpt2``)
   meta.json        tokenizer, vocab_size, eot_id, tokens and documents per split,
                    sha256 of every source file, the validation document ids, the data.*
                    settings that shaped them (``prepared_with``, checked by every run)
@@ -38,6 +38,9 @@ def _report(cfg, root: Path) -> int:
     print(f"prepared {meta['tokens']['train']:,} train and {meta['tokens']['val']:,} val tokens "
           f"({meta['documents']['train']} + {meta['documents']['val']} documents, tokenizer {meta['tokenizer']}, "
           f"vocab {meta['vocab_size']}) in {meta['seconds']} s")
+    if cfg.data.tokenizer == "bpe" and meta["vocab_size"] < cfg.data.vocab_size:
+        print(f"note: the BPE learned {meta['vocab_size']:,} of the {cfg.data.vocab_size:,} tokens asked (too little "
+              f"text for more merges); the model's rows follow the {meta['vocab_size']:,}", file=sys.stderr)
     return 0
 
 

@@ -343,3 +343,28 @@ def test_token_ids_are_range_checked(nano_project, tmp_path, monkeypatch, capsys
                  f"study.tracking_db={tmp_path / 'm.db'}"]) == 2
     err = one_line_error(capsys)
     assert "token id 600" in err and "vocabulary of 512" in err and "val" in err
+
+
+def test_data_prepared_under_the_old_vocabulary_key_are_refused_in_one_line(nano_project, tmp_path, monkeypatch,
+                                                                            capsys):
+    """A data folder whose meta.json records data.bpe_vocab_size (prepared before data.tokenizer=bytes and
+    data.vocab_size) is refused by the run and by prepared_overrides, in one line naming prepare; nothing is trained
+    and the folder is kept."""
+    from study.data import DataError
+    from study.data.records import prepared_overrides
+    from study.train import main
+
+    old = shutil.copytree(nano_project / "data/tokens", tmp_path / "old")
+    meta = json.loads((old / "meta.json").read_text())
+    was = meta["prepared_with"]
+    meta["prepared_with"] = {**{k: v for k, v in was.items() if k != "data.vocab_size"},
+                             "data.bpe_vocab_size": was["data.vocab_size"]}
+    (old / "meta.json").write_text(json.dumps(meta))
+    before = sorted((p.name, p.stat().st_size) for p in old.rglob("*"))
+    monkeypatch.chdir(nano_project)
+    assert main([f"study.runs_dir={tmp_path / 'runs'}", f"data.dir={old}"]) == 2
+    err = one_line_error(capsys)
+    assert f"{old} was prepared when the vocabulary was data.bpe_vocab_size" in err and "study.prepare" in err, err
+    assert not (tmp_path / "runs").exists() and sorted((p.name, p.stat().st_size) for p in old.rglob("*")) == before
+    with pytest.raises(DataError, match="was prepared when the vocabulary was data.bpe_vocab_size"):
+        prepared_overrides(old)

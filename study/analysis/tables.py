@@ -49,11 +49,12 @@ def header(summary: dict) -> list[str]:
         v = s.get(key)
         return "n/a" if v is None else (format(v, spec) if spec and isinstance(v, (int, float)) else str(v))
     first = " (Stein's first stage: each arm's seeds are in the decided verdict)" if summary.get("verdict") else ""
-    vocab = FIXED_VOCAB.get(s.get("data.tokenizer"), g("data.vocab_size"))
+    vocab = f"task.vocab_size {g('task.vocab_size')}" if summary.get("task") == "mqar" else \
+        f"{FIXED_VOCAB.get(s.get('data.tokenizer'), g('data.vocab_size'))} ids"
     lines += [f"Settings as recorded by every run (`config.json`; the runs pair only because they agree on all of "
               f"these): model `{g('model.name')}` ({g('model.n_layer')} layers, {g('model.n_head')} heads, n_embd "
               f"{g('model.n_embd')}, block_size {g('model.block_size')}); data: "
-              f"tokenizer `{g('data.tokenizer')}` ({vocab} ids), corpora {g('data.corpora')}, prepared-data digest "
+              f"tokenizer `{g('data.tokenizer')}` ({vocab}), corpora {g('data.corpora')}, prepared-data digest "
               f"`{g('data_digest')}`; training: {g('train.tokens', ',')} tokens per run in steps of "
               f"{g('train.batch_tokens', ',')} tokens, warmup {g('train.warmup_tokens', ',')} tokens, weight decay "
               f"{g('train.weight_decay')}, betas ({g('train.beta1')}, {g('train.beta2')}), grad clip "

@@ -6,7 +6,7 @@ Layout (lightning-hydra-template style config groups)::
 
     conf/study.yaml          the primary config: the defaults list (schema, group choices) and
                              the sections that override fields of the chosen files
-    conf/model/NAME.yaml     n_layer, n_head, n_embd, block_size, vocab_size ...
+    conf/model/NAME.yaml     n_layer, n_head, n_embd, block_size, vocab_multiple ...
     conf/variant/NAME.yaml   which projections of q, k, v are linear/identity/nonlinear
     conf/data/NAME.yaml      corpus source and tokenizer
     conf/trainer/NAME.yaml   Lightning accelerator, devices, strategy, precision

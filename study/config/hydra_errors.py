@@ -74,9 +74,22 @@ def schema_keys() -> list[str]:
     return keys
 
 
+#: keys the schema no longer has, and what took their place (the fix an unknown-key error names)
+REMOVED_KEYS = {
+    "data.bpe_vocab_size": "the vocabulary is data.tokenizer with data.vocab_size: data.tokenizer=bpe "
+                           "data.vocab_size=N for a BPE, data.tokenizer=bytes for 257 (its old 257)",
+    "model.vocab_size": "the model's rows follow the prepared data's vocabulary (data.tokenizer, data.vocab_size); "
+                        "model.vocab_multiple pads them (gpt3-small: 64)",
+}
+
+
 def _key_hint(key: str) -> str:
-    """The fix for an unknown key: the closest keys of the schema (difflib), else where the keys are."""
+    """The fix for an unknown key: what replaced a removed key (:data:`REMOVED_KEYS`), else the closest keys of the
+    schema (difflib), else where the keys are."""
     import difflib
+
+    if key.lstrip("+") in REMOVED_KEYS:
+        return f"it was removed: {REMOVED_KEYS[key.lstrip('+')]}"
 
     keys = schema_keys()
     parts = key.split(".")

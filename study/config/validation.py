@@ -9,6 +9,8 @@ from .schedule import batch_tokens_message, max_steps, peak_lr, wsd_decay_steps
 from .schema import (ACTIVATIONS, CONTEXTS, FIXED_VOCAB, PRECISIONS, PROJECTION_MODES, QK_NORMS, SCHEDULES, TOKENIZERS,
                      ConfigError, DataConfig, RunConfig)
 from .launcher import resolve_launcher
+
+MAX_BPE_VOCAB = 2 ** 20  # tokens: 4x the largest vocabularies in use (Gemma's 256k); a typo beyond allocates GBs
 from .transfer import check_transferable, transferred_lr  # noqa: F401 (the ladder's lr, re-exported)
 from .verdict_checks import used_arms, validate_verdict  # noqa: F401 (used_arms: re-exported)
 
@@ -135,12 +137,12 @@ def _validate_data(cfg: RunConfig) -> None:
     if d.tokenizer not in TOKENIZERS:
         raise ConfigError(f"data.tokenizer={d.tokenizer!r}: choose one of {list(TOKENIZERS)}")
     fixed = FIXED_VOCAB.get(d.tokenizer)
-    if fixed is not None and d.vocab_size not in (None, fixed):
-        raise ConfigError(f"data.vocab_size={d.vocab_size} but data.tokenizer={d.tokenizer} has {fixed} ids: "
+    if fixed is not None and d.vocab_size is not None:
+        raise ConfigError(f"data.vocab_size={d.vocab_size} but data.tokenizer={d.tokenizer} has its own {fixed} ids: "
                           f"set data.vocab_size=null, or data.tokenizer=bpe to train a BPE of that size")
-    if d.tokenizer == "bpe" and (d.vocab_size is None or d.vocab_size < 257):
-        raise ConfigError(f"data.tokenizer=bpe needs data.vocab_size of at least 257 (256 bytes + <|endoftext|>), "
-                          f"not {d.vocab_size}: set it, or use data.tokenizer=bytes")
+    if d.tokenizer == "bpe" and (d.vocab_size is None or not 257 <= d.vocab_size <= MAX_BPE_VOCAB):
+        raise ConfigError(f"data.tokenizer=bpe needs data.vocab_size from 257 (256 bytes + <|endoftext|>) to "
+                          f"{MAX_BPE_VOCAB:,}, not {d.vocab_size}: set it, or use data.tokenizer=bytes")
     if d.val_every < 2:
         raise ConfigError(f"data.val_every={d.val_every} must be >= 2 (one document in val_every is held out)")
 

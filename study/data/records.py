@@ -262,7 +262,20 @@ def prepared_overrides(data_dir: Path) -> list[str]:
     was = meta.get("prepared_with", {})
     if not isinstance(was, dict):
         raise corrupt_field(Path(data_dir) / "meta.json", "prepared_with", was, "an object")
+    renamed(Path(data_dir), was)
     return [f"{k}={value(v)}" for k, v in was.items() if v is not None or k not in not_applicable]
+
+
+def renamed(data_dir: Path, prepared_with: dict) -> None:
+    """Refuse data prepared when the vocabulary was ``data.bpe_vocab_size`` (``bpe`` at 257 is now ``bytes``).
+
+    Raises:
+        DataError: one line, the fix (prepare again: the same tokens, under the new names).
+    """
+    if "data.bpe_vocab_size" in prepared_with:
+        raise DataError(f"{data_dir} was prepared when the vocabulary was data.bpe_vocab_size (now data.tokenizer=bytes "
+                        f"for 257, data.tokenizer=bpe data.vocab_size=N otherwise): re-run `python -m study.prepare` "
+                        f"with this config's data settings (data.dir={data_dir}); `dvc repro prepare` does it")
 
 
 def _same_source(a, b) -> bool:
@@ -285,11 +298,13 @@ def check_prepared(data_dir: Path, cfg) -> dict:
     missing = {"tokenizer", "vocab_size", "tokens", "prepared_with"} - set(meta)
     if missing:
         raise DataError(f"{data_dir}/meta.json lacks {sorted(missing)}: re-run `python -m study.prepare`")
+    renamed(data_dir, meta["prepared_with"])
     want = cfg.data.tokenizer
     if meta.get("tokenizer") != want:
+        vocab = f" data.vocab_size={cfg.data.vocab_size}" if want == "bpe" else ""
         raise DataError(f"{data_dir}/meta.json was prepared with tokenizer {meta.get('tokenizer')!r} but "
                         f"the config asks for data.tokenizer={want!r}: re-run `python -m study.prepare "
-                        f"data.tokenizer={want}` or change data.tokenizer")
+                        f"data.tokenizer={want}{vocab} data.dir={data_dir}` or change data.tokenizer")
     now, was = prepared_keys(cfg.data), meta["prepared_with"]
     differ = [k for k in sorted(set(was) | set(now)) if not (
         _same_source(was.get(k), now.get(k)) if k == "data.source" else was.get(k) == now.get(k))]

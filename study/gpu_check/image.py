@@ -140,7 +140,7 @@ def prepare(root: Path, gpu_dir: Path, max_docs: int, max_bytes: int = MAX_BYTES
     """
     wheels = download_wheels(gpu_dir / "wheels")
     tokens = gpu_dir / "tokens"
-    cmd = [sys.executable, "-m", "study.prepare", *GPU["model"][:3], f"data.dir={tokens.resolve()}",
+    cmd = [sys.executable, "-m", "study.prepare", *GPU["model"][:2], f"data.dir={tokens.resolve()}",
            *([f"data.max_docs_per_corpus={max_docs}"] if max_docs else []), "data.val_every=8"]
     r = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
     if r.returncode:
