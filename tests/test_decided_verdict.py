@@ -464,7 +464,7 @@ def test_the_ladder_transfer_check_tunes_one_size_by_the_same_rule(nano_project,
     from study.config import load_config
     from study.modeling.accounting import describe
     cfg = load_config(["model=nano"], nano_project, params=str(params))
-    n = describe(cfg.model, cfg.variant)["non_embedding_params"]
+    n = describe(cfg.model, cfg.variant, 512)["non_embedding_params"]  # (rows do not count)
     assert base["tokens"] == max(1, int(0.5 * n) // 2048) * 2048
     t = json.loads((out / "transfer.json").read_text())["arms"]
     b = t["baseline"]
