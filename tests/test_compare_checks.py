@@ -94,9 +94,9 @@ def test_compare_refuses_a_test_run_without_its_arms_lr_or_recipe(nano_project, 
         tested_runs(cfg, nano_project)
 
 
-def test_compare_refuses_a_run_that_predates_the_positions_it_would_count_for(nano_project, tmp_path, monkeypatch):
-    """A run recorded before model.position existed trained with learned positions: under a rotary study (mlm's
-    default) it is not the arm's run, and compare says so rather than count it."""
+def test_compare_refuses_a_run_trained_at_other_positions(nano_project, tmp_path, monkeypatch):
+    """A run that trained with learned positions is not the arm's run under a rotary study, and compare says so
+    rather than count it."""
     from study.analysis.runs import RunsError
     from study.analysis.verdict import tested_runs
     from study.config import load_config
@@ -112,7 +112,8 @@ def test_compare_refuses_a_run_that_predates_the_positions_it_would_count_for(na
     assert sorted(tested_runs(cfg, nano_project)["nlqd"]) == [1, 2, 3, 4, 5]  # rotary runs: counted
     path = tmp_path / "runs/test/nlqd/nonlinear_q-s2/config.json"
     old = json.loads(path.read_text())
-    assert old["model"].pop("position") == "rope"
+    assert old["model"]["position"] == "rope"
+    old["model"]["position"] = "learned"
     path.write_text(json.dumps(old))
     with pytest.raises(RunsError) as e:
         tested_runs(cfg, nano_project)

@@ -98,8 +98,8 @@ def test_resolve_tokens_per_param_and_tuned_lr(nano_project, tmp_path, monkeypat
     with pytest.raises(ConfigError, match=r"tuned as arms.nonlinear_q_ph = variant 'nonlinear_q_ph' with overrides "
                                           r"\['train.schedule=d2z'\]"):
         load_config(["variant=nonlinear_q_ph", "train.lr_from_tuned=true"], nano_project, params=str(params))
-    # an lr* whose recipe predates model.position was tuned at learned positions: a rotary run may not take it
-    data["tuned"]["recipe"] = {"nonlinear_q": {"model": {"name": "nano"}}}
+    # an lr* tuned at learned positions: a rotary run may not take it
+    data["tuned"]["recipe"] = {"nonlinear_q": {"model": {"name": "nano", "position": "learned"}}}
     params.write_text(yaml.safe_dump(data))
     with pytest.raises(ConfigError, match=r"tuned at model.position=learned, but this run trains at model.position=rope"):
         load_config(["variant=nonlinear_q", "train.lr_from_tuned=true", "model.position=rope"], nano_project,

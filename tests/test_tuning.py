@@ -137,9 +137,9 @@ def test_an_lr_tuned_at_another_recipe_is_refused():
     for arm in rotary:
         assert recipe_difference(committed["recipe"][arm], at) == [], arm
         assert tuned_lr(cfg, arm) == committed["lr"][arm]
-    # the rest were recorded before model.position existed, at learned positions: refused at the rotary default
+    # the rest were tuned at learned positions (the projections' arms): refused at the rotary default
     learned = sorted(set(committed["lr"]) - set(rotary))
-    assert learned and all("position" not in committed["recipe"][arm]["model"] for arm in learned)
+    assert learned and all(committed["recipe"][arm]["model"]["position"] == "learned" for arm in learned)
     with pytest.raises(ConfigError, match=r"was tuned at model.position=learned, but this study runs "
                                           r"model.position=rope: re-tune it"):
         tuned_lr(cfg, learned[0])

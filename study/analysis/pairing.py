@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from study.config import StudyError, own_task_fields, with_recorded_defaults
+from study.config import StudyError, own_task_fields
 
 #: settings that may differ between paired runs: the variant itself and the seed (paired by it)
 VARIANT_KEYS = ("variant.",)
@@ -40,7 +40,7 @@ def ignored(key: str, extra: tuple[str, ...] = ()) -> bool:
 def comparable(settings: dict, extra: tuple[str, ...] = ()) -> dict:
     """The settings that must agree, as a dict (the others dropped, with the task fields the runs' task does not
     read: runs recorded before and after another task's defaults changed still pair)."""
-    return {k: v for k, v in own_task_fields(with_recorded_defaults(settings)).items() if not ignored(k, extra)}
+    return {k: v for k, v in own_task_fields(settings).items() if not ignored(k, extra)}
 
 
 def _fmt(v) -> str:

@@ -15,7 +15,7 @@ from study.analysis.decision import compare_pair, decide, decomposition, frontie
 from study.analysis.pairing import check
 from study.analysis.runs import RunsError, final_losses, load_runs
 from study.analysis.stats import mean_ci
-from study.config.naming import TEST_GROUP, testing_group, with_recorded_defaults
+from study.config.naming import TEST_GROUP, testing_group
 
 #: the test stage's plan, under runs_dir/test: which seeds each arm needs (Stein's N from the first stage)
 PLAN = "plan.json"
@@ -198,7 +198,7 @@ def check_arm_run(cfg, root: Path, name: str, seed: int, run: dict) -> None:
     """
     from study.analysis.runs import train_command, train_hint_overrides
 
-    settings = with_recorded_defaults(run["settings"])  # a key the run predates reads as its value then
+    settings = run["settings"]
     got = {**settings, "lr": run.get("lr")}
     for key, want in arm_settings(cfg, name).items():
         if key != "lr" and key not in settings:

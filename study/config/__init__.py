@@ -18,7 +18,7 @@ store.py are imported by their module name.
 from .compose import NAMED_GROUPS, PARAMS_FILE, available, composed_params, load_config, project_root, sweep
 from .hydra_errors import GRAMMAR
 from .naming import (NOT_IN_RESUME_KEY, config_hash, diff_keys, flatten, own_task_fields, resume_config, resume_part,
-                     run_dir, run_label, run_name, to_dict, with_recorded_defaults)
+                     run_dir, run_label, run_name, to_dict)
 from .schedule import (SCHEDULE_FUNCTIONS, cosine_lr, d2z_lr, lr_at, max_steps, micro_batches, peak_lr, run_seeds,
                        wsd_lr)
 from .schema import (ACTIVATIONS, CONTEXTS, GROUPS, PRECISIONS, PROJECTION_MODES, QK_NORMS, SCHEDULES, SCHEMA_NAME, TOKENIZERS, VERDICT_SECTIONS,

@@ -79,16 +79,6 @@ RECIPE = {"model": ("name", "n_layer", "n_head", "n_embd", "block_size", "vocab_
           "train": ("tokens", "batch_tokens", "warmup_tokens", "min_lr", "weight_decay", "schedule")}
 #: the same, flat ("model.name", ..., "train.schedule"): a test run must have recorded the study's values of these
 RECIPE_KEYS = tuple(f"{sec}.{k}" for sec, keys in RECIPE.items() for k in keys)
-#: settings added after runs and lr* were recorded without them: the value those records mean (a run folder's config
-#: or a tuned.recipe without ``model.position`` trained learned positions)
-RECORDED_DEFAULTS = {"model.position": "learned"}
-
-
-def with_recorded_defaults(flat: dict) -> dict:
-    """A flat record of settings with :data:`RECORDED_DEFAULTS` filled in where it lacks them."""
-    return {**{k: v for k, v in RECORDED_DEFAULTS.items() if k not in flat}, **flat}
-
-
 def to_dict(cfg: RunConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True)
 

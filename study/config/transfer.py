@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from .naming import RECIPE, RECORDED_DEFAULTS
+from .naming import RECIPE
 from .schema import ConfigError, RunConfig
 from .task import retune_hint
 
@@ -16,10 +16,9 @@ LADDER_KEYS = {"train.tokens_per_param": "scale_ladder.tokens_per_param",
 
 
 def recipe_value(r: dict, key: str):
-    """The value of flat ``key`` ("model.position") in a recipe record; a key the record predates reads as its
-    :data:`RECORDED_DEFAULTS` value (None where it has none)."""
+    """The value of flat ``key`` ("model.position") in a recipe record (None where it has none)."""
     sec, k = key.split(".", 1)
-    return (r.get(sec) or {}).get(k, RECORDED_DEFAULTS.get(key))
+    return (r.get(sec) or {}).get(k)
 
 
 def recipe_difference(tuned_at: dict, now: dict) -> list[str]:
@@ -144,8 +143,8 @@ def check_transferable(cfg: RunConfig, v: str, what: str, off: str, model: str |
         raise ConfigError(f"{what} {v!r} has no lr* in conf/tuned.yaml (tuned.lr has {sorted(cfg.tuned.lr)}): tune "
                           f"it ({retune_hint(cfg, v)}), or {off}")
     tuned_at = (cfg.tuned.recipe or {}).get(v)
-    if arm.lr is None and tuned_at is not None:  # the positions an lr* was tuned at (a record without: learned)
-        was = (tuned_at.get("model") or {}).get("position", RECORDED_DEFAULTS["model.position"])
+    if arm.lr is None and tuned_at is not None:  # the positions an lr* was tuned at
+        was = (tuned_at.get("model") or {}).get("position")
         if was != cfg.model.position:
             raise ConfigError(f"{what} {v!r}: its lr* was tuned at model.position={was}, but this run trains at "
                               f"model.position={cfg.model.position}: re-tune it ({retune_hint(cfg, v)}) or "

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from study.config import ConfigError, StudyError, load_config, run_dir, task_data_dir
-from study.config.naming import RECIPE, RECORDED_DEFAULTS, lr_key
+from study.config.naming import RECIPE, lr_key
 from study.config.task import retune_hint, tune_command, tuned_where
 from study.config.transfer import recipe_difference, recipe_value  # noqa: F401 (public here too)
 from study.runfolder import METRICS_FILE, RECORD_FILE
