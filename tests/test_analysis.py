@@ -141,14 +141,12 @@ def test_lm_runs_recorded_under_other_defaults_of_another_task_still_pair(tmp_pa
         check(runs, "x")
 
 
-def test_runs_recorded_before_model_position_pair_as_learned_and_a_rope_run_does_not(tmp_path):
-    """A run folder written before model.position existed trained learned positions: it pairs with one that records
-    position 'learned'; a rotary run is named with the setting that differs."""
+def test_runs_at_learned_positions_pair_and_a_rope_run_does_not(tmp_path):
+    """Runs that record position 'learned' pair; a rotary run among them is named with the setting that differs."""
     from study.analysis.pairing import PairingError, check
     from study.analysis.runs import read_run
 
-    old = {s: read_run(write_run(tmp_path / f"b{s}", "baseline", s, 4.0)) for s in (1, 2)}
-    assert all("model.position" not in r["settings"] for r in old.values())
+    old = {s: read_run(write_run(tmp_path / f"b{s}", "baseline", s, 4.0, model={"position": "learned"})) for s in (1, 2)}
     new = {s: read_run(write_run(tmp_path / f"n{s}", "nonlinear_q", s, 3.9, model={"position": "learned"}))
            for s in (1, 2)}
     assert check({"baseline": old, "nonlinear_q": new}, "x")["model.position"] == "learned"
