@@ -322,6 +322,18 @@ def test_the_verdict_alone_is_the_report(nano_project, tmp_path, monkeypatch, fa
     md = (out / "comparison.md").read_text()
     assert "## The decided verdict" in md and "![verdict](figures/verdict.png)" in md
     assert f"; seeds {summary['seeds']} (Stein's first stage: each arm's seeds are in the decided verdict)." in md
+    arms = summary["verdict"]["arms"]  # a fixed-lr arm was never tuned: no tuning status of another study's table
+    assert (arms["today"]["lr_from"], arms["today"]["tuning"]) == ("fixed", None)
+    assert arms["base"]["lr_from"] == "tuned" and arms["base"]["tuning"] is not None
+    assert summary["verdict"]["seed_roles"]["tuning"] == data["tune"]["seeds"]  # tuned arms: the tuning seeds shown
+    for a in ("base", "nlq"):  # every arm at a fixed lr (the nano study's way): no tuning seed is claimed
+        data["arms"][a]["lr"] = 0.01
+    data["tune"]["arms"] = []
+    params.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert verdict(["--params", str(params)]) == 0 and compare(["--params", str(params)]) == 0
+    fixed = json.loads((out / "summary.json").read_text())["verdict"]
+    assert fixed["seed_roles"]["tuning"] == [] and all(a["tuning"] is None for a in fixed["arms"].values())
+    assert "Seeds, each with one purpose: tuning none (conf/tuning/)" in (out / "comparison.md").read_text()
 
 
 @pytest.mark.slow  # the test and compare stages on faked trainings (~25 s)

@@ -168,7 +168,8 @@ def test_a_missing_or_truncated_positions_csv_is_named_not_dropped_or_plotted(tm
     positions than the block) was averaged and drawn: the arm's curve is left out and the report and the figure's
     legend name the run and the file."""
     from study.analysis import figures
-    from study.analysis.verdict import attention_lines, context_use
+    from study.analysis.attention_report import attention_lines
+    from study.analysis.verdict import context_use
 
     whole = [4.0, 3.5, 3.0, 2.8, 2.6, 2.5, 2.4, 2.3]
     base = {1: _pos_run("runs/test/base/baseline-s1", whole), 2: _pos_run("runs/test/base/baseline-s2", None)}
@@ -224,3 +225,20 @@ def test_a_malformed_positions_csv_is_refused_in_one_line_naming_it(tmp_path, te
     with pytest.raises(RunsError) as e:
         read_run(d, tmp_path)
     assert "\n" not in str(e.value) and str(e.value).startswith(f"{d / 'positions.csv'}") and words in str(e.value)
+
+
+def test_the_report_warns_where_attention_carries_under_ten_margins():
+    """Attention's share under ten equivalence margins (the nano study's runs: none at all) makes the query's verdict
+    uninformative, and the attention section says so, naming the ratio; at ten margins or more it says nothing."""
+    from study.analysis.attention_report import WEAK_SHARE, attention_lines
+
+    def lines(*ratios):
+        rows = [{"arm": "noctx", "reference": f"ref{i}", "n_pairs": 5, "share": r * 0.02, "ci95": [0.0, 1.0],
+                 "margin_nats": 0.02, "ratio": r} for i, r in enumerate(ratios)]
+        return attention_lines({"arms": {}, "attention": rows})
+
+    assert WEAK_SHARE == 10
+    weak = [x for x in lines(-13.0, 56.0) if x.startswith("**Attention carries little here**")]
+    assert len(weak) == 1 and "(share / margin -13.0, under 10)" in weak[0], weak
+    assert not any("carries little" in x for x in lines(10.0, 56.0))
+    assert any("share / margin nan" in x or "share / margin n/a" in x for x in lines(float("nan")))

@@ -315,7 +315,7 @@ def yardstick_lines(summary: dict) -> list[str]:
 
 def markdown(summary: dict, figures: list[str] = ()) -> str:
     """comparison.md from summary.json's content; ``figures``: the names of the figures written."""
-    from study.analysis.verdict import attention_lines
+    from study.analysis.attention_report import attention_lines
     lines = header(summary) + (attention_lines(summary["verdict"], summary.get("task", "lm"))
                                if summary.get("verdict") else [])
     if summary["variants"]:

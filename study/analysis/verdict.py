@@ -241,7 +241,8 @@ def verdict_report(cfg, root: Path) -> dict | None:
         one = next(iter(runs[a].values()), {})
         arms[a] = {"variant": cfg.arms[a].variant, "overrides": [str(o) for o in cfg.arms[a].overrides],
                    "lr": one.get("lr"), "lr_from": "fixed" if cfg.arms[a].lr is not None else "tuned",
-                   "tuning": (tuning.get(a) or {}).get("status"), "n_seeds": len(xs), "val_loss_mean": m,
+                   "tuning": None if cfg.arms[a].lr is not None else (tuning.get(a) or {}).get("status"),
+                   "n_seeds": len(xs), "val_loss_mean": m,
                    "val_loss_sd": float(np.std(xs, ddof=1)) if len(xs) > 1 else float("nan"),
                    "val_loss_ci95": [lo, hi], **context_use(runs[a]), **accuracy(runs[a]),
                    "diverged": {str(k): r.get("reason") for k, r in runs[a].items() if r["status"] != "ok"}}
@@ -265,7 +266,8 @@ def verdict_report(cfg, root: Path) -> dict | None:
     return {"arms": arms, "comparisons": comps, "margin_pct": s.equivalence_margin, "halfwidth_pct": s.target_halfwidth,
             "max_seeds": s.max_seeds, "n0": len(s.seeds), "decomposition": dec, "frontier": front, "attention":
             attention_share(cfg, runs, ok),
-            "seed_roles": {"tuning": list(cfg.tune.seeds), "pilot": list(s.pilot_seeds),
+            "seed_roles": {"tuning": list(cfg.tune.seeds) if any(cfg.arms[a].lr is None for a in s.arms) else [],
+                           "pilot": list(s.pilot_seeds),
                            "test": sorted({x for by_seed in runs.values() for x in by_seed})}}
 
 
@@ -303,36 +305,6 @@ def _f(x, spec=".4f") -> str:
 def lost(r: dict) -> str:
     """" (+k diverged)" after an arm's finished seeds, or nothing."""
     return f" (+{len(r['diverged'])} diverged)" if r["diverged"] else ""
-
-
-#: what the no-context arm can still do, per task (each position attends to itself only)
-NO_CONTEXT = {"lm": "a learned bigram with the baseline's parameters",
-              "mlm": ("a chosen token sees only itself: the mask token (80%), else its own token or a "
-                      "random one, which it can copy: below the unigram yardstick without context"),
-              "mqar": "no value can be recalled: at best chance"}
-
-
-def attention_lines(v: dict, task: str = "lm") -> list[str]:
-    """comparison.md's opening lines on attention's share (summary.json "verdict" "attention") for ``task``."""
-    rows = v.get("attention") or []
-    if not rows:
-        return ["", "Attention's share: not measured (no arm of study.arms has a variant with context: self; add "
-                    "the no_context arm to measure what attention carries at this size).", ""]
-    lines = ["", "## Attention's share", "",
-             f"What attention carries at this size: the no-context arm (each position attends to itself only: "
-             f"{NO_CONTEXT.get(task, 'no context')}) minus the reference, paired by seed, against the equivalence "
-             f"margin in nats.", "",
-             "| no-context arm | reference | pairs | share (nats) | 95% CI | margin (nats) | share / margin |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['arm']} | {r['reference']} | {r['n_pairs']} | {_f(r['share'], '+.4f')} | "
-                     f"[{_f(r['ci95'][0], '+.4f')}, {_f(r['ci95'][1], '+.4f')}] | {_f(r['margin_nats'])} | "
-                     f"{_f(r['ratio'], '.1f')} |")
-    drawn = any(r.get("position_loss") for r in (v.get("arms") or {}).values())  # lm: figures.position_loss
-    left = [f"{a}'s curve is not drawn: {r['position_note']}: restore the file(s), or re-run the run(s)."
-            for a, r in (v.get("arms") or {}).items() if drawn and not r.get("position_loss") and r.get("position_note")]
-    return lines + (["", "![loss by position](figures/position_loss.png)", "", *left, *([""] if left else [])]
-                    if drawn else [""])
 
 
 def seed_roles_line(v: dict) -> list[str]:
