@@ -1,7 +1,7 @@
 # Two entry points (README): `make study` runs the whole study, `make test` the tests.
 # Both create .venv and install everything on a fresh machine first.
 PY      := .venv/bin/python
-PIP     := .venv/bin/pip --disable-pip-version-check
+PIP     := $(PY) -m pip --disable-pip-version-check  # not .venv/bin/pip: a copied .venv keeps its own prefix
 STAMP   := .venv/.installed
 export MLFLOW_DISABLE_TELEMETRY := true
 export DO_NOT_TRACK := true

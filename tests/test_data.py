@@ -127,3 +127,16 @@ def test_seed_fixes_the_batches_for_every_variant(nano_project):
     assert not torch.equal(a[0], c[0])
     assert a[0].shape == (8, 65)
     assert torch.equal(val_a, val_c) and val_a.shape == (16, 65)  # validation does not depend on the seed
+
+
+def test_too_few_documents_for_the_held_out_rule_name_the_cap():
+    """A corpus cut below val_every // 2 + 1 documents holds none out: the error names the cap and both fixes."""
+    from study.data import DataError
+    from study.data.corpora import split_documents
+
+    docs = read_kjv()[:5]
+    train, val = split_documents(docs, 5)  # documents 0-4: index 2 held out
+    assert len(val) == 1 and len(train) == 4
+    with pytest.raises(DataError, match=r"every corpus has fewer than 11 documents, too few for data.val_every=20 "
+                                        r"\(data.max_docs_per_corpus caps them\): lower val_every, or raise"):
+        split_documents(docs, 20)

@@ -285,6 +285,7 @@ def test_data_prepared_with_other_settings_is_refused(nano_project, tmp_path, mo
     key = override.split("=")[0]
     assert f"{key}={was} there, {now} here" in err and "study.prepare" in err, err
     assert err.count(" there, ") == 1  # only the key that differs
+    assert f"re-run `python -m study.prepare {override} data.dir=" in err, err  # the command, as it is run
 
 
 def test_two_stale_keys_are_named_together(nano_project, tmp_path, monkeypatch, capsys):

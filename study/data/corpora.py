@@ -182,7 +182,8 @@ def split_documents(docs: list[Document], val_every: int) -> tuple[list[Document
         for i, d in enumerate(sorted(by_corpus[corpus], key=lambda d: d.id)):
             (val if is_val_index(i, val_every) else train).append(d)
     if not val:
-        raise DataError(f"no validation document: the corpus has too few documents for data.val_every="
-                        f"{val_every}; lower val_every or add documents")
+        raise DataError(f"no validation document: every corpus has fewer than {val_every // 2 + 1} documents, too few "
+                        f"for data.val_every={val_every} (data.max_docs_per_corpus caps them): lower val_every, or "
+                        f"raise max_docs_per_corpus or add documents")
     return train, val
 

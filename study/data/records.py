@@ -108,8 +108,8 @@ def read_meta(data_dir: Path, check: bool = True) -> dict:
                         f", not the folder of prepared data: point data.dir at the folder `python -m study.prepare` "
                         f"writes (data/tokens)")
     if not path.is_file():
-        raise DataError(f"{path} not found: prepare the data first with `python -m study.prepare` "
-                        f"(or `dvc repro prepare`)")
+        raise DataError(f"{path} not found: prepare the data first with `python -m study.prepare "
+                        f"data.dir={data_dir}` and this run's other data.* settings (or `dvc repro prepare`)")
     try:
         meta = json.loads(path.read_text())
     except (ValueError, UnicodeDecodeError) as e:
@@ -248,22 +248,25 @@ def prepared_keys(d: DataConfig) -> dict:
     return {f"data.{k}": v for k, v in keys.items()}
 
 
+def override_value(v) -> str:
+    """A setting's value as a command-line override writes it: ``null``, ``[a,b]``, else ``str(v)``."""
+    if v is None:
+        return "null"
+    if isinstance(v, list):
+        return "[" + ",".join(str(x) for x in v) + "]"
+    return str(v)
+
+
 def prepared_overrides(data_dir: Path) -> list[str]:
     """Command-line overrides (``["data.val_every=8", ...]``) that give a run the ``data.*`` settings the
     data in ``data_dir`` were prepared with (meta.json ``prepared_with``; empty for older meta.json)."""
-    def value(v) -> str:
-        if v is None:
-            return "null"
-        if isinstance(v, list):
-            return "[" + ",".join(str(x) for x in v) + "]"
-        return str(v)
     not_applicable = ("data.corpora",)  # None there: another source
     meta = read_meta(Path(data_dir), check=False)  # only prepared_with is read here
     was = meta.get("prepared_with", {})
     if not isinstance(was, dict):
         raise corrupt_field(Path(data_dir) / "meta.json", "prepared_with", was, "an object")
     renamed(Path(data_dir), was)
-    return [f"{k}={value(v)}" for k, v in was.items() if v is not None or k not in not_applicable]
+    return [f"{k}={override_value(v)}" for k, v in was.items() if v is not None or k not in not_applicable]
 
 
 def renamed(data_dir: Path, prepared_with: dict) -> None:
@@ -310,8 +313,10 @@ def check_prepared(data_dir: Path, cfg) -> dict:
         _same_source(was.get(k), now.get(k)) if k == "data.source" else was.get(k) == now.get(k))]
     if differ:
         diff = ", ".join(f"{k}={was.get(k)!r} there, {now.get(k)!r} here" for k in differ)
+        again = " ".join(f"{k}={override_value(now.get(k))}" for k in differ)
         raise DataError(f"{data_dir} was prepared with other data settings ({diff}): re-run `python -m "
-                        f"study.prepare` with this config, or give each data set its own data.dir")
+                        f"study.prepare {again} data.dir={data_dir}` (with this config), or give each data set its "
+                        f"own data.dir")
     for split in ("train", "val"):
         n = chunk_token_count(data_dir / split)
         if n != meta["tokens"][split]:
