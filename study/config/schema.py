@@ -46,6 +46,8 @@ def embedding_rows(ids: int, multiple: int) -> int:
     """``ids`` (tokens) rounded up to a multiple of ``multiple`` (``model.vocab_multiple``): the rows of the
     embedding and the output head (50257 GPT-2 ids at 64 -> 50304)."""
     return -(-int(ids) // int(multiple)) * int(multiple)
+
+
 # Lightning 2.6's precision names (lightning.fabric.connector._PRECISION_INPUT), checked before Lightning is imported
 PRECISIONS = frozenset({"64", "32", "16", "bf16", "64-true", "32-true", "16-true", "bf16-true", "16-mixed",
                         "bf16-mixed", "transformer-engine", "transformer-engine-float16"})
