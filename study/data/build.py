@@ -128,6 +128,34 @@ def build(cfg, root: Path) -> dict:
         return _build(cfg, root)
 
 
+def _tokenize_hf(cfg, ds, src, tmp: Path) -> tuple:
+    """A Hugging Face source tokenised into ``tmp`` (:func:`_build_hf`): (tokenizer, tokens per split, tokens per
+    split and source, documents per split, validation document ids, source files, the yardsticks' training sample)."""
+    tok, counts, documents, train_sample = _build_hf(cfg, ds, tmp)
+    corpus_tokens = {split: [[cfg.data.hf_split, counts[split]]] for split in counts}
+    n = len(ds)
+    val_ids = [hf_doc_id(cfg.data.hf_split, i, n) for i in np.flatnonzero(is_val_index(np.arange(n),
+                                                                                       cfg.data.val_every))]
+    return tok, counts, corpus_tokens, documents, val_ids, [str(f) for f in src.files], train_sample
+
+
+def _tokenize_documents(cfg, docs, train_docs, val_docs, tmp: Path) -> tuple:
+    """Embedded or folder documents tokenised and written as chunks into ``tmp``; the tuple of :func:`_tokenize_hf`."""
+    tok = make_tokenizer(cfg.data, [d.text for d in train_docs] if cfg.data.tokenizer == "bpe" else None,
+                         tmp / "tokenizer.json")
+    counts, corpus_tokens = {}, {}
+    for split, split_docs in (("train", train_docs), ("val", val_docs)):
+        arrays = tok.encode_documents([d.text for d in split_docs])
+        counts[split] = int(sum(len(a) for a in arrays))
+        corpus_tokens[split] = corpus_runs(split_docs, arrays)
+        write_chunks(arrays, tmp / split, cfg.data.chunk_bytes)
+        if split == "train":
+            train_sample = np.concatenate(arrays).astype(np.int64)
+        del arrays
+    return (tok, counts, corpus_tokens, {"train": len(train_docs), "val": len(val_docs)}, [d.id for d in val_docs],
+            sorted({str(d.source) for d in docs}), train_sample)
+
+
 def _build(cfg, root: Path) -> dict:
     t0 = time.time()
     out = root / cfg.data.dir
@@ -144,27 +172,10 @@ def _build(cfg, root: Path) -> dict:
     tmp.mkdir(parents=True)
     try:
         if hf:
-            tok, counts, documents, train_sample = _build_hf(cfg, ds, tmp)
-            corpus_tokens = {split: [[cfg.data.hf_split, counts[split]]] for split in counts}
-            n = len(ds)
-            val_ids = [hf_doc_id(cfg.data.hf_split, i, n) for i in np.flatnonzero(is_val_index(np.arange(n),
-                                                                                               cfg.data.val_every))]
-            sources = [str(f) for f in src.files]
+            tok, counts, corpus_tokens, documents, val_ids, sources, train_sample = _tokenize_hf(cfg, ds, src, tmp)
         else:
-            tok = make_tokenizer(cfg.data, [d.text for d in train_docs] if cfg.data.tokenizer == "bpe" else None,
-                                 tmp / "tokenizer.json")
-            counts, corpus_tokens = {}, {}
-            for split, split_docs in (("train", train_docs), ("val", val_docs)):
-                arrays = tok.encode_documents([d.text for d in split_docs])
-                counts[split] = int(sum(len(a) for a in arrays))
-                corpus_tokens[split] = corpus_runs(split_docs, arrays)
-                write_chunks(arrays, tmp / split, cfg.data.chunk_bytes)
-                if split == "train":
-                    train_sample = np.concatenate(arrays).astype(np.int64)
-                del arrays
-            documents = {"train": len(train_docs), "val": len(val_docs)}
-            val_ids = [d.id for d in val_docs]
-            sources = sorted({str(d.source) for d in docs})
+            tok, counts, corpus_tokens, documents, val_ids, sources, train_sample = _tokenize_documents(
+                cfg, docs, train_docs, val_docs, tmp)
         meta = {
             "tokenizer": tok.name,
             "vocab_size": tok.vocab_size,
