@@ -124,7 +124,7 @@ def plan_rows(spec: dict, root: Path, params: str | None, base: list[str] = ()) 
                               f"from the command line (or edit the row)")
         row_cfg = load_config([*base, *map(str, over)], root, params=params)
         data = [*base, *map(str, over), f"data.dir={data_dir_of(row_cfg)}"]
-        runs = [[*data, f"variant={v}", f"seed={spec['seed']}", f"variant.lr={float(spec['lr'])!r}",
+        runs = [[*data, f"variant={v}", f"seed={spec['seed']}", f"arm.lr={float(spec['lr'])!r}",
                  f"study.group={GROUP}/{name}", "trainer.progress_bar=false"] for v in VARIANTS]
         out.append((name, data, runs))
     return out

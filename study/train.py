@@ -22,7 +22,7 @@ Trains one (variant, seed) run on the prepared token data and writes
   .replaced/       only while a start builds its Trainer: the last run's files it replaces, put back
                    if Lightning refuses the trainer settings (study.runner.run_state.Replaced)
 (``runs/GROUP/VARIANT-sSEED/`` with ``study.group=GROUP``, as the test stage and
-the scale ladder do, see study/runner/arms.py and study/runner/budget.py)
+the scale ladder do, see study/runner/arms.py and study/runner/spec.py)
 and one MLflow run (experiment = study.name, run name = [GROUP/]VARIANT-sSEED) in the
 project's SQLite store.
 

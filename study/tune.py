@@ -29,7 +29,6 @@ Every output is byte-stable (no times, no ids).
 """
 from __future__ import annotations
 
-import copy
 import json
 import math
 import sys
@@ -89,8 +88,8 @@ def tune_one(cfg, root: Path, name: str, params: str | None, base: list[str] = (
     res = choose(lrs, scores, tu.max_points, tu.rule)
     tokens = tu.tokens or cfg.train.tokens
     if tu.tokens is None and cfg.train.tokens_per_param is not None:  # the ladder's budget, as the runs resolve it
-        from study.runner.budget import resolve
-        tokens = resolve(copy.deepcopy(cfg), root).train.tokens
+        from study.runner.spec import run_spec
+        tokens = run_spec(cfg, root).tokens
     out = {"arm": name, "variant": arm.variant, "overrides": [str(o) for o in arm.overrides],
            "model": cfg.model.name, "seeds": [int(s) for s in tu.seeds], "tokens": int(tokens), "rule": tu.rule,
            "recipe": recipe(cfg, tokens),

@@ -49,7 +49,7 @@ def _arm_run(cfg, root: Path, params: str, arm: str, seed: int, loss: float, dro
     over = [o for o in run_overrides(cfg, arm, seed, tuned_lr(cfg, arm), testing_group(arm))
             if not o.startswith(tuple(drop))]
     run = load_config(over, root, params=params)
-    lr = run.variant.lr if run.variant.lr is not None else run.train.lr
+    lr = run.arm.lr if run.arm.lr is not None else run.train.lr
     d = run_dir(root, run, run.variant.name, seed, testing_group(arm))
     write_run(d, run.variant.name, seed, loss, lr=lr)
     (d / "config.json").write_text(json.dumps(recorded_config(run, "0123456789abcdef")))
@@ -66,7 +66,7 @@ def _five_seeds(cfg, root: Path, params: Path, tmp: Path) -> None:
 
 
 def test_compare_refuses_a_test_run_without_its_arms_lr_or_recipe(nano_project, tmp_path, monkeypatch):
-    """The issue's case: a test run re-trained without variant.lr (train.lr 3e-3 instead of the arm's 3.1e-2), or
+    """The issue's case: a test run re-trained without arm.lr (train.lr 3e-3 instead of the arm's 3.1e-2), or
     without the arm's train.schedule=d2z, pairs with the others (pairing ignores the variant's lr and the arms'
     override keys) but is not the arm's run: compare refuses it in one line with the command that re-trains it."""
     from study.analysis.runs import RunsError
@@ -81,7 +81,7 @@ def test_compare_refuses_a_test_run_without_its_arms_lr_or_recipe(nano_project, 
     runs = tested_runs(cfg, nano_project)
     assert [runs["nlqd"][s]["lr"] for s in range(1, 6)] == [LR] * 5
     d = tmp_path / "runs/test/nlqd/nonlinear_q-s2"
-    for drop, shown in ((["variant.lr="], "peak lr 0.003, but arm 'nlqd' trains at 0.03122"),
+    for drop, shown in ((["arm.lr="], "peak lr 0.003, but arm 'nlqd' trains at 0.03122"),
                         (["train.schedule="], "train.schedule 'cosine', but arm 'nlqd' trains at 'd2z'")):
         _arm_run(cfg, nano_project, str(params), "nlqd", 2, 4.5, drop=drop)
         with pytest.raises(RunsError) as e:
@@ -89,7 +89,7 @@ def test_compare_refuses_a_test_run_without_its_arms_lr_or_recipe(nano_project, 
         msg = str(e.value)
         assert "\n" not in msg and msg.startswith(f"runs/test/nlqd/nonlinear_q-s2 was trained at {shown}: it is not "
                                                   f"the arm's run") or msg.startswith(f"{d} was trained at {shown}"), msg
-        assert f"variant=nonlinear_q seed=2 " in msg and f"variant.lr={LR!r} train.schedule=d2z study.group=test/nlqd`" in msg
+        assert f"variant=nonlinear_q seed=2 " in msg and f"arm.lr={LR!r} train.schedule=d2z study.group=test/nlqd`" in msg
         _arm_run(cfg, nano_project, str(params), "nlqd", 2, 4.02)
         tested_runs(cfg, nano_project)
 
@@ -138,13 +138,14 @@ def test_the_printed_command_re_trains_the_run_it_names(nano_project, tmp_path, 
                            params)
     assert not reused and d == tmp_path / "runs/test/nlqd/nonlinear_q-s2"
     key = json.loads((d / "record.json").read_text())["config_hash"]
-    assert json.loads((d / "record.json").read_text())["lr"] == LR
+    first = json.loads((d / "record.json").read_text())
+    assert (first["lr"], first["lr_source"], first["arm"]) == (LR, "arm.lr", "nlqd")  # the run's frozen specification
     (d / "metrics.json").unlink()
     (tmp_path / "runs/test/plan.json").write_text(json.dumps({"seeds": {"nlqd": [2], "base": [2]}}))
     with pytest.raises(RunsError) as e:
         tested_runs(cfg, nano_project)
     cmd = next(c for c in str(e.value).split("`") if c.startswith("python -m study.train"))
-    assert cmd.startswith("python -m study.train variant=nonlinear_q seed=2 ") and f"variant.lr={LR!r}" in cmd, cmd
+    assert cmd.startswith("python -m study.train variant=nonlinear_q seed=2 ") and f"arm.lr={LR!r}" in cmd, cmd
     argv = shlex.split(cmd)
     r = subprocess.run([sys.executable, *argv[1:]], cwd=nano_project, env=env_for(nano_project), capture_output=True,
                        text=True, timeout=600)

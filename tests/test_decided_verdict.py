@@ -47,8 +47,8 @@ def fake_train(monkeypatch):
 
     def train(cfg, root):
         d = run_dir(root, cfg, cfg.variant.name, cfg.seed)
-        x = loss(cfg.variant.name, cfg.variant.lr, cfg.seed)
-        write_run(d, cfg.variant.name, cfg.seed, 9.0 if x is None else x, lr=cfg.variant.lr, tokens=cfg.train.tokens,
+        x = loss(cfg.variant.name, cfg.arm.lr, cfg.seed)
+        write_run(d, cfg.variant.name, cfg.seed, 9.0 if x is None else x, lr=cfg.arm.lr, tokens=cfg.train.tokens,
                   status="ok" if x is not None else "diverged", params=fake_params(cfg.variant))
         rec = json.loads((d / "record.json").read_text())
         rec["config_hash"] = run_digest(cfg, root / cfg.data.dir)
@@ -68,7 +68,7 @@ def test_a_finished_run_is_reused_and_one_of_other_settings_replaced(nano_projec
     from study.runner.arms import ensure_run
 
     monkeypatch.chdir(nano_project)
-    over = [f"study.runs_dir={tmp_path / 'runs'}", "variant=baseline", "seed=3", "variant.lr=0.003",
+    over = [f"study.runs_dir={tmp_path / 'runs'}", "variant=baseline", "seed=3", "arm.lr=0.003",
             "study.group=test/x", "train.batch_tokens=2048", "train.tokens=20480"]
     d, reused = ensure_run(over, nano_project, None)
     assert not reused and d == tmp_path / "runs/test/x/baseline-s3" and len(fake_train) == 1

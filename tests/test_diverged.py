@@ -63,7 +63,7 @@ def _history(db, run_id, key="train_loss"):
 def test_a_diverged_run_goes_through_the_real_compare_as_a_lost_point(run_in, nano_project, tmp_path, monkeypatch,
                                                                       capsys, lr, kind):
     """Issue 25 item 1: lr 1e30 (NaN) and lr 10 (a finite, absurd loss: 407 nats, then 87) beside a normal seed; the variant's
-    own lr (``variant.lr``, as the lr sweep sets it), so that the two seeds still pair."""
+    own lr (``arm.lr``, as the lr sweep sets it), so that the two seeds still pair."""
     from mlflow import MlflowClient
 
     from study.analysis.runs import load_mlflow
@@ -71,7 +71,7 @@ def test_a_diverged_run_goes_through_the_real_compare_as_a_lost_point(run_in, na
     from study.config import load_config
 
     ok = run_in("variant=baseline", "seed=1")
-    bad = run_in("variant=baseline", "seed=2", f"variant.lr={lr}")
+    bad = run_in("variant=baseline", "seed=2", f"arm.lr={lr}")
     d = tmp_path / "runs/baseline-s2"
     record, metrics = strict_json(d / "record.json"), strict_json(d / "metrics.json")  # valid JSON, no NaN
     curve, db = _curve(d / "curve.csv"), tmp_path / "mlruns.db"
@@ -157,7 +157,7 @@ def test_an_old_diverged_run_with_nan_or_an_absurd_loss_is_read_as_a_lost_point(
 
 
 def test_every_baseline_seed_diverged_is_still_a_report(nano_project, tmp_path, monkeypatch):
-    """QA: with per-corpus losses recorded and every baseline seed diverged (variant.lr=1e3 at both seeds),
+    """QA: with per-corpus losses recorded and every baseline seed diverged (arm.lr=1e3 at both seeds),
     compare stopped on a StopIteration in summary.per_corpus; it must write the report with the lost points."""
     from study.compare import main
     from tests.synthetic_runs import write_run

@@ -223,9 +223,9 @@ def test_stage_under_dvc_takes_params_yaml_and_its_own_group_choice(tmp_path, mo
     (tmp_path / "params.yaml").write_text(composed_params(tmp_path, ["model=ladder-96", "train.lr=6e-3",
                                                                       "variant.scale_factor=0.25"]))
     monkeypatch.setenv("DVC_EXP_NAME", "exp-1")
-    cfg = load_config(["variant=nonlinear_q", "seed=2", "variant.lr=1e-3"], tmp_path, params="params.yaml")
+    cfg = load_config(["variant=nonlinear_q", "seed=2", "arm.lr=1e-3"], tmp_path, params="params.yaml")
     assert (cfg.model.name, cfg.model.n_embd, cfg.train.lr, cfg.seed) == ("ladder-96", 96, 6e-3, 2)
-    assert (cfg.variant.name, cfg.variant.query, cfg.variant.lr) == ("nonlinear_q", "nonlinear", 1e-3)
+    assert (cfg.variant.name, cfg.variant.query, cfg.arm.lr) == ("nonlinear_q", "nonlinear", 1e-3)
     assert cfg.variant.scale_factor is None  # the default variant's section did not leak into the chosen one
     assert load_config(["variant=baseline"], tmp_path, params="params.yaml").variant.scale_factor is None
     monkeypatch.delenv("DVC_EXP_NAME")

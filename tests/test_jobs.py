@@ -18,7 +18,7 @@ from study.config import ConfigError, StudyError, load_config
 def overrides(tmp, seed: int, runs: str) -> list[str]:
     return [f"study.runs_dir={tmp / runs}", f"study.tracking_db={tmp / 'mlruns.db'}",
             f"study.artifact_dir={tmp / 'mlartifacts'}", "trainer.progress_bar=false", "trainer.threads=1",
-            "variant=baseline", f"seed={seed}", "variant.lr=0.003", "study.group=test/x", "train.tokens=8192"]
+            "variant=baseline", f"seed={seed}", "arm.lr=0.003", "study.group=test/x", "train.tokens=8192"]
 
 
 def val_loss(d) -> float:

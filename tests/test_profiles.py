@@ -66,10 +66,14 @@ def test_resolve_tokens_per_param_and_tuned_lr(nano_project, tmp_path, monkeypat
     """tokens_per_param counts the baseline's non-embedding parameters; lr_from_tuned takes the arm's lr*."""
     from study.config import load_config, peak_lr
     from study.modeling.model import GPT
-    from study.runner.budget import resolve
+    from study.runner.spec import run_spec
 
-    cfg = load_config(["variant=nonlinear_q", "model=ladder-96", "train.tokens_per_param=1.0"], nano_project)
-    resolve(cfg, nano_project)
+    composed = load_config(["variant=nonlinear_q", "model=ladder-96", "train.tokens_per_param=1.0"], nano_project)
+    spec = run_spec(composed, nano_project)
+    cfg = spec.cfg
+    assert composed.train.tokens != cfg.train.tokens == spec.tokens  # derived into a frozen copy, the composition kept
+    with pytest.raises(Exception, match="read-only"):
+        cfg.train.tokens = 1
     base = GPT(load_config(["variant=baseline", "model=ladder-96"], nano_project).model,
                load_config(["variant=baseline"], nano_project).variant, 512)
     n = sum(p.numel() for name, p in base.named_parameters() if name not in ("transformer.wte.weight",
@@ -89,10 +93,12 @@ def test_resolve_tokens_per_param_and_tuned_lr(nano_project, tmp_path, monkeypat
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(data))
     monkeypatch.setenv("DVC_EXP_NAME", "test")  # params.yaml with a tuned section, as `dvc exp run` composes it
-    cfg = resolve(load_config(["variant=nonlinear_q", "model=ladder-96", "train.lr_from_tuned=true"], nano_project,
-                              params=str(params)), nano_project)
+    spec = run_spec(load_config(["variant=nonlinear_q", "model=ladder-96", "train.lr_from_tuned=true"], nano_project,
+                                params=str(params)), nano_project)
+    cfg = spec.cfg
     lr, min_lr = peak_lr(cfg)
-    assert cfg.variant.lr == 0.0071 and lr == 0.0071 and min_lr == pytest.approx(0.0071 * 3e-4 / 3e-3)
+    assert cfg.arm.lr == 0.0071 and lr == 0.0071 and min_lr == pytest.approx(0.0071 * 3e-4 / 3e-3)
+    assert (spec.lr, spec.min_lr, spec.lr_source) == (lr, min_lr, "tuned.lr.nonlinear_q")
     # an lr* tuned with a recipe override (d2z) the plain variant's run would not apply is refused, in one line
     from study.config import ConfigError
     with pytest.raises(ConfigError, match=r"tuned as arms.nonlinear_q_ph = variant 'nonlinear_q_ph' with overrides "
@@ -104,8 +110,8 @@ def test_resolve_tokens_per_param_and_tuned_lr(nano_project, tmp_path, monkeypat
     with pytest.raises(ConfigError, match=r"tuned at model.position=learned, but this run trains at model.position=rope"):
         load_config(["variant=nonlinear_q", "train.lr_from_tuned=true", "model.position=rope"], nano_project,
                     params=str(params))
-    assert resolve(load_config(["variant=nonlinear_q", "train.lr_from_tuned=true"], nano_project, params=str(params)),
-                   nano_project).variant.lr == 0.0071  # learned, as tuned
+    assert run_spec(load_config(["variant=nonlinear_q", "train.lr_from_tuned=true"], nano_project, params=str(params)),
+                    nano_project).lr == 0.0071  # learned, as tuned
     del data["tuned"]["recipe"]
 
     # lr_per_size: the lr* tuned at this size (tuned.size, `make ladder-tune`), not the default size's
@@ -113,9 +119,9 @@ def test_resolve_tokens_per_param_and_tuned_lr(nano_project, tmp_path, monkeypat
     data["arms"]["baseline"] = {"variant": "baseline", "overrides": [], "lr": None, "description": ""}
     data["tuned"]["lr"]["baseline"] = 0.004
     params.write_text(yaml.safe_dump(data))
-    cfg = resolve(load_config(["variant=nonlinear_q", "model=ladder-96", "train.lr_from_tuned=true",
-                               "train.lr_per_size=true"], nano_project, params=str(params)), nano_project)
-    assert cfg.variant.lr == 0.0123 and peak_lr(cfg)[0] == 0.0123
+    cfg = run_spec(load_config(["variant=nonlinear_q", "model=ladder-96", "train.lr_from_tuned=true",
+                                "train.lr_per_size=true"], nano_project, params=str(params)), nano_project).cfg
+    assert cfg.arm.lr == 0.0123 and peak_lr(cfg)[0] == 0.0123
     with pytest.raises(ConfigError) as e:
         load_config(["variant=nonlinear_q", "model=ladder-64", "train.lr_from_tuned=true", "train.lr_per_size=true"],
                     nano_project, params=str(params))

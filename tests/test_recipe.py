@@ -343,7 +343,7 @@ def test_min_lr_with_a_schedule_to_zero_is_refused():
     from study.config import ConfigError, validate
 
     cfg = OmegaConf.structured(RunConfig)
-    cfg.train.schedule, cfg.variant.min_lr = "d2z", 1e-4
+    cfg.train.schedule, cfg.arm.min_lr = "d2z", 1e-4
     with pytest.raises(ConfigError, match="decays to zero"):
         validate(cfg)
 
@@ -432,13 +432,13 @@ def test_bench_measures_the_recipe_arms_beside_baseline(nano_project, monkeypatc
 def test_wsd_inside_the_warmup_is_refused_once_tokens_per_param_sets_the_tokens():
     """QA: validate() skips the wsd check under train.tokens_per_param (the tokens are not known yet), and the run
     then trained with a decay that started inside the warmup (its lr never reached the peak); the check runs
-    again when study.runner.budget.resolve sets train.tokens, before anything is written."""
+    again when study.runner.spec.run_spec derives train.tokens, before anything is written."""
     from study.config import ConfigError, load_config
-    from study.runner.budget import resolve
+    from study.runner.spec import run_spec
 
     over = ["model=nano", "data.tokenizer=bpe", "data.vocab_size=512", "variant=baseline", "train.tokens=20480",
             "train.batch_tokens=2048", "train.warmup_tokens=4096", "train.tokens_per_param=0.5", "train.schedule=wsd"]
     cfg = load_config([*over, "train.decay_fraction=1.0"], CONF.parent)  # passes: the tokens are not known
     with pytest.raises(ConfigError, match=r"of 6 steps \(train.tokens_per_param=0.5; train.decay_fraction=1.0\)"):
-        resolve(cfg, CONF.parent)
-    assert resolve(load_config(over, CONF.parent), CONF.parent).train.tokens == 6 * 2048
+        run_spec(cfg, CONF.parent)
+    assert run_spec(load_config(over, CONF.parent), CONF.parent).tokens == 6 * 2048

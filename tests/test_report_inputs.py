@@ -31,7 +31,7 @@ def _task_runs(tmp: Path, task: str, seeds=(1, 2, 3), accuracy=None, group: str 
     for v in ("baseline", "nonlinear_q"):
         for s in seeds:
             cfg = load_config([f"task={task}", f"variant={v}", f"seed={s}", *_dirs(tmp),
-                               *([f"variant.lr={lr}"] if lr else []), *([f"study.group={group}"] if group else [])],
+                               *([f"arm.lr={lr}"] if lr else []), *([f"study.group={group}"] if group else [])],
                               ROOT)
             d = run_dir(ROOT, cfg, v, s, group)
             write_run(d, v, s, 2.0 + 0.01 * s + (0.02 if v == "nonlinear_q" else 0), lr=lr or 3e-3,
@@ -138,7 +138,7 @@ def test_params_changed_while_the_test_stage_ran_fails_it_and_compare_names_the_
             params.write_text(yaml.safe_dump({**data, "train": {**data["train"], "tokens": 40960}}, sort_keys=False))
         trained.append(cfg.train.tokens)
         d = run_dir(root, cfg, cfg.variant.name, cfg.seed, cfg.study.group)
-        write_run(d, cfg.variant.name, cfg.seed, 2.0 + 0.01 * cfg.seed + 0.001 * len(trained), lr=cfg.variant.lr,
+        write_run(d, cfg.variant.name, cfg.seed, 2.0 + 0.01 * cfg.seed + 0.001 * len(trained), lr=cfg.arm.lr,
                   tokens=cfg.train.tokens)
         (d / "config.json").write_text(json.dumps(recorded_config(cfg, "0123456789abcdef")))
     monkeypatch.setattr(study.runner.arms, "TRAIN", train)

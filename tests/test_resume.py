@@ -41,11 +41,11 @@ def test_resume_key_covers_exactly_what_changes_the_numbers(nano_project):
     assert base not in hashes.values() and len(set(hashes.values())) == len(NUMBERS)
     # one GPU, DDP over a node, FSDP: the same run (bf16, same batches), so one checkpoint serves all three
     assert len({config_hash(load_config([f"trainer={t}"], nano_project)) for t in ("gpu", "ddp", "fsdp")}) == 1
-    # where the peak lr came from is not a setting: the lr it resolves to (variant.lr) is, so runs finished before
+    # where the peak lr came from is not a setting: the lr it resolves to (arm.lr) is, so runs finished before
     # train.lr_from_tuned existed keep their key
     from study.config import resume_config
     key = resume_config(load_config([], nano_project))
-    assert "train.lr_from_tuned" not in key and "variant.lr" in key
+    assert "train.lr_from_tuned" not in key and "arm.lr" in key
 
 
 def test_a_runs_key_holds_its_own_tasks_fields_only(nano_project):

@@ -20,12 +20,12 @@ RUN = ["task.position=learned", "model=bytes-32", "variant=baseline", "train.tok
 
 def refusal(overrides: list[str], resolved: bool = False) -> str:
     """The one-line ConfigError that composing (and, ``resolved``, resolving) ``overrides`` raises."""
-    from study.runner.budget import resolve
+    from study.runner.spec import run_spec
 
     with pytest.raises(ConfigError) as e:
         cfg = load_config(overrides, ROOT)
         if resolved:
-            resolve(cfg, ROOT)
+            run_spec(cfg, ROOT)
     assert "\n" not in str(e.value)
     return str(e.value)
 
@@ -66,9 +66,10 @@ def test_a_ladder_at_another_budget_is_refused_before_it_trains():
 
 
 def test_one_ladder_run_at_another_recipe_is_refused_once_its_tokens_are_known():
-    from study.runner.budget import resolve
+    from study.runner.spec import run_spec
 
-    assert resolve(load_config(RUN, ROOT), ROOT).variant.lr == 0.007154653871171246
+    spec = run_spec(load_config(RUN, ROOT), ROOT)
+    assert spec.cfg.arm.lr == spec.lr == 0.007154653871171246 and spec.lr_source == "tuned.size.bytes-32.baseline"
     assert "tuned at model.n_embd=32, model.n_head=2, but this run trains at model.n_embd=48, model.n_head=3" in \
         refusal([*RUN, "model.n_embd=48", "model.n_head=3"])
     # the tokens come from the budget rule when the run resolves: a record of other tokens is refused then

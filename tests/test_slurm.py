@@ -102,7 +102,7 @@ def test_tuning_and_test_stage_on_slurm_equal_the_local_launcher(slurm, nano_pro
 
 def _one_run(tmp: Path, tokens: int = 40960) -> list[str]:
     return [f"study.runs_dir={tmp / 'runs'}", f"study.tracking_db={tmp / 'm.db'}", f"study.artifact_dir={tmp / 'art'}",
-            "trainer.threads=1", "variant=baseline", "seed=3", "variant.lr=0.003", "study.group=test/x",
+            "trainer.threads=1", "variant=baseline", "seed=3", "arm.lr=0.003", "study.group=test/x",
             f"train.tokens={tokens}", "train.eval_every=5"]
 
 

@@ -30,7 +30,7 @@ from study.orchestration.ensure import ensure_runs
 
 tmp, label, n, extra = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3]), sys.argv[4:]
 runs = [[f"study.runs_dir={tmp / 'runs'}", f"study.tracking_db={tmp / 'm.db'}", f"study.artifact_dir={tmp / 'art'}",
-         "trainer.threads=1", "variant=baseline", f"seed={s}", "variant.lr=0.003", "study.group=test/x",
+         "trainer.threads=1", "variant=baseline", f"seed={s}", "arm.lr=0.003", "study.group=test/x",
          "train.tokens=40960", "train.eval_every=5", "launcher=slurm", "launcher.cpus_per_task=1",
          "launcher.array_parallelism=1", "launcher.poll_s=1", f"launcher.log_dir={tmp / 'logs'}", *extra]
         for s in range(1, n + 1)]

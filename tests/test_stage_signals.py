@@ -22,7 +22,7 @@ def _study(tmp: Path, tokens: int = 409600) -> list[str]:
 
 
 def _arm(seed: int) -> list[str]:
-    return ["variant=baseline", f"seed={seed}", "variant.lr=0.003", "study.group=test/x"]
+    return ["variant=baseline", f"seed={seed}", "arm.lr=0.003", "study.group=test/x"]
 
 
 def _until(ready, timeout: float = 300) -> None:

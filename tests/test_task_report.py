@@ -57,7 +57,7 @@ def task_study(tmp_path, monkeypatch):
         y = (get_task("mqar").yardsticks(cfg, root, {}) if cfg.task.name == "mqar" else
              {"unigram": MLM_UNIGRAM, "masked_share": 0.8, "chosen_tokens": 1229, "k": 1.0, "method": "add-k counts"})
         d = run_dir(root, cfg, cfg.variant.name, cfg.seed)
-        write_run(d, cfg.variant.name, cfg.seed, loss(arm, cfg.seed), lr=cfg.variant.lr, tokens=cfg.train.tokens,
+        write_run(d, cfg.variant.name, cfg.seed, loss(arm, cfg.seed), lr=cfg.arm.lr, tokens=cfg.train.tokens,
                   results={"val_accuracy": accuracy(arm, cfg.seed), "task": cfg.task.name, "yardsticks": y})
         (d / "config.json").write_text(json.dumps(recorded_config(cfg, "0123456789abcdef")))
     monkeypatch.setattr(study.runner.arms, "TRAIN", train)

@@ -1,7 +1,7 @@
 """Which runs may be compared: those that agree on every setting but the variant.
 
 Runs pair when their recorded settings (``run["settings"]``, see :mod:`study.analysis.runs`)
-agree on everything but the variant section (its projections, widths and its own lr: arms tuned
+agree on everything but the variant section (its projections and widths), the arm section (its lr: arms tuned
 to their own lr* differ only there) and the seed: model shape, block size, tokens, data (the
 prepared-data digest), training and optimizer settings.  Runs of one seed must moreover share the
 resolved data and init seeds (``train.data_seed`` / ``train.init_seed``, None = seed), so that the
@@ -13,11 +13,11 @@ from collections import Counter
 
 from study.config import StudyError, own_task_fields
 
-#: settings that may differ between paired runs: the variant itself and the seed (paired by it)
-VARIANT_KEYS = ("variant.",)
-#: the variant keys that may differ between the seeds of one variant (its tuned or swept lr, its wording);
-#: every other variant key (projections, widths, qk_norm, ...) is the variant's architecture
-VARIANT_TUNING = ("variant.lr", "variant.min_lr", "variant.description")
+#: settings that may differ between paired runs: the variant itself, its arm's lr and the seed (paired by it)
+VARIANT_KEYS = ("variant.", "arm.")
+#: what may differ between the seeds of one variant: its arm's lr (tuned or swept) and its wording; every other
+#: variant key (projections, widths, qk_norm, ...) is the variant's architecture
+VARIANT_TUNING = ("arm.lr", "arm.min_lr", "variant.description")
 #: the recorded numerics (config.json's ``numerics``: CPU kernels, torch, threads; study/config/numerics.py)
 NUMERICS_PREFIX = "numerics."
 SEED_KEYS = ("seed", "train.data_seed", "train.init_seed")
@@ -99,7 +99,7 @@ def check(runs: dict[str, dict[int, dict]], where: str, ignore: tuple[str, ...] 
             if keys:
                 shown = ", ".join(f"{k} {a.get(k)} (vs {arch[0][1].get(k)})" for k in keys[:6])
                 raise PairingError(f"{where} do not pair: {name} differs from {arch[0][0]} in {shown}; the seeds of "
-                                   f"one variant must share its architecture (only variant.lr may differ): re-run "
+                                   f"one variant must share its architecture (only arm.lr may differ): re-run "
                                    f"the odd run with the variant's file (`dvc repro`), or move it out of the study's "
                                    f"folder")
     by_seed: dict[int, dict] = {}

@@ -93,7 +93,7 @@ def train_hint_overrides(cfg, root: Path, group: str = "") -> list[str]:
         name = group.split("/", 1)[1]
         arm = cfg.arms[name]
         lr = arm.lr if arm.lr is not None else cfg.tuned.lr.get(name)
-        out += ([f"variant.lr={float(lr)!r}"] if lr is not None else []) + [str(o) for o in arm.overrides]
+        out += ([f"arm.lr={float(lr)!r}"] if lr is not None else []) + [str(o) for o in arm.overrides]
     elif group.startswith("scale_ladder/"):
         out = [o for o in out if not o.startswith("model=")]
         out += [f"model={group.split('/', 1)[1]}", f"train.tokens_per_param={cfg.scale_ladder.tokens_per_param}",

@@ -1,7 +1,7 @@
 """The scale ladder's analysis (summary.json "scale_ladder").
 
-The profile itself (which runs exist, and how a run resolves its budget and lr) is
-:mod:`study.runner.budget`; this module only reads its finished runs, checks that they pair, and
+The profile itself (which runs exist) is conf/study.yaml's ``scale_ladder``; how a run derives its budget and lr is
+:mod:`study.runner.spec`; this module only reads its finished runs, checks that they pair, and
 computes its verdicts.
 """
 from __future__ import annotations
@@ -41,7 +41,7 @@ def ladder_size(cfg, model: str, runs: dict[str, dict[int, dict]]) -> dict:
         mean, lo, hi = mean_ci(list(ok[v].values())) if ok[v] else (float("nan"),) * 3
         lrs = sorted({m.get("lr") for m in r.values() if m.get("lr") is not None})
         gains = [m["in_context_gain"] for m in r.values() if m["status"] == "ok" and m.get("in_context_gain") is not None]
-        if la.lr_from_tuned:  # the lr study.runner.budget.resolve gives a ladder run of v now
+        if la.lr_from_tuned:  # the lr study.runner.spec.run_spec gives a ladder run of v now
             from study.config.validation import transferred_lr
 
             want = transferred_lr(cfg, v, model if la.lr_per_size else None)

@@ -323,7 +323,9 @@ def load_config(overrides: list[str] | None = None, root: Path | None = None,
             docstring), relative to ``root``.
 
     Returns:
-        A validated :class:`RunConfig` (an OmegaConf structured config).
+        A validated :class:`RunConfig` (an OmegaConf structured config), read-only: nothing assigns into a run's
+        config after its composition (a run's derived settings are merged into a frozen copy once, by
+        ``study.runner.spec.run_spec``; a changed setting is another composition, with an override).
 
     Raises:
         ConfigError: unknown group option, unknown key, wrong type, bad override syntax, or an
@@ -342,6 +344,7 @@ def load_config(overrides: list[str] | None = None, root: Path | None = None,
         name_groups(composed, choices, study.parent)
         cfg = composed  # typed by the schema at the head of the defaults list
     _check(cfg, root)
+    OmegaConf.set_readonly(cfg, True)
     return cfg
 
 

@@ -80,6 +80,8 @@ REMOVED_KEYS = {
                            "data.vocab_size=N for a BPE, data.tokenizer=bytes for 257 (its old 257)",
     "model.vocab_size": "the model's rows follow the prepared data's vocabulary (data.tokenizer, data.vocab_size); "
                         "model.vocab_multiple pads them (gpt3-small: 64)",
+    "variant.lr": "a run's peak lr is its arm's, not the variant's: arm.lr=LR (None: train.lr)",
+    "variant.min_lr": "a run's final lr is its arm's, not the variant's: arm.min_lr=LR (None: train.min_lr's ratio)",
 }
 
 

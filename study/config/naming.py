@@ -92,7 +92,7 @@ NOT_IN_RESUME_KEY = (
     "trainer.name", "trainer.devices", "trainer.num_nodes", "trainer.strategy", "trainer.threads",
     "trainer.compile", "trainer.progress_bar",
     "train.micro_batch_size", "train.log_every", "train.val_micro_batch_size", "train.overwrite",
-    "train.lr_from_tuned", "train.lr_per_size",  # where the peak lr came from: the lr itself (variant.lr, set before hashing) is in the key
+    "train.lr_from_tuned", "train.lr_per_size",  # where the peak lr came from: the lr itself (arm.lr, derived before hashing) is in the key
     "data.num_proc", "data.hf_cache_dir", "data.dir",  # how/where prepare runs; the data's own digest is checked
     "variant.description",
     "numerics",  # config.json's record of the kernels: in the resume key as its numerics:* entries (run_state)

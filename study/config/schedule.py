@@ -55,16 +55,16 @@ def max_steps(cfg: RunConfig) -> int:
 
 
 def peak_lr(cfg: RunConfig) -> tuple[float, float]:
-    """(lr, min_lr) for this run: the variant's tuned values where given, else train's.
+    """(lr, min_lr) for this run: its arm's values (``arm.lr``, ``arm.min_lr``) where given, else train's.
 
-    A variant lr without its own min_lr keeps the schedule's ratio train.min_lr / train.lr,
+    An arm lr without its own min_lr keeps the schedule's ratio train.min_lr / train.lr,
     so a swept or tuned lr scales the whole cosine schedule.  The schedules that decay to zero
     (``train.schedule`` d2z, wsd) end at min_lr = 0."""
-    lr = cfg.variant.lr if cfg.variant.lr is not None else cfg.train.lr
+    lr = cfg.arm.lr if cfg.arm.lr is not None else cfg.train.lr
     if cfg.train.schedule in ("d2z", "wsd"):
         min_lr = 0.0
-    elif cfg.variant.min_lr is not None:
-        min_lr = cfg.variant.min_lr
+    elif cfg.arm.min_lr is not None:
+        min_lr = cfg.arm.min_lr
     else:
         min_lr = cfg.train.min_lr * (lr / cfg.train.lr)
     return lr, min_lr

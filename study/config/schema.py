@@ -114,9 +114,18 @@ class VariantConfig:
     lower_query: Optional[str] = None  # query mode of layers i < n_layer // 2 (None: query everywhere)
     output: str = "linear"  # the attention's output projection O, a PROJECTION_MODES name ("nonlinear": y + f(y))
     context: str = "causal"  # CONTEXTS: "self" = attention to its own position only (the no-context arm)
-    lr: Optional[float] = None  # a tuned peak learning rate for this variant (overrides train.lr)
-    min_lr: Optional[float] = None
     description: str = ""
+
+
+@dataclass
+class RunArmConfig:
+    """The peak learning rate of the arm a run belongs to: its lr* (``make tune``) or fixed lr, which the stages
+    that train an arm pass as ``arm.lr=LR`` (``study.runner.arms``) and ``train.lr_from_tuned`` derives
+    (``study.runner.spec``).  None: ``train.lr``.  It is the arm's, not the variant's: the variant is the
+    architecture alone, and pairing ignores this section as it ignores the variant (each arm at its own lr*)."""
+
+    lr: Optional[float] = None  # peak lr (overrides train.lr); the schedule keeps train.min_lr / train.lr
+    min_lr: Optional[float] = None  # the cosine schedule's final lr (None: train.min_lr x lr / train.lr)
 
 
 @dataclass
@@ -364,6 +373,7 @@ class RunConfig:
     study: StudyConfig = field(default_factory=StudyConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     variant: VariantConfig = field(default_factory=VariantConfig)
+    arm: RunArmConfig = field(default_factory=RunArmConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

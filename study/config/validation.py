@@ -78,15 +78,15 @@ def _validate_variant(cfg: RunConfig) -> None:
 
 def _validate_budget(cfg: RunConfig) -> None:
     """The learning rates, the token budget and its windows, the seeds (:func:`validate`)."""
-    m, v, t = cfg.model, cfg.variant, cfg.train
+    m, a, t = cfg.model, cfg.arm, cfg.train
     for key in ("lr", "min_lr"):
         val = getattr(t, key)
         if not val > 0:
             raise ConfigError(f"train.{key}={val} must be > 0: use a positive learning rate")
     for key in ("lr", "min_lr"):
-        val = getattr(v, key)
+        val = getattr(a, key)
         if val is not None and not val > 0:
-            raise ConfigError(f"variant.{key}={val} must be > 0 (or null to use train.{key})")
+            raise ConfigError(f"arm.{key}={val} must be > 0 (or null to use train.{key})")
     for key in ("tokens", "batch_tokens", "micro_batch_size", "eval_every", "val_tokens",
                 "val_micro_batch_size", "log_every"):
         if getattr(t, key) <= 0:
@@ -182,7 +182,7 @@ def _validate_optimizer(cfg: RunConfig) -> None:
         raise ConfigError(f"train.divergence_nats={t.divergence_nats} must be > 0")
     lr, min_lr = peak_lr(cfg)
     if min_lr > lr:
-        raise ConfigError(f"min_lr={min_lr} is above the peak lr={lr}: lower train.min_lr (or variant.min_lr)")
+        raise ConfigError(f"min_lr={min_lr} is above the peak lr={lr}: lower train.min_lr (or arm.min_lr)")
     if v.scale_factor is not None and v.scale_factor <= 0:
         raise ConfigError(f"variant.scale_factor={v.scale_factor} must be > 0 (or null)")
 
@@ -359,24 +359,25 @@ def _validate_recipe(cfg: RunConfig) -> None:
                               f"normalises q per head; normalise the keys with k_norm=true and set qk_norm=none")
     if t.schedule not in SCHEDULES:
         raise ConfigError(f"train.schedule={t.schedule!r}: choose one of {list(SCHEDULES)}")
-    if t.schedule != "cosine" and v.min_lr is not None:
-        raise ConfigError(f"variant.min_lr={v.min_lr} with train.schedule={t.schedule}, which decays to zero: "
-                          f"set variant.min_lr=null (or train.schedule=cosine)")
+    if t.schedule != "cosine" and cfg.arm.min_lr is not None:
+        raise ConfigError(f"arm.min_lr={cfg.arm.min_lr} with train.schedule={t.schedule}, which decays to zero: "
+                          f"set arm.min_lr=null (or train.schedule=cosine)")
     if not 0.0 < t.decay_fraction <= 1.0:
         raise ConfigError(f"train.decay_fraction={t.decay_fraction} must be in (0, 1] (the fraction of the steps "
                           f"that wsd decays over, e.g. 0.2)")
-    if t.tokens_per_param is None:  # else train.tokens is set when the run starts (study.runner.budget.resolve)
+    if t.tokens_per_param is None:  # else train.tokens is derived when the run starts (study.runner.spec.run_spec)
         check_wsd_fits(cfg)
     if not (t.z_loss >= 0.0 and t.z_loss < float("inf")):
         raise ConfigError(f"train.z_loss={t.z_loss} must be a finite number >= 0 (0: off; 1e-4 is usual)")
 
 
-def check_wsd_fits(cfg: RunConfig) -> None:
-    """``train.schedule=wsd``: its decay must start after the warmup, at the run's ``train.tokens`` (checked
-    again once ``train.tokens_per_param`` has set them)."""
+def check_wsd_fits(cfg: RunConfig, tokens: int | None = None) -> None:
+    """``train.schedule=wsd``: its decay must start after the warmup, at the run's ``train.tokens`` (or ``tokens``:
+    checked again once ``train.tokens_per_param`` has derived them)."""
     t = cfg.train
     if t.schedule == "wsd":
-        steps, warmup = max_steps(cfg), t.warmup_tokens // t.batch_tokens
+        steps = max_steps(cfg) if tokens is None else tokens // t.batch_tokens
+        warmup = t.warmup_tokens // t.batch_tokens
         if steps - wsd_decay_steps(steps, t.decay_fraction) < warmup:
             how = f"train.tokens_per_param={t.tokens_per_param}; " if t.tokens_per_param is not None else ""
             raise ConfigError(f"train.schedule=wsd decays over the last {wsd_decay_steps(steps, t.decay_fraction)} "

@@ -20,8 +20,7 @@ def evaluate_checkpoint(ckpt: Path, micros: list[int], overrides: list[str], out
     from study.modeling.lit_module import GPTModule
 
     root = project_root()
-    cfg = load_config(overrides, root)
-    cfg.trainer.compile = False
+    cfg = load_config([*overrides, "trainer.compile=false"], root)
     n_val = cfg.train.val_tokens // cfg.model.block_size
     state = torch.load(ckpt, map_location="cpu", weights_only=False)
     result = {"checkpoint_step": int(state["global_step"]), "windows": n_val, "val_loss": {},

@@ -5,7 +5,6 @@ line for the whole batch (under SLURM, never a run that an earlier array of a ki
 GPU-hours (CPU-hours for a CPU trainer), and trains nothing."""
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
@@ -79,10 +78,10 @@ def _flops(cfg, root: Path, cache: dict) -> tuple[int, int]:
     """(FLOPs per token of training (forward + backward), training tokens) of one run's config, after the profiles'
     derived settings (compute-matched tokens)."""
     from study.config import max_steps
-    from study.runner.budget import resolve
+    from study.runner.spec import run_spec
     from study.tasks import configured_rows
 
-    cfg = resolve(copy.deepcopy(cfg), root)
+    cfg = run_spec(cfg, root).cfg
     rows = configured_rows(cfg)
     key = json.dumps([dict(cfg.model), dict(cfg.variant), rows], sort_keys=True, default=str)
     if key not in cache:

@@ -6,7 +6,7 @@ named in the ``arms`` section of conf/study.yaml::
       baseline_d2z:   {variant: baseline, overrides: [train.schedule=d2z]}
       nonlinear_q:    {variant: nonlinear_q}                 # lr: null -> tuned.lr.nonlinear_q (make tune)
 
-A run of an arm is ``study.train`` with ``variant=VARIANT seed=SEED variant.lr=LR`` and the arm's overrides, in
+A run of an arm is ``study.train`` with ``variant=VARIANT seed=SEED arm.lr=LR`` and the arm's overrides, in
 its own folder (``study.group``): tuning runs under ``tune.runs_dir/ARM/lrLR/VARIANT-sSEED``, test runs under
 ``runs/test/ARM/VARIANT-sSEED``.  :func:`ensure_run` reuses a finished run trained under the same resume key
 (settings, code and data) and trains it otherwise, in this process (replacing a finished run of another key, as
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from study.config import ConfigError, StudyError, load_config, run_dir, task_data_dir
+from study.config import ConfigError, StudyError, load_config, run_dir
 from study.config.naming import RECIPE, lr_key
 from study.config.task import retune_hint, tune_command, tuned_where
 from study.config.transfer import recipe_difference, recipe_value  # noqa: F401 (public here too)
@@ -108,7 +108,7 @@ def plain_container(x):
 def run_overrides(cfg, name: str, seed: int, lr: float, group: str, runs_dir: str | None = None) -> list[str]:
     """The ``study.train`` overrides of one run of arm ``name`` (Hydra syntax)."""
     arm = arm_of(cfg, name)
-    out = [f"variant={arm.variant}", f"seed={seed}", f"variant.lr={float(lr)!r}",
+    out = [f"variant={arm.variant}", f"seed={seed}", f"arm.lr={float(lr)!r}",
            f"study.group={group}", *[str(o) for o in arm.overrides]]
     if runs_dir is not None:
         out.append(f"study.runs_dir={runs_dir}")
@@ -144,15 +144,12 @@ def reusable(cfg, root: Path, d: Path) -> bool:
         return False
     if not (d / METRICS_FILE).is_file() or not isinstance(record, dict):
         return False
-    import copy
+    from study.runner.spec import run_spec
 
-    from study.runner.budget import resolve
-
-    try:  # hashed as study.runner.run hashes it (open_run_folder): after the derived settings (compute-matched tokens ...)
-        resolved = resolve(copy.deepcopy(cfg), root)
-        data_dir = task_data_dir(cfg, root)  # the task's data (mqar: its kept test set)
-        key = resume_record(resolved, data_dir)
-        if record.get("config_hash") != run_digest(resolved, data_dir, key) and not same_key(stored_key(d), key):
+    try:  # hashed as study.runner.run hashes it (open_run_folder): its frozen specification (derived tokens, lr ...)
+        spec = run_spec(cfg, root)
+        key = resume_record(spec.cfg, spec.data_dir)  # the task's data (mqar: its kept test set)
+        if record.get("config_hash") != run_digest(spec.cfg, spec.data_dir, key) and not same_key(stored_key(d), key):
             return False
     except StudyError:
         return False
@@ -192,8 +189,8 @@ def pending(overrides: list[str], root: Path, params: str | None, wait: bool = T
         return d, None, cfg
     if (d / METRICS_FILE).is_file() and wait:
         print(f"{d}: the finished run there was trained under other settings, code or data: replacing it", flush=True)
-        cfg.train.overwrite = True
-        return d, [*overrides, "train.overwrite=true"], cfg
+        todo = [*overrides, "train.overwrite=true"]
+        return d, todo, load_config(todo, root, params=params)
     return d, list(overrides), cfg
 
 

@@ -39,7 +39,7 @@ VIEW_METRICS = ("val_loss", "val_perplexity")
 # status: "ok" or "diverged" (a diverged run's last val_loss is no result; study.train sets it); arm, seed, group:
 # which comparison, seed and folder a row is (study.runner.run.open_run tags each run)
 VIEW_TAGS = ("status", "arm", "seed", "group")
-VIEW_PARAMS = ("variant.name", "model.name", "train.lr", "variant.lr", "train.tokens")  # variant.lr: a tuned arm's
+VIEW_PARAMS = ("variant.name", "model.name", "train.lr", "arm.lr", "train.tokens")  # arm.lr: a tuned arm's
 
 
 def view_columns() -> list[str]:

@@ -15,7 +15,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
-from study.config import max_steps, micro_batches, peak_lr, run_dir, run_label, run_seeds, task_data_dir
+from study.config import max_steps, micro_batches, run_seeds
 from study.config.signals import Killed, terminate_as_exception
 from study.data import DataError
 from study.data.records import data_digest as prepared_data_digest
@@ -88,7 +88,9 @@ def _train(cfg, root: Path, stack: ExitStack) -> dict:
 @dataclass
 class Plan:
     """What one run's config asks for, before anything is written: its name and folder, task and data, the step
-    budget, micro-batches and accumulation on this world size, this process's global rank, the validation batches."""
+    budget, micro-batches and accumulation on this world size, this process's global rank, the validation batches
+    (``cfg``: ``spec.cfg``, read-only)."""
+    spec: object
     cfg: object
     root: Path
     name: str
@@ -111,7 +113,7 @@ class Plan:
 
 
 def plan_run(cfg, root: Path) -> Plan:
-    """The :class:`Plan` of ``cfg`` (profile settings resolved into it, study.runner.budget.resolve); checks the
+    """The :class:`Plan` of ``cfg`` (its frozen specification, study.runner.spec.run_spec); checks the
     trainer's nodes, the tracking store and the task's data, sets this process's rank and torch threads.
 
     Raises:
@@ -121,17 +123,15 @@ def plan_run(cfg, root: Path) -> Plan:
     from lightning.fabric.utilities.rank_zero import rank_zero_only
 
     from study.config.numerics import check_numerics
-    from study.runner.budget import resolve
+    from study.runner.spec import run_spec
     from study.runner.tracking import tracking_uri
     from study.tasks import get_task
     from study.tasks.common import val_count
 
     check_multi_node(cfg.trainer)  # num_nodes > 1 without a launcher would hang in Lightning's start for ever
-    resolve(cfg, root)  # profile settings: compute-matched tokens, the lr sweep's best lr
-    name = run_label(cfg)
-    out_dir = run_dir(root, cfg, cfg.variant.name, cfg.seed)
+    spec = run_spec(cfg, root)  # derived settings (compute-matched tokens, a transferred lr*) resolved, frozen
+    cfg, name, out_dir, data_dir = spec.cfg, spec.name, spec.out_dir, spec.data_dir  # data: mqar's kept test set
     task = get_task(cfg.task.name)  # its data, objective and metric (study/tasks/)
-    data_dir = task_data_dir(cfg, root)  # lm, mlm: data.dir; mqar: its kept test set
     uri = tracking_uri(root, cfg.study)  # an unsupported MLFLOW_TRACKING_URI is refused here
     meta = task.check_data(cfg, root)  # lm: before Lightning, a loader without one step would spin forever
     steps = max_steps(cfg)
@@ -149,7 +149,7 @@ def plan_run(cfg, root: Path) -> Plan:
             # each rank trains at the threads the run records (config.json's numerics, the resume key)
             os.environ["OMP_NUM_THREADS"] = str(cfg.trainer.threads)
     check_numerics()  # CPU kernels pinned (study/config/numerics.py) unless STUDY_NUMERICS=native
-    return Plan(cfg, root, name, out_dir, task, data_dir, uri, meta, steps, ws, micro, accum, rank, n_val, val_micro)
+    return Plan(spec, cfg, root, name, out_dir, task, data_dir, uri, meta, steps, ws, micro, accum, rank, n_val, val_micro)
 
 
 @dataclass
@@ -244,12 +244,13 @@ def start_tracking(plan: Plan, run: OpenRun) -> None:
 
     if run.state.get("mlflow_run_id"):
         return
-    cfg = plan.cfg
     from study.config.numerics import run_numerics
     from study.runfolder import code_digest
 
+    cfg = plan.cfg
     # the numerics are params (they pair runs); what the run ran on is tags (open_run: machine_tags)
     run.logger.log_hyperparams({**run_params(cfg), **{f"numerics.{k}": v for k, v in run_numerics(cfg.trainer).items()},
+                                **{f"spec.{k}": v for k, v in plan.spec.record().items()},
                                 "code_digest": code_digest()})  # the MLflow reader pairs on both, as compare does
     if plan.rank == 0:
         from omegaconf import OmegaConf
@@ -357,7 +358,6 @@ def result_of(plan: Plan, run: OpenRun, module, trainer, seconds: float) -> dict
     trained_tokens = (trainer.global_step - run.start_step) * cfg.train.batch_tokens
     run.state.update(completed=True, seconds=run.earlier + seconds)  # every segment of a resumed run
     trainer.save_checkpoint(plan.ckpt_dir / LAST_CKPT, weights_only=False)  # on every rank: it ends with a barrier
-    lr, min_lr = peak_lr(cfg)
     final = module.curve[-1] if module.curve else {}
     # a diverged run is a lost point: no final loss (its evaluations are in curve.csv)
     val_loss = float("nan") if module.diverged else final.get("val_loss", float("nan"))
@@ -379,8 +379,8 @@ def result_of(plan: Plan, run: OpenRun, module, trainer, seconds: float) -> dict
         "init_seed": run_seeds(cfg)[1],
         "steps": trainer.global_step,
         "tokens": trainer.global_step * cfg.train.batch_tokens,
-        "lr": lr,
-        "min_lr": min_lr,
+        # the peak and final lr, where the peak came from (train.lr, arm.lr, tuned.lr.V, tuned.size.MODEL.V), the arm
+        **{k: getattr(plan.spec, k) for k in ("lr", "min_lr", "lr_source", "arm")},
         "model": cfg.model.name,
         "group": cfg.study.group,
         "non_embedding_params": module.counts["non_embedding_params"],

@@ -104,7 +104,9 @@ def lightning_loop(cfg, steps: int, precision: str, compile_: bool) -> dict:
 
     from study.modeling.lit_module import GPTModule
 
-    cfg.trainer.compile = compile_
+    from study.runner.spec import frozen
+
+    cfg = frozen(cfg, {"trainer": {"compile": compile_}})
     device = bench_device(cfg)
     before = _reset_memory(device)
     torch.manual_seed(0)
