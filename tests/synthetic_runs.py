@@ -35,7 +35,7 @@ def write_run(d: Path, variant: str, seed: int, loss: float, *, tokens=1000, lr=
     (d / "curve.csv").write_text(",".join(cols) + "\n" + "\n".join(rows) + "\n")
     config = {"model": {"name": "nano", "n_layer": 2, "n_head": 2, "n_embd": 32, "block_size": 64, "vocab_multiple": 1,
                         **(model or {})},
-              "variant": {"name": variant, "lr": lr},
+              "variant": {"name": variant}, "arm": {"lr": lr},
               "data": {"tokenizer": "bpe", "corpora": list(CORPORA), "vocab_size": 512},
               "train": {"tokens": tokens, "batch_tokens": 500, "lr": 3e-3, "min_lr": 3e-4, "warmup_tokens": 0,
                         "weight_decay": 0.1, "beta1": 0.9, "beta2": 0.95, "grad_clip": 1.0, "val_tokens": 8192,

@@ -273,7 +273,7 @@ def test_make_tune_through_dvc(tmp_path):
     for p in res["points"]:
         for seed in (101, 102):
             d = project / f"runs_tune/base/lr{p['lr']:.6g}/baseline-s{seed}"
-            assert (d / "metrics.json").is_file() and json.loads((d / "config.json").read_text())["variant"]["lr"] == p["lr"]
+            assert (d / "metrics.json").is_file() and json.loads((d / "config.json").read_text())["arm"]["lr"] == p["lr"]
     assert run_cli(project, "study.tune", "--write", "--params", "params.yaml").returncode == 0
     shipped = yaml.safe_load((ROOT / "conf/tuned.yaml").read_text())["tuned"]["lr"]  # the repository's arms, kept
     tuned = yaml.safe_load((project / "conf/tuned.yaml").read_text())["tuned"]["lr"]

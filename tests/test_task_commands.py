@@ -31,7 +31,10 @@ def test_a_task_without_an_lr_star_names_its_own_tuning_command(mlm, tmp_path):
     from study.runner.arms import tuned_lr
     from study.tune import read_results
 
+    from omegaconf import OmegaConf
+
     cfg = copy.deepcopy(mlm)
+    OmegaConf.set_readonly(cfg, False)  # a composition is read-only: this copy is changed to make each case
     cfg.tuned.lr = {}
     own = "`python -m study.tune --arm baseline task=mlm`"
     msg = refused(tuned_lr, cfg, "baseline", tmp_path)  # in tune.arms, not tuned yet

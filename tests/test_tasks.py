@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import ROOT
+from omegaconf import OmegaConf
 from study.config import ConfigError, ModelConfig, VariantConfig, load_config
 from study.modeling.accounting import describe
 from study.modeling.model import GPT
@@ -305,6 +306,7 @@ def test_tasks_have_their_own_runs_experiment_and_lr():
     from study.config import apply_task
 
     own = load_config(["task=mqar"])
+    OmegaConf.set_readonly(own, False)  # a composition is read-only; this one is changed to apply the task again
     own.tuned.task = {"mqar": {"lr": {"baseline": 0.02}}, "mlm": {"lr": {"baseline": 0.5}}}
     assert dict(apply_task(apply_task(own)).tuned.lr) == {"baseline": 0.02}
     assert own.study.runs_dir == "runs/mqar" and own.study.name == "nonlinear-queries-mqar"  # idempotent

@@ -104,6 +104,7 @@ def _with_tuned(tmp: Path, tuned: Path):
     from omegaconf import OmegaConf
 
     cfg = config(tmp)
+    OmegaConf.set_readonly(cfg, False)  # a composition is read-only: here the tuned section is replaced by hand
     t = yaml.safe_load(tuned.read_text())["tuned"]
     cfg.tuned.lr = OmegaConf.create(t["lr"])
     cfg.tuned.recipe = OmegaConf.create(t.get("recipe", {}))

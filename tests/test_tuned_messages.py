@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 
+from omegaconf import OmegaConf
 from conftest import ROOT
 from study.config import ConfigError, load_config
 
@@ -26,6 +27,7 @@ def test_an_arm_whose_every_lr_diverged_is_said_to_be_so(tmp_path, monkeypatch):
 
     monkeypatch.chdir(ROOT)
     cfg = load_config([f"tune.table_dir={tmp_path / 'tuning'}", "tune.arms=[baseline,nonlinear_q]"], ROOT)
+    OmegaConf.set_readonly(cfg, False)  # a composition is read-only: this one drops an lr* by hand
     cfg.tuned.lr.pop("baseline")
     points = [{"lr": x, "losses": {"101": None, "102": 4.1}, "mean": None, "status": "lost"} for x in (4e-3, 8e-3, 1.6e-2)]
     (tmp_path / "tuning").mkdir()
