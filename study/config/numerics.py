@@ -6,11 +6,15 @@ up to 0.017 nats apart on two x86 CPUs.  Pinned (the default), every process tha
 torch is imported:
 
     ATEN_CPU_CAPABILITY=avx2   ATen's vectorised kernels (torch/csrc: at::get_cpu_capability)
-    MKL_CBWR=AVX2              MKL's conditional numerical reproducibility: the AVX2 code path on any CPU
+    MKL_CBWR=AVX2              MKL's conditional numerical reproducibility (CNR); on an Intel CPU AVX2,STRICT
     ONEDNN_MAX_CPU_ISA=AVX2    oneDNN's kernels at most AVX2 (no AVX-512, no AMX)
 
-and a run's losses are the same floats on any x86-64 CPU with AVX2 (AMD or Intel, with or without AVX-512 or AMX)
-at the same thread count (docs/benchmarks.md: what it costs).  ``STUDY_NUMERICS=native`` (set before the process
+MKL takes the AVX2 branch that ``MKL_CBWR=AVX2`` names on Intel CPUs only; on any other CPU it takes its AUTO branch
+(MKL's developer guide, "Specifying Code Branches").  Measured (docs/history.md, 2026-12-07): an Intel Xeon's AVX2
+branch sums in another order than an AMD EPYC's AUTO branch (a 64-wide run ends 4e-6 nats apart), and the AVX2
+branch's strict mode (``AVX2,STRICT``) in the same order, so an Intel CPU is pinned to the strict mode
+(:func:`pins`).  A run's losses are then the same floats on the x86-64 CPUs measured (AMD EPYC with AVX2 only or
+with AVX-512, Intel Xeon with AVX-512) at the same thread count (docs/benchmarks.md: what it costs).  ``STUDY_NUMERICS=native`` (set before the process
 starts) leaves the kernels to the machine.  Settings already in the environment are kept (a user's own pin).
 
 A run records :func:`numerics_key` (what must agree for two runs to pair or a checkpoint to resume: device,
@@ -28,8 +32,13 @@ from pathlib import Path
 #: the environment variable that turns the pin off (``native``) or on (``avx2``, the default)
 NUMERICS_ENV = "STUDY_NUMERICS"
 NUMERICS_MODES = ("avx2", "native")
-#: what the pin sets (each only where the environment does not set it already)
+#: what the pin sets (each only where the environment does not set it already); an Intel CPU's MKL_CBWR: INTEL_MKL_PIN
 PINS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+#: MKL's pin on an Intel CPU (vendor GenuineIntel): the strict mode of the AVX2 branch, which sums as AMD's AUTO does
+INTEL_MKL_PIN = "AVX2,STRICT"
+#: how a run's resume and pairing key records MKL pinned by :func:`pins` (the same floats on either vendor): a name of
+#: its own, so a run trained under the earlier pin (MKL_CBWR=AVX2 on an Intel CPU too) never counts as pinned
+MKL_PINNED = "AVX2 (pinned)"
 #: the vector-ISA flags of /proc/cpuinfo a run records (the rest say nothing about the numerics)
 VECTOR_FLAGS = re.compile(r"^(sse4_2|avx|avx2|fma|f16c|avx512\w*|amx\w*|avx_vnni\w*)$")
 #: ATen's capabilities above AVX2: a pinned process that reports one was not pinned (torch imported first)
@@ -48,13 +57,20 @@ def x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64", "x64")
 
 
+def pins(vendor: str | None = None) -> dict:
+    """The pin's environment on a CPU of ``vendor`` (default: this one's, /proc/cpuinfo's vendor_id): :data:`PINS`,
+    with ``MKL_CBWR`` :data:`INTEL_MKL_PIN` on an Intel CPU."""
+    vendor = cpu_info()["vendor"] if vendor is None else vendor
+    return {**PINS, "MKL_CBWR": INTEL_MKL_PIN} if vendor == "GenuineIntel" else dict(PINS)
+
+
 def pin_cpu_numerics(environ=None) -> dict:
-    """Set :data:`PINS` in ``environ`` (os.environ) where unset, unless ``STUDY_NUMERICS=native`` or the machine is not
+    """Set :func:`pins` in ``environ`` (os.environ) where unset, unless ``STUDY_NUMERICS=native`` or the machine is not
     x86-64; return what was set.  Must run before torch is imported to take effect (``study/__init__.py`` calls it)."""
     env = os.environ if environ is None else environ
     if numerics_mode(env) == "native" or not x86():
         return {}
-    added = {k: v for k, v in PINS.items() if k not in env}
+    added = {k: v for k, v in pins().items() if k not in env}
     env.update(added)
     return added
 
@@ -123,11 +139,17 @@ def numerics_key(accelerator: str, threads: int, precision: str) -> dict:
     if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
         return {"device": "cuda", "torch": torch.__version__, "cuda": torch.version.cuda, "precision": precision}
     key = {"device": "cpu", "machine": platform.machine(), "mode": numerics_mode(), "cpu_capability": cpu_capability(),
-           "mkl_cbwr": os.environ.get("MKL_CBWR"), "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+           "mkl_cbwr": mkl_key(os.environ.get("MKL_CBWR")), "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
            "torch": torch.__version__, "threads": int(threads), "precision": precision}
     if key["mode"] == "native":
         key["cpu"] = cpu_info()["model"]
     return key
+
+
+def mkl_key(value: str | None) -> str | None:
+    """What a run's key records of ``MKL_CBWR=value``: :data:`MKL_PINNED` where it is this CPU's pin (:func:`pins`),
+    else the value as set (a user's own setting, or None unpinned)."""
+    return MKL_PINNED if value is not None and value == pins()["MKL_CBWR"] else value
 
 
 def cpu_info() -> dict:
