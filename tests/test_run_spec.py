@@ -63,8 +63,8 @@ def test_runs_that_differ_only_in_their_arms_lr_pair_and_in_train_lr_do_not():
                 "seed": 1, "numerics.torch": "2.13.0"}
         return {"name": name, "settings": {**base, **settings}}
 
-    ok = {"baseline": {1: run("baseline-s1", **{"arm.lr": 0.01})},
-          "nonlinear_q": {1: run("nonlinear_q-s1", **{"arm.lr": 0.02})}}
+    ok = {"baseline": {1: run("baseline-s1", **{"arm.lr": 0.01, "spec.lr": "0.01", "spec.arm": "baseline"})},
+          "nonlinear_q": {1: run("nonlinear_q-s1", **{"arm.lr": 0.02, "spec.lr": "0.02", "spec.arm": "nonlinear_q"})}}
     assert check(ok, "the runs")["train.lr"] == 3e-3
     bad = {"baseline": {1: run("baseline-s1")}, "nonlinear_q": {1: run("nonlinear_q-s1", **{"train.lr": 0.02})}}
     with pytest.raises(PairingError, match=r"differs in train.lr"):

@@ -57,16 +57,19 @@ def test_run_logs_its_files_shaping_params_and_steps_of_the_curve(run_in, nano_p
 
     # params: what shapes a run only; the excluded groups are exactly these (study, profiles, defaults, cosmetics)
     params = run.data.params
-    assert {k.split(".")[0] for k in params} == {"data", "model", "seed", "task", "train", "trainer", "variant",
-                                                  "numerics", "code_digest"}  # and what it computed under
+    assert {k.split(".")[0] for k in params} == {"data", "model", "seed", "task", "train", "trainer", "variant", "arm",
+                                                  "numerics", "code_digest", "spec"}  # and what it computed under
+    spec = {k.split(".", 1)[1]: v for k, v in params.items() if k.startswith("spec.")}  # the run's specification
+    assert (spec["arm"], spec["lr_source"], spec["lr"], spec["seed"]) == ("nonlinear_q", "train.lr", params["train.lr"], "2")
+    assert len(spec) == 11
     from study.runfolder import code_digest
     assert params["code_digest"] == code_digest() and params["numerics.cpu_capability"] == "AVX2"
     assert "trainer.progress_bar" not in params and "data.num_proc" not in params and "train.overwrite" not in params
     assert params["variant.query"] == "nonlinear" and params["train.tokens"] == "20480" and params["seed"] == "2"
     numerics = [k for k in params if k.startswith("numerics.")]
-    assert len(numerics) == 9 and len(params) == len(numerics) + 1 + len(  # + code_digest
+    assert len(numerics) == 9 and len(params) == len(numerics) + 1 + len(spec) + len(  # + code_digest
         [k for k in _flat(OmegaConf.to_container(config)) if k.split(".")[0] in
-         ("data", "model", "seed", "task", "train", "trainer", "variant")]) - 4  # - progress_bar,
+         ("data", "model", "seed", "task", "train", "trainer", "variant", "arm")]) - 4  # - progress_bar,
     # num_proc, hf_cache_dir, overwrite (lets a hand-started run replace a finished one: it shapes nothing)
 
     # metric steps are the optimizer steps of curve.csv (5, 10), not Lightning's global_step - 1

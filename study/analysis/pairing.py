@@ -18,6 +18,9 @@ VARIANT_KEYS = ("variant.", "arm.")
 #: what may differ between the seeds of one variant: its arm's lr (tuned or swept) and its wording; every other
 #: variant key (projections, widths, qk_norm, ...) is the variant's architecture
 VARIANT_TUNING = ("arm.lr", "arm.min_lr", "variant.description")
+#: the run's specification as MLflow params (study.runner.spec.RunSpec.record: name, seed, arm, lr and its source
+#: ...): a summary of the config, whose own keys pair (the tokens, schedule, positions, task among them)
+SPEC_PREFIX = "spec."
 #: the recorded numerics (config.json's ``numerics``: CPU kernels, torch, threads; study/config/numerics.py)
 NUMERICS_PREFIX = "numerics."
 SEED_KEYS = ("seed", "train.data_seed", "train.init_seed")
@@ -33,7 +36,7 @@ class PairingError(StudyError):
 
 def ignored(key: str, extra: tuple[str, ...] = ()) -> bool:
     """Whether a flat setting key is allowed to differ between paired runs."""
-    return (key.startswith(VARIANT_KEYS) or key in SEED_KEYS or key in RUNTIME_KEYS
+    return (key.startswith(VARIANT_KEYS) or key.startswith(SPEC_PREFIX) or key in SEED_KEYS or key in RUNTIME_KEYS
             or any(key == e or key.startswith(e + ".") for e in extra))
 
 
