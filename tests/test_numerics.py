@@ -34,31 +34,15 @@ def has_avx512() -> bool:
 
 @pytest.mark.slow  # three interpreters
 def test_importing_study_pins_the_kernels_before_torch_and_native_leaves_them():
-    from study.config.numerics import cpu_info
-
     pinned = probe("import study")
-    mkl = "AVX2,STRICT" if cpu_info()["vendor"] == "GenuineIntel" else "AVX2"  # MKL's AVX2 branch is Intel's alone
-    assert pinned == {"cap": "AVX2", "env": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": mkl,
+    assert pinned == {"cap": "AVX2", "env": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2",
                                              "ONEDNN_MAX_CPU_ISA": "AVX2"}}
     native = probe("import study", STUDY_NUMERICS="native")
     assert native["env"] == {"ATEN_CPU_CAPABILITY": None, "MKL_CBWR": None, "ONEDNN_MAX_CPU_ISA": None}
     if has_avx512():
         assert native["cap"].startswith("AVX512")
     own = probe("import study", ATEN_CPU_CAPABILITY="default")  # a user's own setting is kept
-    assert own["cap"] == "DEFAULT" and own["env"]["MKL_CBWR"] == mkl
-
-
-def test_mkl_is_pinned_to_its_strict_avx2_mode_on_intel_and_recorded_as_one_pin():
-    """MKL_CBWR=AVX2 is MKL's AVX2 branch on an Intel CPU and its AUTO branch on any other; an Intel CPU's strict
-    mode sums as an AMD EPYC's AUTO branch (the pinned floats below), so the two pins are one key."""
-    from study.config.numerics import MKL_PINNED, mkl_key, pins
-
-    assert pins("GenuineIntel") == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2,STRICT",
-                                    "ONEDNN_MAX_CPU_ISA": "AVX2"}
-    assert pins("AuthenticAMD") == {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-    assert mkl_key(pins()["MKL_CBWR"]) == MKL_PINNED == "AVX2 (pinned)"
-    other = "AVX2" if pins()["MKL_CBWR"] == "AVX2,STRICT" else "AVX2,STRICT"  # the other vendor's pin: not this one's
-    assert mkl_key(other) == other and mkl_key("COMPATIBLE") == "COMPATIBLE" and mkl_key(None) is None
+    assert own["cap"] == "DEFAULT" and own["env"]["MKL_CBWR"] == "AVX2"
 
 
 def test_a_bad_numerics_setting_is_refused_in_one_line(monkeypatch):
@@ -104,7 +88,9 @@ def test_the_resume_key_holds_the_numerics(nano_project):
 
     one = resume_record(load_config(["trainer.threads=1"], nano_project), nano_project / "data/tokens")
     two = resume_record(load_config(["trainer.threads=2"], nano_project), nano_project / "data/tokens")
-    assert one["numerics:cpu_capability"] == "AVX2" and one["numerics:mkl_cbwr"] == "AVX2 (pinned)"
+    assert one["numerics:cpu_capability"] == "AVX2" and one["numerics:mkl_cbwr"] == "AVX2"
+    from study.config.numerics import cpu_info
+    assert one["numerics:vendor"] == cpu_info()["vendor"] in ("AuthenticAMD", "GenuineIntel")  # MKL's branch: its own
     assert one["numerics:threads"] == 1 and two["numerics:threads"] == 2
     assert {k for k in one if one[k] != two[k]} == {"numerics:threads"}  # threads change the sums: never resumed
 
@@ -162,10 +148,10 @@ def test_runs_under_other_numerics_never_pair(tmp_path):
 
 
 #: a short fixed run (the nano study's data, a 64-wide 4-layer nonlinear_q, one thread, 40 steps of 2,048 tokens):
-#: its final val_loss under the pinned kernels, the full float: an AMD EPYC (MKL_CBWR=AVX2, MKL's AUTO branch there)
-#: and an Intel Xeon with AVX-512 (AVX2,STRICT) give it; the Xeon under MKL_CBWR=AVX2 gives 5.137335777282715 and an
-#: AVX-512 EPYC unpinned 5.137331008911133 (docs/history.md, 2026-12-07).
-PINNED_SHORT_RUN = 5.137331962585449
+#: its final val_loss under the pinned kernels, the full float, by CPU vendor (MKL's AVX2 branch is Intel's alone; an
+#: AMD CPU takes its AUTO branch): AMD EPYCs with AVX2 only and with AVX-512, and an Intel Xeon with AVX-512 (no AMX;
+#: 2026-12-07).  Unpinned, an AVX-512 EPYC gives 5.137331008911133.
+PINNED_SHORT_RUN = {"AuthenticAMD": 5.137331962585449, "GenuineIntel": 5.137335777282715}
 
 
 @pytest.mark.slow  # one short training
@@ -174,13 +160,16 @@ def test_a_short_run_gives_the_pinned_float_and_records_its_machine(run_in, tmp_
 
     r = run_in("variant=nonlinear_q", "seed=1", "model.n_embd=64", "model.n_layer=4", "model.n_head=4",
                "trainer.threads=1", "train.tokens=81920", "train.eval_every=20")
-    assert r["steps"] == 40 and r["val_loss"] == PINNED_SHORT_RUN
+    from study.config.numerics import cpu_info
+
+    vendor = cpu_info()["vendor"]
+    assert r["steps"] == 40 and r["val_loss"] == PINNED_SHORT_RUN.get(vendor, PINNED_SHORT_RUN["AuthenticAMD"])
     d = tmp_path / "runs" / "nonlinear_q-s1"
     numerics = json.loads((d / "config.json").read_text())["numerics"]
     assert numerics["cpu_capability"] == "AVX2" and numerics["threads"] == 1 and numerics["mode"] == "avx2"
     machine = json.loads((d / "record.json").read_text())["machine"]
     assert machine["cpu"]["vendor"] in ("AuthenticAMD", "GenuineIntel") and "avx2" in machine["cpu"]["flags"]
-    assert machine["torch"].startswith("2.13.0") and machine["env"]["MKL_CBWR"] in ("AVX2", "AVX2,STRICT") and machine["mkl"]
+    assert machine["torch"].startswith("2.13.0") and machine["env"]["MKL_CBWR"] == "AVX2" and machine["mkl"]
     (run,) = [x for x in mlflow_runs(tmp_path / "mlruns.db")[1] if x.info.run_name == "nonlinear_q-s1"]
     assert run.data.params["numerics.cpu_capability"] == "AVX2" and run.data.params["numerics.threads"] == "1"
     assert run.data.tags["cpu"] == machine["cpu"]["model"] and "avx2" in run.data.tags["cpu_flags"].split()

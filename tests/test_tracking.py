@@ -67,7 +67,7 @@ def test_run_logs_its_files_shaping_params_and_steps_of_the_curve(run_in, nano_p
     assert "trainer.progress_bar" not in params and "data.num_proc" not in params and "train.overwrite" not in params
     assert params["variant.query"] == "nonlinear" and params["train.tokens"] == "20480" and params["seed"] == "2"
     numerics = [k for k in params if k.startswith("numerics.")]
-    assert len(numerics) == 9 and len(params) == len(numerics) + 1 + len(spec) + len(  # + code_digest
+    assert len(numerics) == 10 and len(params) == len(numerics) + 1 + len(spec) + len(  # + code_digest
         [k for k in _flat(OmegaConf.to_container(config)) if k.split(".")[0] in
          ("data", "model", "seed", "task", "train", "trainer", "variant", "arm")]) - 4  # - progress_bar,
     # num_proc, hf_cache_dir, overwrite (lets a hand-started run replace a finished one: it shapes nothing)

@@ -6,19 +6,18 @@ up to 0.017 nats apart on two x86 CPUs.  Pinned (the default), every process tha
 torch is imported:
 
     ATEN_CPU_CAPABILITY=avx2   ATen's vectorised kernels (torch/csrc: at::get_cpu_capability)
-    MKL_CBWR=AVX2              MKL's conditional numerical reproducibility (CNR); on an Intel CPU AVX2,STRICT
+    MKL_CBWR=AVX2              MKL's conditional numerical reproducibility (CNR) at its AVX2 branch
     ONEDNN_MAX_CPU_ISA=AVX2    oneDNN's kernels at most AVX2 (no AVX-512, no AMX)
 
-MKL takes the AVX2 branch that ``MKL_CBWR=AVX2`` names on Intel CPUs only; on any other CPU it takes its AUTO branch
-(MKL's developer guide, "Specifying Code Branches").  Measured (docs/history.md, 2026-12-07): an Intel Xeon's AVX2
-branch sums in another order than an AMD EPYC's AUTO branch (a 64-wide run ends 4e-6 nats apart), and the AVX2
-branch's strict mode (``AVX2,STRICT``) in the same order, so an Intel CPU is pinned to the strict mode
-(:func:`pins`).  A run's losses are then the same floats on the x86-64 CPUs measured (AMD EPYC with AVX2 only or
-with AVX-512, Intel Xeon with AVX-512) at the same thread count (docs/benchmarks.md: what it costs).  ``STUDY_NUMERICS=native`` (set before the process
+and a run's losses are the same floats on CPUs of one vendor with AVX2 at the same thread count (measured on AMD
+EPYCs with AVX2 only and with AVX-512; docs/benchmarks.md: what it costs).  Not across vendors: MKL's AVX2 branch is
+Intel's alone, any other CPU takes its AUTO branch (MKL's developer guide, "Specifying Code Branches"), and the two sum
+in other orders; measured 2026-12-07 (docs/history.md), an Intel Xeon's arm means end up to 0.003 nats from an AMD
+EPYC's after 1,024 steps (0.004 in MKL's strict mode, ``AVX2,STRICT``).  So the key holds the CPU's vendor.  ``STUDY_NUMERICS=native`` (set before the process
 starts) leaves the kernels to the machine.  Settings already in the environment are kept (a user's own pin).
 
 A run records :func:`numerics_key` (what must agree for two runs to pair or a checkpoint to resume: device,
-kernels, torch version, threads; the CPU model only when unpinned) and :func:`machine_record` (what it ran on:
+CPU vendor, kernels, torch version, threads; the CPU model only when unpinned) and :func:`machine_record` (what it ran on:
 CPU model, vendor, vector flags, MKL and oneDNN versions).
 """
 from __future__ import annotations
@@ -32,13 +31,8 @@ from pathlib import Path
 #: the environment variable that turns the pin off (``native``) or on (``avx2``, the default)
 NUMERICS_ENV = "STUDY_NUMERICS"
 NUMERICS_MODES = ("avx2", "native")
-#: what the pin sets (each only where the environment does not set it already); an Intel CPU's MKL_CBWR: INTEL_MKL_PIN
+#: what the pin sets (each only where the environment does not set it already)
 PINS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-#: MKL's pin on an Intel CPU (vendor GenuineIntel): the strict mode of the AVX2 branch, which sums as AMD's AUTO does
-INTEL_MKL_PIN = "AVX2,STRICT"
-#: how a run's resume and pairing key records MKL pinned by :func:`pins` (the same floats on either vendor): a name of
-#: its own, so a run trained under the earlier pin (MKL_CBWR=AVX2 on an Intel CPU too) never counts as pinned
-MKL_PINNED = "AVX2 (pinned)"
 #: the vector-ISA flags of /proc/cpuinfo a run records (the rest say nothing about the numerics)
 VECTOR_FLAGS = re.compile(r"^(sse4_2|avx|avx2|fma|f16c|avx512\w*|amx\w*|avx_vnni\w*)$")
 #: ATen's capabilities above AVX2: a pinned process that reports one was not pinned (torch imported first)
@@ -57,20 +51,13 @@ def x86() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64", "x64")
 
 
-def pins(vendor: str | None = None) -> dict:
-    """The pin's environment on a CPU of ``vendor`` (default: this one's, /proc/cpuinfo's vendor_id): :data:`PINS`,
-    with ``MKL_CBWR`` :data:`INTEL_MKL_PIN` on an Intel CPU."""
-    vendor = cpu_info()["vendor"] if vendor is None else vendor
-    return {**PINS, "MKL_CBWR": INTEL_MKL_PIN} if vendor == "GenuineIntel" else dict(PINS)
-
-
 def pin_cpu_numerics(environ=None) -> dict:
-    """Set :func:`pins` in ``environ`` (os.environ) where unset, unless ``STUDY_NUMERICS=native`` or the machine is not
+    """Set :data:`PINS` in ``environ`` (os.environ) where unset, unless ``STUDY_NUMERICS=native`` or the machine is not
     x86-64; return what was set.  Must run before torch is imported to take effect (``study/__init__.py`` calls it)."""
     env = os.environ if environ is None else environ
     if numerics_mode(env) == "native" or not x86():
         return {}
-    added = {k: v for k, v in pins().items() if k not in env}
+    added = {k: v for k, v in PINS.items() if k not in env}
     env.update(added)
     return added
 
@@ -129,27 +116,22 @@ def run_numerics(trainer) -> dict:
 def numerics_key(accelerator: str, threads: int, precision: str) -> dict:
     """What must agree for two runs to pair and for a checkpoint to resume (imports torch).
 
-    CPU: device, machine (x86_64, arm64), ATen's capability, the MKL and oneDNN pins, torch's version and the
-    intra-op threads (a reduction over 2 threads sums in another order than over 1); unpinned, the CPU model too
-    (native kernels differ between CPU kinds).  GPU: device, torch and CUDA versions, precision (the GPU's name is
+    CPU: device, machine (x86_64, arm64), the CPU's vendor (MKL's AVX2 branch is Intel's, AMD takes its AUTO
+    branch), ATen's capability, the MKL and oneDNN pins, torch's version and the intra-op threads (a reduction over 2
+    threads sums in another order than over 1); unpinned, the CPU model too (native kernels differ between CPU kinds).  GPU: device, torch and CUDA versions, precision (the GPU's name is
     in :func:`machine_record`: a stage on a login node without a GPU computes the same key as its jobs).
     """
     import torch
 
     if accelerator in ("gpu", "cuda") or (accelerator == "auto" and torch.cuda.is_available()):
         return {"device": "cuda", "torch": torch.__version__, "cuda": torch.version.cuda, "precision": precision}
-    key = {"device": "cpu", "machine": platform.machine(), "mode": numerics_mode(), "cpu_capability": cpu_capability(),
-           "mkl_cbwr": mkl_key(os.environ.get("MKL_CBWR")), "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
+    key = {"device": "cpu", "machine": platform.machine(), "vendor": cpu_info()["vendor"], "mode": numerics_mode(),
+           "cpu_capability": cpu_capability(),
+           "mkl_cbwr": os.environ.get("MKL_CBWR"), "onednn_max_cpu_isa": os.environ.get("ONEDNN_MAX_CPU_ISA"),
            "torch": torch.__version__, "threads": int(threads), "precision": precision}
     if key["mode"] == "native":
         key["cpu"] = cpu_info()["model"]
     return key
-
-
-def mkl_key(value: str | None) -> str | None:
-    """What a run's key records of ``MKL_CBWR=value``: :data:`MKL_PINNED` where it is this CPU's pin (:func:`pins`),
-    else the value as set (a user's own setting, or None unpinned)."""
-    return MKL_PINNED if value is not None and value == pins()["MKL_CBWR"] else value
 
 
 def cpu_info() -> dict:
