@@ -108,7 +108,7 @@ def test_repro_is_idempotent_and_selective(study):
     # on conf/variant/, since an arm may use any variant; its driver reuses every run whose settings did not
     # change, and does nothing while study.arms is empty) and the comparison
     path = study / "conf/variant/nonlinear_q.yaml"
-    path.write_text(path.read_text() + "lr: 2.0e-3\n")
+    path.write_text(path.read_text() + "scale_factor: 0.4\n")  # a setting of the variant (its lr is its arm's)
     r = dvc(study, "repro")
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     ran = sorted(line.split("'")[1] for line in r.stdout.splitlines() if line.startswith("Running stage"))
