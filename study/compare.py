@@ -32,7 +32,8 @@ from pathlib import Path
 
 from study.analysis.report import report_dir, verdict_lines, write_report
 from study.config import run_stage
-from study.runner.tracking import log_verdict, tracking_uri
+from study.config.store import tracking_uri
+from study.runner.tracking import log_verdict
 
 
 def _report(cfg, root: Path) -> int:

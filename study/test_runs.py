@@ -32,7 +32,8 @@ from study.analysis.verdict import PLAN, all_seeds, compare_all, comparisons_of,
 from study.config import StudyError, run_stage
 from study.config.naming import TEST_GROUP, testing_group
 from study.runner.arms import arm_of, tuned_lr
-from study.orchestration.losses import arm_losses, check_tuned
+from study.orchestration.losses import arm_losses
+from study.tuning.tuned_file import check_tuned
 
 
 def _losses(cfg, root: Path, seeds_of: dict[str, list[int]], lrs: dict[str, float], params: str | None,

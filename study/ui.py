@@ -27,7 +27,8 @@ from pathlib import Path
 
 from study.config import ConfigError, load_config, project_root
 from study.runner.mlflow_ui import CHROMIUM, HOST, check, chromium, experiment_id, runs_url, start, stop, study_runs
-from study.runner.tracking import artifact_root, tracking_uri
+from study.config.store import tracking_uri
+from study.runner.tracking import artifact_root
 
 
 def _port(text: str) -> int:

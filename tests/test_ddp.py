@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from conftest import env_for
-from study.analysis.runs import read_result  # metrics.json and record.json of a run folder
+from study.runfolder import read_result  # metrics.json and record.json of a run folder
 
 STEPS = 20
 BATCH = 32  # windows per optimizer step: NANO_STUDY's train.batch_tokens=2048 / block_size 64

@@ -110,7 +110,8 @@ def tuned_params(project: Path, tmp: Path, monkeypatch) -> tuple[Path, dict, dic
     """Inside a faked `dvc exp run` in ``project``: base and nlq tuned (faked runs), their table written; returns
     params.yaml's path, its data with the tuned section (to edit and write back) and that tuned section."""
     from study.config import load_config
-    from study.tune import main as tune, write_table
+    from study.tune import main as tune
+    from study.tuning.table import write_table
 
     monkeypatch.chdir(project)
     monkeypatch.setenv("DVC_EXP_NAME", "test")
@@ -126,7 +127,8 @@ def tuned_params(project: Path, tmp: Path, monkeypatch) -> tuple[Path, dict, dic
 def test_tune_then_test_then_compare(nano_project, tmp_path, monkeypatch, fake_train, capsys):
     from study.compare import main as compare
     from study.config import load_config
-    from study.tune import main as tune, write_table
+    from study.tune import main as tune
+    from study.tuning.table import write_table
     from study.test_runs import main as verdict
 
     monkeypatch.chdir(nano_project)
@@ -492,7 +494,7 @@ def test_the_ladder_transfer_check_tunes_one_size_by_the_same_rule(nano_project,
     assert tune(["--ladder", "nano", "--params", str(params)]) == 0
     assert (nano_project / "conf" / "tuned.yaml").read_text() == after
     sizes = {"nano": {"baseline": 4e-3}, "other": {"baseline": 2e-3}}
-    from study.tune import tuned_sizes, tuned_tasks, tuned_yaml, write_table
+    from study.tuning.tuned_file import tuned_sizes, tuned_tasks, tuned_yaml
     tasks = {"mqar": {"lr": {"baseline": 0.02}, "recipe": {}}}
     tuned = nano_project / "conf" / "tuned.yaml"
     tuned.write_text(tuned_yaml({"arms": {}}, sizes, tasks))
@@ -536,7 +538,7 @@ def test_the_ladder_needs_a_transferred_lr_for_each_variant(nano_project, tmp_pa
 
 
 def test_a_lost_grid_point_nearest_the_transferred_lr_is_reported_lost():
-    from study.tune import transfer_check, transfer_markdown
+    from study.tuning.ladder import transfer_check, transfer_markdown
 
     pts = [{"lr": 3e-3, "mean": None, "status": "lost"}, {"lr": 6e-3, "mean": 5.2, "status": "ok"},
            {"lr": 1.2e-2, "mean": 5.0, "status": "ok"}, {"lr": 2.4e-2, "mean": 5.1, "status": "ok"}]

@@ -11,7 +11,7 @@ import math
 import pytest
 
 import study.modeling.lit_module
-from study.analysis.runs import read_result
+from study.runfolder import read_result
 
 
 def strict_json(path):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import run_cli
-from study.analysis.runs import read_result  # metrics.json and record.json of a run folder
+from study.runfolder import read_result  # metrics.json and record.json of a run folder
 
 
 def _windows(path: Path) -> list[int]:

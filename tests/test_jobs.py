@@ -133,6 +133,7 @@ def test_an_unwritable_path_ends_a_stage_in_one_line(nano_project, monkeypatch, 
 def test_ctrl_c_ends_the_tuning_and_test_stages_in_one_line(nano_project, monkeypatch, capsys, stage):
     import study.tune
     import study.test_runs
+    from study.config.stage import INTERRUPTED
 
     monkeypatch.chdir(nano_project)
 
@@ -144,7 +145,7 @@ def test_ctrl_c_ends_the_tuning_and_test_stages_in_one_line(nano_project, monkey
     monkeypatch.setattr(study.config.stage, "load_config", stop)  # Ctrl-C inside the stage (its runs end KILLED first)
     assert module.main([] if stage == "test_runs" else ["--write"]) == 130
     err = capsys.readouterr().err.strip()
-    assert err == study.tune.INTERRUPTED.format(stage=f"study.{stage}"), err
+    assert err == INTERRUPTED.format(stage=f"study.{stage}"), err
 
 
 def make_profile_stages(target: str) -> dict[str, list[str]]:

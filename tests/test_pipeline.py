@@ -14,7 +14,7 @@ import pytest
 from scipy import stats
 
 from conftest import BIN, copy_project, env_for
-from study.analysis.runs import read_result  # metrics.json and record.json of a run folder
+from study.runfolder import read_result  # metrics.json and record.json of a run folder
 
 pytestmark = pytest.mark.slow
 

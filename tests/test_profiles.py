@@ -9,7 +9,7 @@ import pytest
 
 from tests.conftest import NANO_STUDY
 from tests.synthetic_runs import write_run
-from study.analysis.runs import read_result  # metrics.json and record.json of a run folder
+from study.runfolder import read_result  # metrics.json and record.json of a run folder
 
 
 def _write_run(d: Path, variant: str, seed: int, loss: float, **kw):

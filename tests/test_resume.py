@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from study.analysis.runs import read_result
+from study.runfolder import read_result
 from conftest import env_for, mlflow_runs, one_line_error, start_until_checkpoint, train_cmd
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from study.analysis.runs import read_result
+from study.runfolder import read_result
 from conftest import BIN, env_for, mlflow_runs, one_line_error, train_cmd
 
 

@@ -88,7 +88,7 @@ def test_a_corrupt_size_lr_is_refused_in_one_line_naming_the_entry(bad, shown):
 
 
 def test_the_tuned_file_keeps_each_size_recipe(tmp_path):
-    from study.analysis.tuned_file import tuned_size_recipes, tuned_sizes, tuned_yaml
+    from study.tuning.tuned_file import tuned_size_recipes, tuned_sizes, tuned_yaml
 
     at = {"model": {"name": "nano"}, "train": {"tokens": 2048, "tokens_per_param": 0.5}}
     f = tmp_path / "tuned.yaml"

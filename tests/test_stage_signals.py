@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import env_for
-from study.runner.run_state import INTERRUPTED
+from study.config.stage import INTERRUPTED
 
 
 def _study(tmp: Path, tokens: int = 409600) -> list[str]:

@@ -27,9 +27,9 @@ def refused(fn, *args, error=ConfigError) -> str:
 def test_a_task_without_an_lr_star_names_its_own_tuning_command(mlm, tmp_path):
     import copy
 
-    from study.orchestration.losses import check_tuned
+    from study.tuning.tuned_file import check_tuned
     from study.runner.arms import tuned_lr
-    from study.tune import read_results
+    from study.tuning.table import read_results
 
     from omegaconf import OmegaConf
 

@@ -316,7 +316,7 @@ def test_the_tuned_file_keeps_each_tasks_lr_apart(tmp_path):
     """lm's lines are unchanged by the task section; a task's lr* are written and read back under tuned.task.TASK."""
     import yaml
 
-    from study.analysis.tuned_file import read_tuned, task_section, tuned_tasks, tuned_yaml
+    from study.tuning.tuned_file import read_tuned, task_section, tuned_tasks, tuned_yaml
 
     lm_table = {"arms": {"baseline": {"lr_star": 0.0107, "recipe": {"model": {"n_embd": 64}}}}}
     mlm_table = {"arms": {"baseline": {"lr_star": 0.02, "recipe": {"model": {"n_embd": 64}}},

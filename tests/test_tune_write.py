@@ -16,7 +16,7 @@ RECIPE = {"model": {"name": "nano"}, "train": {"tokens": 20480}}
 
 def tuning_json(runs: Path, arm: str, variant: str, best: float) -> dict:
     """One arm's tuning.json as ``study.tune --arm`` writes it: a bracketed x2 grid (the rule's own choose())."""
-    from study.analysis.tuning import choose
+    from study.tuning.rule import choose
 
     lrs = [best / 2, best, best * 2]
     scores = [4.0 + 0.05 * math.log(x / best) ** 2 + (0.01 if x > best else 0.0) for x in lrs]
@@ -42,8 +42,8 @@ def outputs(tmp: Path, table="tuning") -> dict[str, bytes]:
 
 def test_a_tuning_json_lacking_a_key_writes_nothing(tmp_path, monkeypatch, capsys):
     from study.config import run_stage
-    from study.orchestration.losses import check_tuned
-    from study.tune import write_table
+    from study.tuning.tuned_file import check_tuned
+    from study.tuning.table import write_table
 
     monkeypatch.chdir(ROOT)
     tuned = tmp_path / "tuned.yaml"
@@ -82,7 +82,7 @@ def test_a_tuning_json_lacking_a_key_writes_nothing(tmp_path, monkeypatch, capsy
 def test_an_unreadable_tuned_file_is_never_overwritten(tmp_path, monkeypatch, text):
     """A tuned file that is not a YAML mapping reads as empty; rewriting it would drop every lr* it held, so the
     write is refused and the file, the table and the figure stay as they were."""
-    from study.tune import check_tuned_file, write_table
+    from study.tuning.table import check_tuned_file, write_table
 
     monkeypatch.chdir(ROOT)
     tuned = tmp_path / "tuned.yaml"
@@ -112,8 +112,8 @@ def _with_tuned(tmp: Path, tuned: Path):
 
 
 def test_a_new_table_dir_never_drops_the_other_arms_lr(tmp_path, monkeypatch):
-    from study.analysis.tuned_file import read_tuned
-    from study.tune import write_table
+    from study.tuning.tuned_file import read_tuned
+    from study.tuning.table import write_table
 
     monkeypatch.chdir(ROOT)
     tuned = tmp_path / "tuned.yaml"

@@ -1,4 +1,4 @@
-"""Tuning by one rule (study/analysis/tuning.py), checked against values worked out independently, and the tracked
+"""Tuning by one rule (study/tuning/rule.py), checked against values worked out independently, and the tracked
 tuned values (conf/tuned.yaml) against the tuning table they came from."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from study.analysis.tuning import (BRACKETED, NOT_BRACKETED, choose, grid_status, initial_grid, quadratic, score,
+from study.tuning.rule import (BRACKETED, NOT_BRACKETED, choose, grid_status, initial_grid, quadratic, score,
                                    tune_arm)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,7 +108,7 @@ def test_tuned_file_agrees_with_its_table():
 
 def test_a_tuned_file_that_disagrees_is_refused(tmp_path):
     from study.config import ConfigError, load_config
-    from study.orchestration.losses import check_tuned
+    from study.tuning.tuned_file import check_tuned
 
     cfg = load_config([f"tune.table_dir={tmp_path}"], ROOT)
     table = {a: {"lr_star": lr} for a, lr in cfg.tuned.lr.items()}  # the committed values, but one
@@ -122,7 +122,8 @@ def test_an_lr_tuned_at_another_recipe_is_refused():
     """Every committed lr* was tuned at the study's model, budget and schedule (conf/study.yaml, read here on its
     own); the test stage refuses one tuned at another warmup, in one line, and a fixed-lr arm is never checked."""
     from study.config import ConfigError, load_config
-    from study.runner.arms import recipe, recipe_difference, tuned_lr
+    from study.config.transfer import recipe_difference
+    from study.runner.arms import recipe, tuned_lr
 
     train = yaml.safe_load((ROOT / "conf/study.yaml").read_text())["train"]
     cfg = load_config([], ROOT)

@@ -10,7 +10,6 @@ below imports only modules listed after it, and none imports a stage.
   scale_ladder.py  the scale ladder's verdict (summary.json "scale_ladder")
   verdict.py   the decided verdict of study.arms: the test runs, every comparison in one word, the decomposition
   decision.py  Stein's two-stage seed count, TOST beside the paired t test, BH over all comparisons, the words
-  tuning.py    tuning by one rule: the x2 lr grid, its extension until bracketed, lr* (quadratic vertex or best)
   runs.py      load runs and the settings they recorded (run folders or the MLflow store)
   pairing.py   check that runs pair: the same settings but the variant (one-line PairingError)
   stats.py     paired t, Benjamini-Hochberg, power, frontier fits and multipliers (scipy.stats)

@@ -44,7 +44,7 @@ def panel(width: float = 7.0):
     return _plt().subplots(figsize=(width, 4.5))
 
 
-def _save(fig, path: Path) -> Path:
+def save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     _plt().close(fig)
@@ -93,7 +93,7 @@ def loss_curves(runs, out: Path, key: str, title: str, name: str) -> Path:
     curves(runs, key, ax)
     ax.set_ylabel(f"{'validation' if key == 'val_loss' else 'training'} loss (nats)")
     ax.set_title(title)
-    return _save(fig, out / name)
+    return save(fig, out / name)
 
 
 def final_losses(summary: dict, runs, out: Path) -> Path:
@@ -114,7 +114,7 @@ def final_losses(summary: dict, runs, out: Path) -> Path:
     ax.set_ylabel("final validation loss (nats)")
     ax.set_title("Final validation loss per seed (lines join the runs of one seed)")
     ax.grid(alpha=0.3, axis="y")
-    return _save(fig, out / "final_val_loss.png")
+    return save(fig, out / "final_val_loss.png")
 
 
 def paired_differences(summary: dict, out: Path) -> Path:
@@ -138,7 +138,7 @@ def paired_differences(summary: dict, out: Path) -> Path:
     ax.set_xticks(range(len(vs)), list(vs), rotation=20)
     finish(ax, "Paired differences by seed; mean with 95% t interval (right)",
            f"log-loss change vs {summary['baseline']} (%)", grid="y")
-    return _save(fig, out / "paired_differences.png")
+    return save(fig, out / "paired_differences.png")
 
 
 def verdict(v: dict, out: Path) -> Path:
@@ -162,7 +162,7 @@ def verdict(v: dict, out: Path) -> Path:
     ax.set_xticks(range(len(comps)), list(comps), rotation=15)
     finish(ax, "The decided verdict: paired differences by seed; mean with 95% t interval",
            "log-loss change vs the reference (%)", grid="y")
-    return _save(fig, out / "verdict.png")
+    return save(fig, out / "verdict.png")
 
 
 def position_loss(summary: dict, out: Path) -> Path:
@@ -185,7 +185,7 @@ def position_loss(summary: dict, out: Path) -> Path:
         ax.axhline(y["bigram"]["all"], color="black", ls="--", lw=1, label=f"bigram yardstick {y['bigram']['all']:.3f}")
     finish(ax, "Validation loss by position, mean over seeds", "validation loss (nats)",
            "position (tokens of context)", xlog=True)
-    return _save(fig, out / "position_loss.png")
+    return save(fig, out / "position_loss.png")
 
 
 def per_corpus(summary: dict, out: Path) -> Path:
@@ -206,7 +206,7 @@ def per_corpus(summary: dict, out: Path) -> Path:
     ax.set_xticks(range(len(corpora)), corpora)
     finish(ax, "Validation loss per corpus (mean over seeds)", "final validation loss (nats)", grid="y")
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))  # outside: the yardsticks span the panel
-    return _save(fig, out / "per_corpus.png")
+    return save(fig, out / "per_corpus.png")
 
 
 def frontier(summary: dict, out: Path) -> Path:
@@ -222,7 +222,7 @@ def frontier(summary: dict, out: Path) -> Path:
             label=f"baseline frontier fit ({f['sizes']} sizes)")
     finish(ax, "Parameter frontier of the baseline family", "final validation loss (nats)",
            "non-embedding parameters", xlog=True)
-    return _save(fig, out / "frontier.png")
+    return save(fig, out / "frontier.png")
 
 
 def scale_ladder(summary: dict, out: Path) -> Path:
@@ -271,7 +271,7 @@ def scale_ladder(summary: dict, out: Path) -> Path:
         axes[2].text(0.5, 0.5, "compute multiplier not fitted:\nfewer than 3 sizes", transform=axes[2].transAxes,
                      ha="center", color="grey")
         axes[2].set_axis_off()
-    return _save(fig, out / "scale_ladder.png")
+    return save(fig, out / "scale_ladder.png")
 
 
 def write_all(summary: dict, runs: dict[str, dict[int, dict]], out: Path) -> list[str]:

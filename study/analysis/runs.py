@@ -30,9 +30,7 @@ from pathlib import Path
 
 from study.analysis.pairing import check
 from study.config import flatten, run_dir
-from study.runfolder import (CURVE_COLUMNS, LOST, MAX_LOSS, METRICS, METRICS_FILE, NOT_SETTINGS,  # noqa: F401
-                             RECORD_NUMBERS, REPLACED, RunsError, read_curve, read_positions, read_result, read_run,
-                             settings_of, train_command)  # (public here too: the readers of a study's runs)
+from study.runfolder import METRICS_FILE, NOT_SETTINGS, REPLACED, RunsError, read_run, train_command
 
 
 #: the study keys a training run reads (where its folder and MLflow run go); the others say which runs exist

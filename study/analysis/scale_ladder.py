@@ -42,7 +42,7 @@ def ladder_size(cfg, model: str, runs: dict[str, dict[int, dict]]) -> dict:
         lrs = sorted({m.get("lr") for m in r.values() if m.get("lr") is not None})
         gains = [m["in_context_gain"] for m in r.values() if m["status"] == "ok" and m.get("in_context_gain") is not None]
         if la.lr_from_tuned:  # the lr study.runner.spec.run_spec gives a ladder run of v now
-            from study.config.validation import transferred_lr
+            from study.config.transfer import transferred_lr
 
             want = transferred_lr(cfg, v, model if la.lr_per_size else None)
             stale = [x for x in lrs if want is not None and not math.isclose(x, want, rel_tol=1e-9)]

@@ -15,7 +15,7 @@ from study.analysis.decision import compare_pair, decide, decomposition, frontie
 from study.analysis.pairing import check
 from study.analysis.runs import RunsError, final_losses, load_runs
 from study.analysis.stats import mean_ci
-from study.config.naming import TEST_GROUP, testing_group
+from study.config.naming import TEST_GROUP, TUNING_TABLE, testing_group
 
 #: the test stage's plan, under runs_dir/test: which seeds each arm needs (Stein's N from the first stage)
 PLAN = "plan.json"
@@ -117,7 +117,7 @@ def compare_all(cfg, ok: dict[str, dict[int, float]]) -> dict[str, dict]:
 
 def tuning_status(cfg, root: Path) -> dict[str, dict]:
     """{arm: {"status", "lr_star", "source"}} from the tuning table (tune.table_dir/table.json; {} without one)."""
-    p = root / cfg.tune.table_dir / "table.json"
+    p = root / cfg.tune.table_dir / TUNING_TABLE
     if not p.is_file():
         return {}
     arms = json.loads(p.read_text()).get("arms", {})

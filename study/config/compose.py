@@ -38,9 +38,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from .hydra_errors import _first, _hydra_error, _key_hint, _yaml_error, schema_keys
-from .schema import GROUPS, SCHEMA_NAME, ConfigError, RunConfig, StudyError, register
+from .schema import GROUPS, SCHEMA_NAME, ConfigError, RunConfig, register
 from .task import apply_task, validate_task
-from .validation import used_arms, validate, validate_paths
+from .validation import validate, validate_paths
+from .verdict_checks import used_arms
 
 NAMED_GROUPS = ("model", "variant", "trainer", "launcher", "task")  # groups whose section records its file as ``name``
 PARAMS_FILE = "params.yaml"  # DVC's Hydra output (ParamsDependency.DEFAULT_PARAMS_FILE)

@@ -28,6 +28,9 @@ def run_dir(root: Path, cfg: RunConfig, variant: str, seed: int, group: str | No
 #: where the test runs go, under study.runs_dir (study.group=test/ARM: ``runs/test/ARM/VARIANT-sSEED``)
 TEST_GROUP = "test"
 
+#: the tuning table's JSON, in tune.table_dir (``python -m study.tune --write`` writes it; study/tuning/table.py)
+TUNING_TABLE = "table.json"
+
 
 def testing_group(arm: str) -> str:
     """``test/ARM``: the study.group of arm ``arm``'s test runs."""

@@ -299,7 +299,7 @@ class ArmConfig:
 
 @dataclass
 class TuneConfig:
-    """Tuning by one rule (``make tune``; study/analysis/tuning.py): a x2 lr grid per arm on ``seeds``."""
+    """Tuning by one rule (``make tune``; study/tuning/rule.py): a x2 lr grid per arm on ``seeds``."""
 
     arms: list = field(default_factory=list)  # arms tuned by `make tune` (off while empty)
     seeds: list = field(default_factory=lambda: [101, 102])  # tuning seeds (>= 2), never test seeds

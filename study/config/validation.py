@@ -11,8 +11,8 @@ from .schema import (ACTIVATIONS, CONTEXTS, FIXED_VOCAB, PRECISIONS, PROJECTION_
 from .launcher import resolve_launcher
 
 MAX_BPE_VOCAB = 2 ** 20  # tokens: 4x the largest vocabularies in use (Gemma's 256k); a typo beyond allocates GBs
-from .transfer import check_transferable, transferred_lr  # noqa: F401 (the ladder's lr, re-exported)
-from .verdict_checks import used_arms, validate_verdict  # noqa: F401 (used_arms: re-exported)
+from .transfer import check_transferable
+from .verdict_checks import validate_verdict
 
 
 def validate(cfg: RunConfig) -> None:

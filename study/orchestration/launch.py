@@ -119,7 +119,7 @@ class LocalLauncher:
         return f"local: {len(self.live)} running, {waiting} waiting ({self.jobs} at once)"
 
     def run(self, todo: list[tuple[Path, list[str]]], line: StageLine) -> list[str]:
-        from study.runner.run_state import terminate_as_exception
+        from study.config.signals import terminate_as_exception
 
         failed = []
         pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="study-train")
@@ -243,7 +243,7 @@ class SlurmLauncher:
         """Submit the runs of ``todo`` that no task of ``earlier`` ({folder: task}, study.orchestration.arrays.
         earlier_tasks) trains, wait for all; Ctrl-C, SIGTERM or SIGHUP cancels them (the new array and the earlier
         tasks).  Returns the failures (see :func:`launch`)."""
-        from study.runner.run_state import terminate_as_exception
+        from study.config.signals import terminate_as_exception
 
         earlier = dict(earlier or {})
         jobs_of = {d: (t["job"], Path(t["log_folder"]) / f"{t['job']}_0_log.err") for d, t in earlier.items()}

@@ -4,19 +4,12 @@ of a batch out on the launcher (:func:`study.orchestration.ensure.ensure_runs`) 
 the run folder's reader (study.runfolder.read_result)."""
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
-from study.config import ConfigError
-from study.config.task import tune_command
 from study.orchestration.ensure import dry_run, ensure_runs
 from study.runfolder import read_result
-from study.runner.arms import plain_container, recipe_difference, run_overrides
-
-#: the tuning table's JSON, in tune.table_dir (study.tune writes it)
-TABLE_JSON = "table.json"
-
+from study.runner.arms import run_overrides
 
 def finite_or_none(x):
     """``x`` when it is a finite number (a loss), else None (a diverged or missing one: JSON null)."""
@@ -60,27 +53,3 @@ def arm_losses(cfg, root: Path, arms: list[tuple[str, float, str, str]], seeds_o
         print(f"{label}seed {seed}: {'diverged' if out[name][seed] is None else format(out[name][seed], '.4f')}"
               f"{' (reused)' if reused else ''}", flush=True)
     return out
-
-
-def check_tuned(cfg, root: Path) -> None:
-    """conf/tuned.yaml (``tuned.lr``) agrees with the tuning table it came from (tune.table_dir/table.json).
-
-    Raises:
-        ConfigError: an arm's lr differs, or is in one and not the other (one line: re-run the task's tuning,
-            `make tune` or `make tasks TASKS=T`).
-    """
-    p = root / cfg.tune.table_dir / TABLE_JSON
-    table = json.loads(p.read_text()) if p.is_file() else {"arms": {}}
-    want = {k: a["lr_star"] for k, a in table.get("arms", {}).items() if a.get("lr_star") is not None}
-    have = {str(k): float(v) for k, v in cfg.tuned.lr.items()}
-    have_at = dict(plain_container(cfg.tuned.recipe))
-    want_at = {k: a["recipe"] for k, a in table.get("arms", {}).items() if k in want and a.get("recipe")}
-    bad_at = sorted(k for k in set(want_at) | set(have_at) if recipe_difference(want_at.get(k, {}), have_at.get(k, {})))
-    if bad_at and want == have:
-        raise ConfigError(f"conf/tuned.yaml (tuned.recipe) disagrees with {p.name} on the settings {bad_at} were tuned at: "
-                          f"re-run {tune_command(cfg)} (which writes both), or restore both from git")
-    if want != have:
-        bad = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
-        raise ConfigError(f"conf/tuned.yaml (tuned.lr) disagrees with {p.relative_to(root) if p.is_relative_to(root) else p} "
-                          f"for {bad} ({ {k: have.get(k) for k in bad} } vs {{{', '.join(f'{k!r}: {want.get(k)}' for k in bad)}}}): "
-                          f"re-run {tune_command(cfg)} (which writes both), or restore both from git")

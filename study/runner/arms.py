@@ -19,9 +19,9 @@ import json
 from pathlib import Path
 
 from study.config import ConfigError, StudyError, load_config, run_dir
-from study.config.naming import RECIPE, lr_key
+from study.config.naming import RECIPE, TUNING_TABLE, lr_key
 from study.config.task import retune_hint, tune_command, tuned_where
-from study.config.transfer import recipe_difference, recipe_value  # noqa: F401 (public here too)
+from study.config.transfer import recipe_difference, recipe_value
 from study.runfolder import METRICS_FILE, RECORD_FILE
 
 
@@ -83,7 +83,7 @@ def _why_untuned(cfg, name: str, root: Path | None) -> str:
     row = None
     if root is not None:
         try:
-            row = json.loads((root / cfg.tune.table_dir / "table.json").read_text())["arms"].get(name)
+            row = json.loads((root / cfg.tune.table_dir / TUNING_TABLE).read_text())["arms"].get(name)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             row = None
     points = (row or {}).get("points") or []

@@ -124,7 +124,7 @@ def plan_run(cfg, root: Path) -> Plan:
 
     from study.config.numerics import check_numerics
     from study.runner.spec import run_spec
-    from study.runner.tracking import tracking_uri
+    from study.config.store import tracking_uri
     from study.tasks import get_task
     from study.tasks.common import val_count
 

@@ -18,13 +18,11 @@ import shutil
 from contextlib import contextmanager
 from pathlib import Path
 
-from study.config import ConfigError, StudyError, diff_keys, flatten, resume_config, resume_part
-from study.config.signals import Killed, terminate_as_exception  # noqa: F401 (public here too)
-from study.config.stage import INTERRUPTED  # noqa: F401 (public here too: the line of a stage stopped by Ctrl-C)
+from study.config import ConfigError, StudyError, diff_keys, resume_config, resume_part
+from study.config.signals import Killed
 from study.data.records import data_digest
-from study.runfolder import (CHECKPOINTS, LOCK_FILE, METRICS, METRICS_FILE, RECORD_FILE, REPLACED, RUN_JSON,  # noqa: F401
-                             RUN_OUTPUTS, TASK_METRICS, LAST_CKPT, code_digests, read_result, recorded_settings,
-                             split_result)  # (public here too)
+from study.runfolder import (CHECKPOINTS, LOCK_FILE, METRICS_FILE, RECORD_FILE, REPLACED, RUN_JSON, RUN_OUTPUTS,
+                             LAST_CKPT, code_digests, read_result, recorded_settings)
 
 
 def resume_record(cfg, data_dir: Path) -> dict:

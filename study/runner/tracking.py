@@ -25,7 +25,7 @@ import urllib.parse
 from pathlib import Path
 
 from study.config import StudyConfig
-from study.config.store import SQLITE_HEADER, check_tracking_db, tracking_uri  # noqa: F401 (public here too)
+from study.config.store import tracking_uri
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")

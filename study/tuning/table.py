@@ -1,12 +1,22 @@
-"""The tuning table as ``make tune --write`` writes it (study/tune.py): every arm's tuning.json checked, table.md and
-the figure tuning.png.  Nothing here writes conf/tuned.yaml (study/analysis/tuned_file.py holds its text)."""
+"""The tuning table, ``python -m study.tune --write``: every arm's tuning.json read and checked, table.json, table.md
+and the figure tuning.png under tune.table_dir, and each arm's lr* into conf/tuned.yaml (its text:
+study/tuning/tuned_file.py), all replaced together."""
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
-from study.config.naming import lr_key
 from study.config import StudyError
+from study.config.naming import TUNING_TABLE, lr_key
+from study.config.task import tune_command
+from study.tuning.tuned_file import (read_tuned, task_section, tuned_size_recipes, tuned_sizes, tuned_tasks,
+                                     tuned_yaml)
+
+#: the files of a tuning: one arm's result (in tune.runs_dir/ARM) and the table's (in tune.table_dir)
+RESULT, TABLE_MD, FIGURE = "tuning.json", "table.md", "tuning.png"
+#: the tracked lr* the study's composition reads (``tuned.lr``)
+TUNED_FILE = Path("conf") / "tuned.yaml"
 
 
 def table_markdown(table: dict) -> str:
@@ -46,7 +56,7 @@ def figure(table: dict, path: Path) -> Path:
     the parabola through the best point and its neighbours, lr* as a star."""
     import numpy as np
 
-    from study.analysis.figures import _save, finish, panel
+    from study.analysis.figures import finish, panel, save
 
     import matplotlib
 
@@ -77,7 +87,7 @@ def figure(table: dict, path: Path) -> Path:
             ax.plot(lost, [top] * len(lost), "x", color=colours[name], ms=8)
     finish(ax, "Tuning: mean final validation loss against peak lr (x: lost, *: lr*)", "validation loss (nats)",
            "peak learning rate", xlog=True)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def _num(x) -> bool:
@@ -125,3 +135,116 @@ def check_result(name: str, r, path: Path) -> None:
         raise bad("'best_lr'", "an inner grid point (a fit needs the best point's two neighbours)")
     if r.get("recipe") is not None and not isinstance(r["recipe"], dict):
         raise bad("'recipe'", "null or an object")
+
+
+def read_results(cfg, root: Path) -> dict[str, dict]:
+    """{arm: tuning.json} of every arm of tune.arms, each checked (:func:`check_result`).
+
+    Raises:
+        StudyError: an arm has no tuning.json (run the task's tuning command), or one lacks a key or holds a bad
+            value.
+    """
+    out = {}
+    for name in cfg.tune.arms:
+        p = root / cfg.tune.runs_dir / name / RESULT
+        try:
+            out[name] = json.loads(p.read_text())
+        except (OSError, ValueError):
+            task = "" if cfg.task.name == "lm" else f" task={cfg.task.name}"
+            raise StudyError(f"{p} is missing or unreadable: tune the arm first ({tune_command(cfg)}, or "
+                             f"`python -m study.tune --arm {name} --params params.yaml{task}`)") from None
+        check_result(name, out[name], p)
+    return out
+
+
+def write_table(cfg, root: Path, tuned_file: Path | None | bool = None) -> dict:
+    """table.json, table.md, tuning.png under tune.table_dir and conf/tuned.yaml (``tuned_file``; False: not
+    written), from the tuning.json of the arms of tune.arms; an arm already in table.json and not in tune.arms
+    keeps its row and its lr* when the row records its recipe (the study refuses the lr* when that recipe is not
+    the study's); a row without one is dropped.
+
+    Every input is read and checked, and every output made, before any file is replaced; then all are replaced
+    together (each by a rename), so a refusal leaves the table and conf/tuned.yaml as they were, and agreeing.
+
+    Raises:
+        StudyError: a tuning.json is missing or bad (:func:`read_results`); or conf/tuned.yaml holds the lr* of an
+            arm that neither tune.arms nor the table being rewritten holds (another tune.table_dir's): writing would
+            drop it.
+    """
+    results = read_results(cfg, root)
+    out = root / cfg.tune.table_dir
+    try:  # arms tuned before and not in tune.arms now keep their row, when it records the recipe it was tuned at
+        before = json.loads((out / TUNING_TABLE).read_text())["arms"]
+        kept = {k: a for k, a in before.items() if k not in results and a.get("recipe")}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        before, kept = {}, {}
+    for k, a in kept.items():
+        check_result(k, a, out / TUNING_TABLE)
+    table = {"rule": cfg.tune.rule, "seeds": [int(s) for s in cfg.tune.seeds], "max_points": cfg.tune.max_points,
+             "arms": {**results, **dict(sorted(kept.items()))}}
+    files = {out / TUNING_TABLE: json.dumps(table, indent=1, sort_keys=True) + "\n", out / TABLE_MD: table_markdown(table)}
+    if tuned_file is not False:
+        tuned_file = root / TUNED_FILE if tuned_file is None else tuned_file
+        check_tuned_file(tuned_file)
+        task = cfg.task.name  # lm: tuned.lr; another task: its own tuned.task.TASK (never pooled)
+        mine = read_tuned(tuned_file) if task == "lm" else (tuned_tasks(tuned_file).get(task) or {}).get("lr") or {}
+        others = sorted(k for k in mine if k not in table["arms"] and k not in before)
+        if others:  # tuned into another table (another tune.table_dir): this table cannot carry them
+            raise StudyError(f"{tuned_file} holds the lr* of {others}, which {out / TUNING_TABLE} does not (they were "
+                             f"tuned into another tune.table_dir): writing this table would drop them from "
+                             f"{tuned_file.name}; write into the tune.table_dir they came from (default conf/tuning), "
+                             f"or add them to tune.arms")
+        tasks = tuned_tasks(tuned_file)
+        if task != "lm":
+            tasks[task] = task_section(table)
+            table_lm = {"arms": read_tuned(tuned_file)}  # lm's lr* as they are
+        files[tuned_file] = tuned_yaml(table if task == "lm" else table_lm, tuned_sizes(tuned_file), tasks,
+                                       tuned_size_recipes(tuned_file))
+    out.mkdir(parents=True, exist_ok=True)
+    replace_together(files, (table, out) if results else None)
+    shown = f"{out / TABLE_MD}, {out / TUNING_TABLE}{', ' + str(out / FIGURE) if results else ''}"
+    if tuned_file is False:
+        print(f"wrote {shown}")
+    else:
+        print(f"wrote {shown} and {tuned_file} (run `make params`, then commit them)")
+    return table
+
+
+def replace_together(files: dict[Path, str], figure_of: tuple[dict, Path] | None) -> None:
+    """Write each of ``files`` ({path: text}) and, given ``(table, folder)``, the tuning figure into the folder: every
+    output made first beside its target, then all renamed into place, so that a failure replaces none of them."""
+    made = []
+    try:
+        if figure_of is not None:
+            table, out = figure_of
+            made.append((figure(table, out / ("tmp." + FIGURE)), out / FIGURE))
+        for path, text in files.items():
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(text)
+            made.append((tmp, path))
+        for tmp, path in made:  # every output made: replace them together
+            tmp.replace(path)
+    finally:
+        for tmp, _ in made:
+            tmp.unlink(missing_ok=True)
+
+
+def check_tuned_file(path: Path) -> None:
+    """Refuse to rewrite a tuned file that exists but is not a YAML mapping: its readers would see nothing in it,
+    and the rewrite would drop every lr* it holds.
+
+    Raises:
+        StudyError: ``path`` exists and is not a YAML mapping; the message says how to restore it.
+    """
+    import yaml
+
+    if not path.exists():
+        return
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as e:
+        raise StudyError(f"{path} is not readable YAML ({type(e).__name__}): nothing written; restore it "
+                         f"(`git checkout {TUNED_FILE}`) and run again") from None
+    if data is not None and not isinstance(data, dict):
+        raise StudyError(f"{path} is not a YAML mapping: nothing written; restore it (`git checkout {TUNED_FILE}`) "
+                         f"and run again")

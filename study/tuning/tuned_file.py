@@ -1,9 +1,16 @@
 """conf/tuned.yaml as text: each arm's lr* with the recipe it was tuned at, and the scale ladder's per-size lr*
-(written by ``make tune`` and ``make ladder-tune``, study/tune.py; read back here)."""
+(written by ``make tune`` and ``make ladder-tune``, study/tune.py; read back here); and the check that the composed
+``tuned`` section agrees with the tuning table it came from (the tuning and test stages run it first)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from study.config import ConfigError
+from study.config.naming import TUNING_TABLE
+from study.config.task import tune_command
+from study.config.transfer import recipe_difference
+from study.runner.arms import plain_container
 
 
 def tuned_yaml(table: dict, size: dict | None = None, tasks: dict | None = None,
@@ -79,3 +86,27 @@ def tuned_size_recipes(path: Path) -> dict:
         return dict((yaml.safe_load(path.read_text()) or {}).get("tuned", {}).get("size_recipe") or {})
     except (OSError, ValueError, AttributeError, yaml.YAMLError):
         return {}
+
+
+def check_tuned(cfg, root: Path) -> None:
+    """conf/tuned.yaml (``tuned.lr``) agrees with the tuning table it came from (tune.table_dir/table.json).
+
+    Raises:
+        ConfigError: an arm's lr differs, or is in one and not the other (one line: re-run the task's tuning,
+            `make tune` or `make tasks TASKS=T`).
+    """
+    p = root / cfg.tune.table_dir / TUNING_TABLE
+    table = json.loads(p.read_text()) if p.is_file() else {"arms": {}}
+    want = {k: a["lr_star"] for k, a in table.get("arms", {}).items() if a.get("lr_star") is not None}
+    have = {str(k): float(v) for k, v in cfg.tuned.lr.items()}
+    have_at = dict(plain_container(cfg.tuned.recipe))
+    want_at = {k: a["recipe"] for k, a in table.get("arms", {}).items() if k in want and a.get("recipe")}
+    bad_at = sorted(k for k in set(want_at) | set(have_at) if recipe_difference(want_at.get(k, {}), have_at.get(k, {})))
+    if bad_at and want == have:
+        raise ConfigError(f"conf/tuned.yaml (tuned.recipe) disagrees with {p.name} on the settings {bad_at} were tuned at: "
+                          f"re-run {tune_command(cfg)} (which writes both), or restore both from git")
+    if want != have:
+        bad = sorted(k for k in set(want) | set(have) if want.get(k) != have.get(k))
+        raise ConfigError(f"conf/tuned.yaml (tuned.lr) disagrees with {p.relative_to(root) if p.is_relative_to(root) else p} "
+                          f"for {bad} ({ {k: have.get(k) for k in bad} } vs {{{', '.join(f'{k!r}: {want.get(k)}' for k in bad)}}}): "
+                          f"re-run {tune_command(cfg)} (which writes both), or restore both from git")
