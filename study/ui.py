@@ -15,7 +15,7 @@ in a real headless browser (Debian's chromium-headless-shell driven by Playwrigh
 page and checks that it lists every test run of the study with its val_loss and no other run, and shows the
 arm, seed, group and status columns, then saves a screenshot.  Exit 0 when it holds, 1 when not, 2 when the browser or the runs are missing.
 
-The server, the view and the check are ``study.runner.mlflow_ui``; this module parses, calls and reports.
+The server and the view are ``study.mlflow_ui.server``, the check ``study.mlflow_ui.browser_check``; this module parses, calls and reports.
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ import sys
 from pathlib import Path
 
 from study.config import ConfigError, load_config, project_root
-from study.runner.mlflow_ui import CHROMIUM, HOST, check, chromium, experiment_id, runs_url, start, stop, study_runs
+from study.mlflow_ui.browser_check import CHROMIUM, check, chromium
+from study.mlflow_ui.server import HOST, experiment_id, runs_url, start, stop, study_runs
 from study.config.store import tracking_uri
 from study.runner.tracking import artifact_root
 

@@ -212,10 +212,10 @@ def test_named_functions_are_found():
     from tests.test_references import modules
 
     mods = modules()
-    text = ("`study/runner/tracking.py` `NOT_RUN_SHAPING`, `peak_flops` in `study/modeling/lit_module.py`, `mlflow_ui.check()`,"
+    text = ("`study/runner/tracking.py` `NOT_RUN_SHAPING`, `peak_flops` in `study/modeling/lit_module.py`, `browser_check.check()`,"
             " `torch.manual_seed()`, `tracking.gone()`")
     assert named_functions(text, mods) == ["study.runner.tracking.NOT_RUN_SHAPING", "study.modeling.lit_module.peak_flops",
-                                           "study.runner.mlflow_ui.check", "study.runner.tracking.gone"]
+                                           "study.mlflow_ui.browser_check.check", "study.runner.tracking.gone"]
 
 
 def test_functions_the_pages_name_exist():

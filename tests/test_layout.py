@@ -120,12 +120,12 @@ def _has_main(path: Path) -> bool:
 
 def test_the_stages_are_the_top_level_modules_and_the_machinery_packages_hold_none():
     """A stage is told at a glance: every module at the top of study/ has a main() (``python -m study.NAME``);
-    the machinery packages (modeling, runner, data, analysis, runfolder, orchestration, tuning) hold no main().  The two packaged stages,
+    the machinery packages (modeling, runner, data, analysis, runfolder, orchestration, tuning, mlflow_ui) hold no main().  The two packaged stages,
     config and gpu_check, run as ``python -m study.config`` / ``study.gpu_check`` through their __main__."""
     top = [p for p in sorted((ROOT / "study").glob("*.py")) if p.name != "__init__.py"]
     assert len(top) >= 8, top
     assert [p.name for p in top if not _has_main(p)] == []
-    machinery = [p for pkg in ("modeling", "runner", "data", "analysis", "runfolder", "orchestration", "tuning") for p in sorted((ROOT / "study" / pkg).glob("*.py"))]
+    machinery = [p for pkg in ("modeling", "runner", "data", "analysis", "runfolder", "orchestration", "tuning", "mlflow_ui") for p in sorted((ROOT / "study" / pkg).glob("*.py"))]
     assert len(machinery) > 30 and [str(p.relative_to(ROOT)) for p in machinery if _has_main(p)] == []
     for pkg in ("config", "gpu_check"):
         assert (ROOT / "study" / pkg / "__main__.py").is_file()
@@ -135,7 +135,7 @@ def test_the_stages_are_the_top_level_modules_and_the_machinery_packages_hold_no
 #: with a main()) is imported by nothing; runfolder is the run folder's contract (its files, writers and readers),
 #: below both the runner that writes run folders and the analysis that reads them
 LAYERS = {"config": 0, "data": 1, "tasks": 1, "modeling": 1, "runfolder": 2, "runner": 3, "orchestration": 4,
-          "analysis": 3, "tuning": 5, "gpu_check": 5, "stage": 6}
+          "analysis": 3, "mlflow_ui": 4, "tuning": 5, "gpu_check": 5, "stage": 6}
 
 
 def layer_of(module: str, path: Path) -> str:

@@ -10,7 +10,8 @@ import urllib.request
 
 import pytest
 
-from study.runner import mlflow_ui as ui
+from study.mlflow_ui import browser_check
+from study.mlflow_ui import server as ui
 
 
 def test_runs_url_opens_the_test_runs_table_with_val_loss():
@@ -36,7 +37,7 @@ def test_run_tags_name_the_role_and_arm_the_view_filters_on():
 
 
 @pytest.mark.slow  # two trainings, an MLflow server and a browser: ~1.5 min on 2 cores
-@pytest.mark.skipif(shutil.which(ui.CHROMIUM) is None, reason=f"{ui.CHROMIUM} is not installed (make ui-check)")
+@pytest.mark.skipif(shutil.which(browser_check.CHROMIUM) is None, reason=f"{browser_check.CHROMIUM} is not installed (make ui-check)")
 def test_browser_lists_every_run_with_its_val_loss_from_a_moved_store(run_in, nano_project, tmp_path, monkeypatch):
     pytest.importorskip("playwright")
     from study.config import load_config
@@ -59,7 +60,7 @@ def test_browser_lists_every_run_with_its_val_loss_from_a_moved_store(run_in, na
         with urllib.request.urlopen(f"{base}/get-artifact?path=curve.csv&run_uuid={run_id}", timeout=30) as r:
             assert r.read() == (tmp_path / "runs" / "test" / "baseline" / "baseline-s1" / "curve.csv").read_bytes()
         shot = tmp_path / "reports" / "ui_runs.png"
-        problems = ui.check(nano_project, study, shot, shutil.which(ui.CHROMIUM), base_url=base)
+        problems = browser_check.check(nano_project, study, shot, shutil.which(browser_check.CHROMIUM), base_url=base)
         # the check compares the page with the store: a store value the page does not show is reported, and so is
         # a column the view lacks and a run listed outside the test runs (here: the view without its filter)
         real = ui.study_runs(nano_project, study)
@@ -67,7 +68,7 @@ def test_browser_lists_every_run_with_its_val_loss_from_a_moved_store(run_in, na
         monkeypatch.setattr(ui, "study_runs", lambda root, study: wrong)
         monkeypatch.setattr(ui, "VIEW_FILTER", "")
         monkeypatch.setattr(ui, "VIEW_TAGS", ("status", "arm", "seed", "group", "absent"))
-        caught = ui.check(nano_project, study, tmp_path / "wrong.png", shutil.which(ui.CHROMIUM), base_url=base)
+        caught = browser_check.check(nano_project, study, tmp_path / "wrong.png", shutil.which(browser_check.CHROMIUM), base_url=base)
         monkeypatch.undo()
     finally:
         ui.stop(proc)
