@@ -40,7 +40,7 @@ def fake_params(variant) -> int:
 def fake_train(monkeypatch):
     import study.runner.arms
     from study.config import run_dir
-    from study.runner.run_state import run_digest
+    from study.runner.resume_key import run_digest
     from study.runfolder import recorded_config
 
     calls = []

@@ -54,7 +54,7 @@ def test_the_nano_run_gives_the_pinned_losses(run_in, tmp_path):
 @pytest.mark.slow  # two prepare processes
 def test_prepare_twice_gives_byte_identical_data(nano_project, tmp_path):
     from study.config import load_config
-    from study.runner.run_state import run_digest
+    from study.runner.resume_key import run_digest
 
     small = ["model=nano", "data.corpora=[sotu]", "data.max_docs_per_corpus=7", "data.val_every=3",
              "data.tokenizer=bpe", "data.vocab_size=300"]

@@ -82,7 +82,7 @@ def test_a_resumed_run_counts_every_segment_and_does_not_warn_its_loader_is_not_
     import torch
 
     from conftest import env_for, start_until_checkpoint
-    from study.runner.run import WALL_CLOCK_KEY
+    from study.runner.loop_state import WALL_CLOCK_KEY
 
     runs = tmp_path / "runs"
     cmd = [sys.executable, "-m", "study.train", "variant=baseline", "seed=5", "train.tokens=163840",

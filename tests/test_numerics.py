@@ -84,7 +84,7 @@ def test_a_users_own_avx512_capability_is_refused_naming_it():
 
 def test_the_resume_key_holds_the_numerics(nano_project):
     from study.config import load_config
-    from study.runner.run_state import resume_record
+    from study.runner.resume_key import resume_record
 
     one = resume_record(load_config(["trainer.threads=1"], nano_project), nano_project / "data/tokens")
     two = resume_record(load_config(["trainer.threads=2"], nano_project), nano_project / "data/tokens")

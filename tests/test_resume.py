@@ -70,7 +70,7 @@ def test_a_runs_key_holds_its_own_tasks_fields_only(nano_project):
 
 
 def test_a_key_stored_under_an_older_rule_matches_when_it_differs_only_in_what_the_rule_drops():
-    from study.runner.run_state import same_key
+    from study.runner.resume_key import same_key
 
     today = {"train.lr": 3e-3, "variant.name": "baseline", "code:study/modeling/model.py": "ab12", "data:meta.json": "cd"}
     older = {**today, "task.name": "lm", "task.num_kv_pairs": 8, "task.train_examples": 100000}  # mqar's old defaults
@@ -103,7 +103,8 @@ def test_a_folder_stored_under_the_older_rule_is_resumed_or_kept_under_todays_ke
     """A finished lm run whose run.json holds mqar's old defaults is not "a finished run with other settings" to a
     hand-started rerun; an unfinished one resumes, and its run.json takes today's key."""
     from study.config import load_config
-    from study.runner.run_state import open_run_folder, resume_record, run_digest
+    from study.runner.resume_key import resume_record, run_digest
+    from study.runner.run_state import open_run_folder
 
     monkeypatch.delenv("DVC_EXP_NAME", raising=False)
     monkeypatch.delenv("DVC_ROOT", raising=False)
@@ -131,7 +132,7 @@ def test_a_folder_stored_under_the_older_rule_is_resumed_or_kept_under_todays_ke
 
 def test_an_edited_task_name_is_a_difference_not_a_crash():
     from study.config import own_task_fields
-    from study.runner.run_state import same_key
+    from study.runner.resume_key import same_key
 
     assert own_task_fields({"task.name": ["lm"], "task.num_kv_pairs": 4}) == {"task.name": ["lm"], "task.num_kv_pairs": 4}
     assert not same_key({"task.name": {"a": 1}}, {"train.lr": 1.0})
@@ -139,7 +140,7 @@ def test_an_edited_task_name_is_a_difference_not_a_crash():
 
 def test_run_digest_ignores_volatile_bytes(nano_project, tmp_path):
     from study.config import load_config
-    from study.runner.run_state import run_digest
+    from study.runner.resume_key import run_digest
 
     cfg = load_config([], nano_project)
     copy = shutil.copytree(nano_project / "data/tokens", tmp_path / "tokens")
@@ -393,7 +394,7 @@ def test_a_checkpoint_resumes_on_another_world_size_in_the_same_mlflow_run(run_i
 def test_loop_state_is_rescaled_to_the_new_accumulation():
     """Step 5 of a run with 1 micro-batch per step, resumed with 2 (and back): Lightning's micro-batch
     counters become steps x accumulation, so the next step and evaluation fall where they did."""
-    from study.runner.run_state import rescale_loop_state
+    from study.runner.loop_state import rescale_loop_state
 
     def ckpt(total, current, steps):
         return {"global_step": steps, "loops": {"fit_loop": {"epoch_loop.batch_progress": {

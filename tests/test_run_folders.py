@@ -102,7 +102,7 @@ def test_a_trainer_lightning_refuses_keeps_the_finished_run(nano_project, tmp_pa
     import lightning.pytorch
 
     from study.config import load_config
-    from study.runner.run_state import resume_record, run_digest
+    from study.runner.resume_key import resume_record, run_digest
     from study.runfolder import write_json
     from study.train import main
 

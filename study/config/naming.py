@@ -98,7 +98,7 @@ NOT_IN_RESUME_KEY = (
     "train.lr_from_tuned", "train.lr_per_size",  # where the peak lr came from: the lr itself (arm.lr, derived before hashing) is in the key
     "data.num_proc", "data.hf_cache_dir", "data.dir",  # how/where prepare runs; the data's own digest is checked
     "variant.description",
-    "numerics",  # config.json's record of the kernels: in the resume key as its numerics:* entries (run_state)
+    "numerics",  # config.json's record of the kernels: in the resume key as its numerics:* entries (runner/resume_key.py)
     *VERDICT_SECTIONS, *LAUNCH_SECTIONS,
 )
 
@@ -108,7 +108,7 @@ def resume_config(cfg: RunConfig) -> dict[str, Any]:
 
     Everything in the config except :data:`NOT_IN_RESUME_KEY` (devices, nodes, strategy, threads,
     compile, logging cadence, validation micro-batch, the study's run list and folders).  A checkpoint
-    resumes only under the same resume config (see :func:`study.runner.run_state.run_digest`)."""
+    resumes only under the same resume config (see :func:`study.runner.resume_key.run_digest`)."""
     return resume_part(flatten(to_dict(cfg)))
 
 

@@ -16,7 +16,7 @@ A run folder (``runs/[GROUP/]VARIANT-sSEED/``, :func:`study.config.run_dir`) hol
                  digest (``code_digest``: its syntax trees without docstrings, :func:`code_digests`) and the
                  prepared data's digest (:func:`recorded_config`, :func:`settings_of`, :func:`recorded_settings`)
   checkpoints/   (:data:`CHECKPOINTS`) last.ckpt (resumable) and run.json (the resume key and the settings it
-                 covers, the MLflow run id): study.runner.run_state
+                 covers, the MLflow run id): study.runner.run_state; the folder's lock: study.runfolder.lock
   .lock          (:data:`LOCK_FILE`) held by the one process that writes the folder
   .replaced/     (:data:`REPLACED`) only while a start builds its Trainer: the last run's :data:`RUN_OUTPUTS` it
                  replaces

@@ -132,11 +132,12 @@ TRAIN = _train
 def reusable(cfg, root: Path, d: Path) -> bool:
     """Whether ``d`` holds a finished run trained under this config's resume key (settings, code, data): record.json's
     ``config_hash`` is the key (or checkpoints/run.json's stored record is, under today's rule of what the key holds:
-    :func:`study.runner.run_state.same_key`), and the settings config.json records (what compare pairs the run on)
+    :func:`study.runner.resume_key.same_key`), and the settings config.json records (what compare pairs the run on)
     are the key's settings, so a run whose config.json was edited is trained again, never reused for compare to
     refuse."""
     from study.config import diff_keys
-    from study.runner.run_state import config_part, recorded_settings, resume_record, run_digest, same_key, stored_key
+    from study.runfolder import recorded_settings
+    from study.runner.resume_key import config_part, resume_record, run_digest, same_key, stored_key
 
     try:
         record = json.loads((d / RECORD_FILE).read_text())
@@ -163,7 +164,7 @@ def wait_while_trained(d: Path, poll_s: float = 1.0) -> None:
     it again beside it."""
     from filelock import Timeout
 
-    from study.runner.run_state import run_lock
+    from study.runfolder.lock import run_lock
 
     if not (d / ".lock").exists():
         return

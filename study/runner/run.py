@@ -4,8 +4,9 @@ steps and batches), :func:`open_run` (the folder's lock, resume or start afresh,
 :func:`record_run` (the run's result, written to the run folder through study.runfolder and to MLflow).  :func:`train`
 composes them; ``python -m study.train`` (study/train.py) is its command line.
 
-Elsewhere: the data in ``study.data``, the run folder's files in ``study.runfolder``, its lock, resume key and MLflow
-ending in ``study.runner.run_state``, devices in ``study.runner.world``, the model in ``study.modeling``."""
+Elsewhere: the data in ``study.data``; the run folder's files and lock in ``study.runfolder``; its state at a start, its
+resume key and its loop state in ``study.runner`` (run_state, resume_key, loop_state); devices in ``study.runner.world``;
+the model in ``study.modeling``."""
 from __future__ import annotations
 
 import math
@@ -22,28 +23,11 @@ from study.data.records import data_digest as prepared_data_digest
 from study.runfolder import (CHECKPOINTS, CONFIG_FILE, CURVE_FILE, LAST_CKPT, LOGGED_FILES, METRICS_FILE,
                              POSITIONS_FILE, RECORD_FILE, RUN_JSON, read_result, recorded_config, split_result,
                              write_curve, write_json, write_positions)
+from study.runfolder.lock import hold_run_lock
+from study.runner.loop_state import WALL_CLOCK_KEY, loop_state_callback, read_resume_checkpoint, wall_clock_callback
+from study.runner.run_state import ctrl_c, end_status, finished_here, open_run_folder
+from study.runner.tracking import RUN_FOLDER_TAG, end_orphaned_runs, restore_env, run_folder_tag, settle_previous_run
 from study.runner.world import build_trainer, check_multi_node, launch_rank, make_strategy, world_size
-from study.runner.run_state import (RUN_FOLDER_TAG, ctrl_c, end_orphaned_runs, end_status, finished_here,
-                                    hold_run_lock, loop_state_callback, open_run_folder, read_resume_checkpoint,
-                                    restore_env, run_folder_tag, settle_previous_run)
-
-#: the checkpoint key of a run's training time up to that checkpoint (s, every segment of a resumed run)
-WALL_CLOCK_KEY = "study_wall_time_s"
-
-
-def wall_clock_callback():
-    """A callback that writes the run's wall time so far into every checkpoint (:data:`WALL_CLOCK_KEY`:
-    ``earlier`` (the segments before this process, from the resumed checkpoint) + the time since ``t0``),
-    so that record.json's wall_time_s of a killed and resumed run counts every segment."""
-    from lightning.pytorch.callbacks import Callback
-
-    class WallClock(Callback):
-        earlier, t0 = 0.0, None
-
-        def on_save_checkpoint(self, trainer, pl_module, checkpoint):
-            if self.t0 is not None:
-                checkpoint[WALL_CLOCK_KEY] = self.earlier + time.time() - self.t0
-    return WallClock()
 
 
 def train(cfg, root: Path) -> dict:
@@ -224,7 +208,7 @@ def open_run(plan: Plan, stack: ExitStack) -> OpenRun | None:
 
 def end_dead_runs(plan: Plan) -> None:
     """A finished run reused by hand: an MLflow run of its folder that a killed re-run left RUNNING is marked KILLED
-    (study.runner.run_state.end_orphaned_runs), as a start that trains would; nothing when the store has no such
+    (study.runner.tracking.end_orphaned_runs), as a start that trains would; nothing when the store has no such
     experiment."""
     from mlflow import MlflowClient
 

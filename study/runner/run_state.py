@@ -1,105 +1,25 @@
-"""The state of a run folder across processes: its lock, its resume key, how its MLflow run ended.
+"""The state of a run folder at a start, and how a run ended.
 
-``python -m study.train`` (study.runner.run.train) holds the folder's lock (:func:`hold_run_lock`) for the run's
-life, resumes ``checkpoints/last.ckpt`` only under the same resume key (:func:`open_run_folder`,
-:func:`run_digest`: the settings that change the numbers, the training code and the prepared data, on
-any world size) and never replaces a finished run with other settings silently, rescales
-Lightning's loop counters to this run's accumulation (:func:`rescale_loop_state`), settles the MLflow
-run a dead process left RUNNING (:func:`settle_previous_run`) and ends its own run FAILED or KILLED
-(:func:`end_status`; SIGTERM becomes :class:`study.config.signals.Killed`,
-:func:`study.config.signals.terminate_as_exception`).
+``python -m study.train`` (study.runner.run.train), holding the folder's lock (study.runfolder.lock), resumes
+``checkpoints/last.ckpt`` only under the same resume key (:func:`open_run_folder`; the key:
+study.runner.resume_key) and never replaces a finished run with other settings silently (:class:`Replaced`: the last
+run's outputs set aside until this one succeeds); it ends its MLflow run FAILED or KILLED (:func:`end_status`;
+SIGTERM becomes :class:`study.config.signals.Killed`, :func:`study.config.signals.terminate_as_exception`).
+Lightning's loop state across a resume is study.runner.loop_state; the MLflow runs a dead process left RUNNING are
+settled by study.runner.tracking.
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
-from contextlib import contextmanager
 from pathlib import Path
 
-from study.config import ConfigError, StudyError, diff_keys, resume_config, resume_part
+from study.config import ConfigError, StudyError, diff_keys
 from study.config.signals import Killed
-from study.data.records import data_digest
-from study.runfolder import (CHECKPOINTS, LOCK_FILE, METRICS_FILE, RECORD_FILE, REPLACED, RUN_JSON, RUN_OUTPUTS,
-                             LAST_CKPT, code_digests, read_result, recorded_settings)
-
-
-def resume_record(cfg, data_dir: Path) -> dict:
-    """What a checkpoint must match to be resumed, flat: :func:`study.config.resume_config` (the
-    settings that change a run's numbers, not devices, strategy, threads, compile, logging), the numerics it computes
-    under (``numerics:cpu_capability``, ``numerics:torch``, ``numerics:threads`` ...:
-    :func:`study.config.numerics.run_numerics`), the digest of the code each training file computes (its syntax
-    tree without docstrings: a docstring, comment or layout edit keeps the key; ``code:study/modeling/model.py``,
-    ``code:study/data/loader.py`` ...: :func:`study.runfolder.code_digests`)
-    and ``data:meta.json`` (:func:`study.data.records.data_digest`)."""
-    from study.config.numerics import run_numerics
-
-    rec = dict(resume_config(cfg))
-    rec.update({f"numerics:{k}": v for k, v in run_numerics(cfg.trainer).items()})  # the kernels, torch, threads
-    rec.update({f"code:study/{n}": digest for n, digest in code_digests().items()})
-    rec["data:meta.json"] = data_digest(data_dir)
-    return json.loads(json.dumps(rec))  # as run.json will hold it (lists, floats)
-
-
-def run_digest(cfg, data_dir: Path, record: dict | None = None) -> str:
-    """The resume key: sha256 (16 hex digits) of :func:`resume_record` (``record``, when already built)."""
-    record = resume_record(cfg, data_dir) if record is None else record
-    return hashlib.sha256(json.dumps(record, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def canonical_key(stored) -> dict | None:
-    """A resume record as stored (checkpoints/run.json ``resume``) under today's rule of what the key holds: its
-    settings filtered again by :func:`study.config.resume_part` (a rule that drops a key, such as another task's
-    fields, leaves a run trained under the older rule reusable), its ``code:`` and ``data:`` digests as they are;
-    None for anything but a JSON object."""
-    if not isinstance(stored, dict):
-        return None
-    return {**resume_part(config_part(stored)), **{k: v for k, v in stored.items() if ":" in k}}
-
-
-def same_key(stored, record: dict) -> bool:
-    """Whether the resume record a run stored is ``record`` under today's rule (:func:`canonical_key`)."""
-    return canonical_key(stored) == record
-
-
-def stored_key(out_dir: Path) -> dict | None:
-    """The resume record a run folder's checkpoints/run.json holds (None: absent or unreadable)."""
-    try:
-        state = json.loads((out_dir / CHECKPOINTS / RUN_JSON).read_text())
-    except (OSError, ValueError):
-        return None
-    return state.get("resume") if isinstance(state, dict) else None
-
-
-class RunBusy(StudyError):
-    """Another process is writing the same run folder."""
-
-
-def run_lock(out_dir: Path):
-    """The run folder's lock (``out_dir/.lock``, an OS file lock: released when its process dies,
-    SIGKILL included).  Acquire with ``timeout=0``-style refusal: see :func:`hold_run_lock`."""
-    from filelock import FileLock
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    return FileLock(str(out_dir / LOCK_FILE), timeout=0)
-
-
-@contextmanager
-def hold_run_lock(out_dir: Path):
-    """Hold :func:`run_lock` for the block; a second holder is refused with :class:`RunBusy`."""
-    from filelock import Timeout
-
-    lock = run_lock(out_dir)
-    try:
-        lock.acquire()
-    except Timeout:
-        raise RunBusy(f"another process is writing {out_dir} (it holds {out_dir / '.lock'}): wait for it to end "
-                      f"or stop it; a different run needs its own folder (study.group=NAME)") from None
-    try:
-        yield lock
-    finally:
-        lock.release()
+from study.runfolder import (CHECKPOINTS, METRICS_FILE, RECORD_FILE, REPLACED, RUN_JSON, RUN_OUTPUTS, LAST_CKPT,
+                             read_result, recorded_settings)
+from study.runner.resume_key import canonical_key, config_part, resume_record, run_digest, same_key
 
 
 def ctrl_c(exc: BaseException) -> bool:
@@ -125,44 +45,6 @@ def end_status(exc: BaseException) -> str:
             return "KILLED"
         e = e.__context__
     return "FAILED"
-
-
-def rescale_loop_state(checkpoint: dict, accum: int) -> None:
-    """Express a checkpoint's Lightning loop progress in this run's micro-batches (in place).
-
-    Lightning counts the fit loop's progress in micro-batches per rank (``epoch_loop.batch_progress``)
-    and decides from it when an optimizer step and an evaluation fall (``ready % accumulation``,
-    ``val_check_interval``).  A run resumed with another accumulation (another world size or
-    micro-batch) would otherwise take its first step on a partial accumulation and every later step
-    across two global batches.  The counters become ``optimizer steps x accum``: the old accumulation is
-    ``total micro-batches / global_step``."""
-    steps = checkpoint.get("global_step", 0)
-    bp = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_loop.batch_progress")
-    if not steps or not bp or not bp.get("total", {}).get("completed"):
-        return
-    old = bp["total"]["completed"] / steps
-    if old == accum:
-        return
-    for part in ("total", "current"):
-        n = round(bp[part]["completed"] / old)  # optimizer steps (all, this epoch)
-        for key in bp[part]:
-            bp[part][key] = n * accum
-
-
-def loop_state_callback(accum: int):
-    from lightning.pytorch.callbacks import Callback
-
-    class RescaleLoopState(Callback):
-        """Calls :func:`rescale_loop_state` on the loaded checkpoint, before Lightning restores its loops."""
-
-        def on_load_checkpoint(self, trainer, pl_module, checkpoint):
-            rescale_loop_state(checkpoint, accum)
-    return RescaleLoopState()
-
-
-def config_part(record: dict) -> dict:
-    """The settings of a resume record (:func:`resume_record`), without its ``code:`` and ``data:`` keys."""
-    return {k: v for k, v in record.items() if ":" not in k}
 
 
 class Replaced:
@@ -351,88 +233,3 @@ def set_aside(out_dir: Path, names: list[str]) -> list[str]:
             moved.append(n)
     (out_dir / CHECKPOINTS).mkdir(parents=True, exist_ok=True)
     return moved
-
-
-def read_resume_checkpoint(resume: Path, wall_clock_key: str) -> tuple[int, float]:
-    """(global step, training seconds of the earlier segments) of the checkpoint a run resumes.
-
-    Raises:
-        StudyError: the checkpoint cannot be loaded (cut short by a kill or a full disk, edited): one
-            line naming it and saying to delete the run's checkpoints; it is never deleted here.
-    """
-    import torch
-
-    try:
-        ckpt = torch.load(resume, map_location="cpu", weights_only=False)
-        step, earlier = int(ckpt["global_step"]), float(ckpt.get(wall_clock_key) or 0.0)
-    except Exception as e:  # noqa: BLE001  (torch raises RuntimeError, EOFError, UnpicklingError ...)
-        why = " ".join(str(e).split())[:120] or type(e).__name__
-        raise StudyError(f"{resume} is unreadable ({type(e).__name__}: {why}): delete {resume.parent} to start "
-                         f"the run afresh") from None
-    return step, earlier
-
-
-def settle_previous_run(uri: str, run_id: str, resuming: bool, state: dict) -> dict:
-    """Put the MLflow run of a run folder's last process in order before this one starts.
-
-    Called by global rank 0 while it holds the folder's lock, so no live process owns ``run_id``:
-    a run still RUNNING died without a word (SIGKILL, power loss) and is marked KILLED with an end time,
-    unless this start resumes it; a resumed run is set RUNNING again.  A resumed run whose MLflow run
-    is gone (another store) gets a new one.  Returns ``state`` (``mlflow_run_id`` dropped if gone)."""
-    from mlflow import MlflowClient
-    from mlflow.exceptions import MlflowException
-
-    client = MlflowClient(tracking_uri=uri)
-    try:
-        info = client.get_run(run_id).info
-    except MlflowException:
-        info = None
-    if info is None:
-        return {k: v for k, v in state.items() if k != "mlflow_run_id"}
-    if resuming:
-        if info.status != "RUNNING":
-            client.update_run(run_id, status="RUNNING")
-    elif info.status == "RUNNING":
-        client.set_terminated(run_id, "KILLED")
-    return state
-
-
-#: the MLflow tag naming a run's folder (absolute), so that a start can find its folder's earlier runs
-RUN_FOLDER_TAG = "run_folder"
-
-
-def run_folder_tag(out_dir: Path) -> str:
-    """The value of :data:`RUN_FOLDER_TAG` for a run folder: its absolute path."""
-    return str(Path(out_dir).resolve())
-
-
-def end_orphaned_runs(client, experiment_id: str, out_dir: Path, keep: str | None = None) -> list[str]:
-    """Mark KILLED (with an end time) every MLflow run of ``out_dir`` (tag :data:`RUN_FOLDER_TAG`) that is
-    still RUNNING, but ``keep`` (the run this start resumes); return their ids.
-
-    Called by global rank 0 while it holds the folder's lock: no live process owns such a run, so it died
-    without a word (SIGKILL, power loss).  :func:`settle_previous_run` does the same from run.json's id; this
-    one still finds the run when run.json is gone (``checkpoints/`` deleted to start afresh, as the error of an
-    unreadable checkpoint advises)."""
-    folder = run_folder_tag(out_dir)
-    found = client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'")
-    ended = [r.info.run_id for r in found if r.data.tags.get(RUN_FOLDER_TAG) == folder and r.info.run_id != keep]
-    for run_id in ended:
-        client.set_terminated(run_id, "KILLED")
-    return ended
-
-
-@contextmanager
-def restore_env(name: str):
-    """Give environment variable ``name`` its value from before the block back after it.  Lightning's
-    MLFlowLogger calls ``mlflow.set_tracking_uri``, which exports MLFLOW_TRACKING_URI to the process: a
-    second run in the same process (or a subprocess it starts) would then take the first run's store
-    for the user's choice (study.runner.tracking.tracking_uri honours the variable)."""
-    before = os.environ.get(name)
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = before

@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import subprocess
 import urllib.parse
+from contextlib import contextmanager
 from pathlib import Path
 
 from study.config import StudyConfig
@@ -220,3 +221,69 @@ def store_lock(root: Path, study: StudyConfig):
     db = (root / study.tracking_db).resolve()
     db.parent.mkdir(parents=True, exist_ok=True)
     return FileLock(str(db) + ".lock", timeout=600)
+
+
+def settle_previous_run(uri: str, run_id: str, resuming: bool, state: dict) -> dict:
+    """Put the MLflow run of a run folder's last process in order before this one starts.
+
+    Called by global rank 0 while it holds the folder's lock, so no live process owns ``run_id``:
+    a run still RUNNING died without a word (SIGKILL, power loss) and is marked KILLED with an end time,
+    unless this start resumes it; a resumed run is set RUNNING again.  A resumed run whose MLflow run
+    is gone (another store) gets a new one.  Returns ``state`` (``mlflow_run_id`` dropped if gone)."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    client = MlflowClient(tracking_uri=uri)
+    try:
+        info = client.get_run(run_id).info
+    except MlflowException:
+        info = None
+    if info is None:
+        return {k: v for k, v in state.items() if k != "mlflow_run_id"}
+    if resuming:
+        if info.status != "RUNNING":
+            client.update_run(run_id, status="RUNNING")
+    elif info.status == "RUNNING":
+        client.set_terminated(run_id, "KILLED")
+    return state
+
+
+#: the MLflow tag naming a run's folder (absolute), so that a start can find its folder's earlier runs
+RUN_FOLDER_TAG = "run_folder"
+
+
+def run_folder_tag(out_dir: Path) -> str:
+    """The value of :data:`RUN_FOLDER_TAG` for a run folder: its absolute path."""
+    return str(Path(out_dir).resolve())
+
+
+def end_orphaned_runs(client, experiment_id: str, out_dir: Path, keep: str | None = None) -> list[str]:
+    """Mark KILLED (with an end time) every MLflow run of ``out_dir`` (tag :data:`RUN_FOLDER_TAG`) that is
+    still RUNNING, but ``keep`` (the run this start resumes); return their ids.
+
+    Called by global rank 0 while it holds the folder's lock: no live process owns such a run, so it died
+    without a word (SIGKILL, power loss).  :func:`settle_previous_run` does the same from run.json's id; this
+    one still finds the run when run.json is gone (``checkpoints/`` deleted to start afresh, as the error of an
+    unreadable checkpoint advises)."""
+    folder = run_folder_tag(out_dir)
+    found = client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'")
+    ended = [r.info.run_id for r in found if r.data.tags.get(RUN_FOLDER_TAG) == folder and r.info.run_id != keep]
+    for run_id in ended:
+        client.set_terminated(run_id, "KILLED")
+    return ended
+
+
+@contextmanager
+def restore_env(name: str):
+    """Give environment variable ``name`` its value from before the block back after it.  Lightning's
+    MLFlowLogger calls ``mlflow.set_tracking_uri``, which exports MLFLOW_TRACKING_URI to the process: a
+    second run in the same process (or a subprocess it starts) would then take the first run's store
+    for the user's choice (study.runner.tracking.tracking_uri honours the variable)."""
+    before = os.environ.get(name)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
