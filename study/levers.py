@@ -24,6 +24,7 @@ from omegaconf import OmegaConf
 
 from study.analysis.runs import RunsError, read_run
 from study.config import ConfigError, load_config, run_dir, run_stage
+from study.config.stage import stage_args
 from study.data import DataError
 from study.data.records import check_prepared, prepared_keys
 from study.orchestration.ensure import ensure_runs
@@ -155,14 +156,9 @@ def _levers(cfg, root: Path, params: str | None, base: list[str] = ()) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    params = None  # --params FILE (DVC's params.yaml): every row's config starts from it, as the stage's does
-    for i, a in enumerate(argv):
-        if a.startswith("--params="):
-            params = a.split("=", 1)[1]
-        elif a == "--params" and i + 1 < len(argv):
-            params = argv[i + 1]
-    # the stage's own overrides reach every row (and every run of it), before the row's own
-    base = [a for i, a in enumerate(argv) if not a.startswith("-") and not (i and argv[i - 1] in ("--params", "--cfg"))]
+    # --params FILE (DVC's params.yaml): every row's config starts from it, as the stage's does; the stage's own
+    # overrides reach every row (and every run of it), before the row's own
+    params, base = stage_args(argv)
     return run_stage(lambda cfg, root: _levers(cfg, root, params, base), argv)
 
 

@@ -30,6 +30,7 @@ from study.analysis.decision import seed_list, seeds_to_train
 from study.analysis.summary import finite_or_null
 from study.analysis.verdict import PLAN, all_seeds, compare_all, comparisons_of, comparison_name
 from study.config import StudyError, run_stage
+from study.config.stage import stage_args
 from study.config.naming import TEST_GROUP, testing_group
 from study.runner.arms import arm_of, tuned_lr
 from study.orchestration.losses import arm_losses
@@ -133,12 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     dry = "--dry-run" in argv
     argv = [a for a in argv if a != "--dry-run"]
-    params = None
-    if "--params" in argv and argv.index("--params") + 1 < len(argv):
-        params = argv[argv.index("--params") + 1]
-    params = next((a.split("=", 1)[1] for a in argv if a.startswith("--params=")), params)
-
-    base = [r for i, r in enumerate(argv) if not r.startswith("-") and not (i and argv[i - 1] == "--params")]
+    params, base = stage_args(argv)
 
     before = params_snapshot(params)  # the values the runs train at: params.yaml as the stage starts
 

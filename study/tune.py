@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 
 from study.config import run_stage
+from study.config.stage import stage_args
 from study.tuning.ladder import tune_ladder
 from study.tuning.search import tune_one
 from study.tuning.table import TUNED_FILE, write_table
@@ -66,18 +67,13 @@ def main(argv: list[str] | None = None) -> int:
     if any(a in ("-h", "--help") for a in rest) or mode is None:
         print(__doc__.strip())
         return 0 if mode is not None or any(a in ("-h", "--help") for a in rest) else 2
-    params = next((r.split("=", 1)[1] for r in rest if r.startswith("--params=")), None)
-    if "--params" in rest:
-        i = rest.index("--params")
-        params = rest[i + 1] if i + 1 < len(rest) else None
+    params, base = stage_args(rest)
     if mode == "arm" and not arm:
         print("error: --arm needs an arm name, e.g. --arm baseline", file=sys.stderr)
         return 2
     if mode == "ladder" and not arm:
         print("error: --ladder needs a model size of conf/model, e.g. --ladder ladder-128", file=sys.stderr)
         return 2
-
-    base = [r for i, r in enumerate(rest) if not r.startswith("-") and not (i and rest[i - 1] == "--params")]
 
     def body(cfg, root: Path) -> int:
         if mode == "arm":

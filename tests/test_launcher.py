@@ -184,7 +184,7 @@ def test_the_local_launcher_gives_each_training_its_gpu_slot(tmp_path, monkeypat
     probe = ("import os, sys, time; d = sys.argv[1]; os.makedirs(d, exist_ok=True); "
              "open(os.path.join(d, 'gpu'), 'w').write(os.environ['CUDA_VISIBLE_DEVICES'] + ' ' + str(time.time())); "
              "time.sleep(1.5); open(os.path.join(d, 'end'), 'w').write(str(time.time()))")
-    monkeypatch.setattr(launch_module, "train_command", lambda params, overrides: [sys.executable, "-c", probe,
+    monkeypatch.setattr(launch_module, "train_argv", lambda params, overrides: [sys.executable, "-c", probe,
                                                                                      overrides[0]])
     runs = [tmp_path / f"run{i}" for i in range(6)]
     todo = [(d, [str(d)]) for d in runs]

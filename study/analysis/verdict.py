@@ -196,7 +196,8 @@ def check_arm_run(cfg, root: Path, name: str, seed: int, run: dict) -> None:
         RunsError: one line naming the run, the first setting that differs, the command that re-trains it and
             `dvc repro -f test_runs` (which a dvc.lock written for params.yaml's new values needs).
     """
-    from study.analysis.runs import train_command, train_hint_overrides
+    from study.analysis.runs import train_hint_overrides
+    from study.runfolder import train_command
 
     settings = run["settings"]
     got = {**settings, "lr": run.get("lr")}

@@ -26,6 +26,17 @@ def _usage(body, root: Path | None) -> str:
     return "\n".join(lines)
 
 
+def stage_args(argv: list[str]) -> tuple[str | None, list[str]]:
+    """A stage's ``--params FILE`` and its key=value overrides, as :func:`run_stage` reads the same command line (the
+    stage's own options, such as ``--dry-run``, taken out first).  A malformed line gives (None, []): run_stage then
+    refuses it in one line."""
+    try:
+        opts, rest = _parse_argv(argv)
+    except ConfigError:
+        return None, []
+    return opts["params"], rest
+
+
 def _parse_argv(argv: list[str]) -> tuple[dict, list[str]]:
     opts = {"help": False, "cfg": None, "multirun": False, "params": None}
     rest, it = [], iter(argv)

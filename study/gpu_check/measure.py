@@ -246,7 +246,7 @@ class Runner:
         t = self.p["train"]
         # the run's result: record.json (status, steps, ids) beside metrics.json (the numbers DVC shows)
         metrics = {**json.loads((run / "record.json").read_text()), **json.loads((run / "metrics.json").read_text())}
-        curve = read_curve(run / "curve.csv")
+        curve = curve_points(run / "curve.csv")
         per_step = t["batch_tokens"] // self.block_size()
         done = resume_step * per_step
         overlap = max(0, min(len(first) - done, len(resumed)))
@@ -361,7 +361,9 @@ def _windows(folder: Path) -> list[int]:
     return [int(x) for x in f.read_text().split()] if f.is_file() else []
 
 
-def read_curve(path: Path) -> list[dict]:
+def curve_points(path: Path) -> list[dict]:
+    """A run's curve.csv as rows of numbers (step and tokens as int), unchecked: this driver runs before the image has
+    the study's own dependencies, so it reads the file itself rather than through study.runfolder."""
     import csv
 
     with open(path) as f:

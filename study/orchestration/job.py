@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 
-def train_command(params: str | None, overrides: list[str]) -> list[str]:
+def train_argv(params: str | None, overrides: list[str]) -> list[str]:
     """The training's command line (``trainer.progress_bar=false``: its lines go to a log, not a terminal)."""
     return [sys.executable, "-m", "study.train", *(["--params", str(params)] if params else []), *overrides,
             "trainer.progress_bar=false"]
@@ -41,7 +41,7 @@ class TrainJob:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([self.root, *[p for p in [env.get("PYTHONPATH")] if p]])
         env.pop("STUDY_PARENT_PID", None)  # a SLURM job outlives the stage that submitted it
-        proc = subprocess.Popen(train_command(self.params, list(overrides)), cwd=self.root, env=env,
+        proc = subprocess.Popen(train_argv(self.params, list(overrides)), cwd=self.root, env=env,
                                 preexec_fn=_ignore_usr2)
         try:
             rc = proc.wait()

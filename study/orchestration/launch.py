@@ -34,7 +34,7 @@ from study.config import StudyError
 from study.config.launcher import gpu_slots, resolve_launcher
 from study.config.signals import Killed
 from study.orchestration.arrays import ACTIVE, check_commands, drop_if_ended, squeue_tasks, write_record
-from study.orchestration.job import TrainJob, log_path, train_command
+from study.orchestration.job import TrainJob, log_path, train_argv
 from study.orchestration.live_line import StageLine, queue_words, run_outcome
 
 #: the environment variable that tells a training the pid of the stage it must die with (study.runner.world)
@@ -104,7 +104,7 @@ class LocalLauncher:
                 if self.stopping.is_set():
                     return None
                 with open(log, "wb") as f:  # the latest attempt's lines
-                    proc = subprocess.Popen(train_command(self.params, overrides), cwd=self.root, env=env, stdout=f,
+                    proc = subprocess.Popen(train_argv(self.params, overrides), cwd=self.root, env=env, stdout=f,
                                             stderr=subprocess.STDOUT)
                 self.live[d] = proc
             try:
