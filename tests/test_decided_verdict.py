@@ -369,6 +369,7 @@ def test_study_pairs_pick_the_comparisons_and_only_their_arms_get_more_seeds(nan
         load_config([], nano_project, params=str(params))
 
 
+@pytest.mark.slow  # the test and compare stages on faked trainings (~8 s)
 def test_an_arm_that_diverges_on_every_seed_is_named_in_its_verdict(nano_project, tmp_path, monkeypatch, fake_train):
     from study.compare import main as compare
     from study.test_runs import main as verdict
@@ -388,6 +389,7 @@ def test_an_arm_that_diverges_on_every_seed_is_named_in_its_verdict(nano_project
     assert "| wild | nonlinear_q | - | 0.05 | fixed | - | 0 (+5 diverged) |" in md
 
 
+@pytest.mark.slow  # the test and compare stages on faked trainings (~13 s)
 def test_the_report_prices_the_nonlinear_query_on_the_baseline_familys_frontier(nano_project, tmp_path, monkeypatch,
                                                                                  fake_train):
     """decomposition.family (three MLP widths of the baseline) and decomposition.worth: summary.json's frontier is the

@@ -114,6 +114,7 @@ def test_the_live_line_does_not_count_a_launched_runs_old_result(tmp_path):
     assert line.text().startswith("test: 2/3 runs (0 lost)")
 
 
+@pytest.mark.slow  # three stages' dry runs, each a process (~20 s)
 def test_dry_run_prints_the_array_and_its_gpu_hours_and_trains_nothing(nano_project, tmp_path):
     from tests.test_compare_checks import study_params
 

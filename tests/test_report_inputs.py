@@ -107,6 +107,7 @@ def test_the_test_runs_of_another_task_are_refused_by_task_not_by_position(tmp_p
     assert "`python -m study.compare --params params.yaml task=mlm`" in msg, msg
 
 
+@pytest.mark.slow  # the test stage twice and compare twice, on faked trainings (~50 s)
 def test_params_changed_while_the_test_stage_ran_fails_it_and_compare_names_the_way_out(tmp_path, monkeypatch, capsys):
     """conf/ edited and `make params` run while the test stage trained: the stage used to end well, so dvc.lock
     recorded the new values for runs trained at the old ones and every later `dvc repro` skipped it, while compare
