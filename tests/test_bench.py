@@ -51,7 +51,7 @@ def test_gpu_peak_is_the_dense_datasheet_figure(monkeypatch, name, peak):
     "NVIDIA H200") and lists with sparse figures; the H200 SXM's dense bf16 peak is the H100 SXM's."""
     from lightning.fabric.utilities.throughput import get_available_flops
 
-    from study.modeling.lit_module import peak_flops
+    from study.runner.throughput import peak_flops
 
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: name)
     assert peak_flops(torch.device("cuda"), "bf16-mixed") == pytest.approx(peak)

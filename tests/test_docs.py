@@ -212,9 +212,9 @@ def test_named_functions_are_found():
     from tests.test_references import modules
 
     mods = modules()
-    text = ("`study/runner/tracking.py` `NOT_RUN_SHAPING`, `peak_flops` in `study/modeling/lit_module.py`, `browser_check.check()`,"
+    text = ("`study/runner/tracking.py` `NOT_RUN_SHAPING`, `peak_flops` in `study/runner/throughput.py`, `browser_check.check()`,"
             " `torch.manual_seed()`, `tracking.gone()`")
-    assert named_functions(text, mods) == ["study.runner.tracking.NOT_RUN_SHAPING", "study.modeling.lit_module.peak_flops",
+    assert named_functions(text, mods) == ["study.runner.tracking.NOT_RUN_SHAPING", "study.runner.throughput.peak_flops",
                                            "study.mlflow_ui.browser_check.check", "study.runner.tracking.gone"]
 
 

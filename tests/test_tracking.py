@@ -154,10 +154,10 @@ def test_mfu_comes_from_lightnings_throughput_monitor(run_in, tmp_path, monkeypa
     and the monitor switched on for a CPU run: MFU = tokens/s x training FLOPs per token / peak."""
     import lightning.pytorch.callbacks.throughput_monitor as tm
 
-    import study.modeling.lit_module
+    import study.runner.throughput
 
     monkeypatch.setattr(tm, "get_available_flops", lambda device, dtype: 10 ** 12)
-    monkeypatch.setattr(study.modeling.lit_module, "wants_throughput_monitor", lambda trainer_cfg: True)
+    monkeypatch.setattr(study.runner.throughput, "wants_throughput_monitor", lambda trainer_cfg: True)
     m = run_in("variant=baseline", "seed=1", "train.log_every=1")
     run = _client(tmp_path / "mlruns.db").get_run(m["mlflow_run_id"])
     got = run.data.metrics

@@ -54,67 +54,6 @@ def in_context_gain(position_loss: list[float]) -> float:
     return sum(position_loss[:EARLY_POSITIONS]) / EARLY_POSITIONS - sum(late) / len(late)
 
 
-H200_SXM_DENSE = {torch.bfloat16: 989.4e12, torch.float16: 989.4e12}  # FLOP/s, the H100 SXM's tensor cores
-
-
-def peak_flops(device: torch.device, precision: str) -> float | None:
-    """Peak FLOP/s of one device, for MFU.
-
-    GPUs/TPUs: Lightning's table of datasheet dense peaks
-    (``lightning.fabric.utilities.throughput.get_available_flops``; e.g. H100 SXM bf16
-    989.4 TFLOP/s, A100 bf16 312 TFLOP/s, per the NVIDIA datasheets), except the H200 SXM, which
-    Lightning 2.6 does not match (torch names it "NVIDIA H200") and lists with its sparse figures:
-    :data:`H200_SXM_DENSE` (the H200 datasheet's dense bf16/fp16 989 TFLOP/s).  CPUs: measured here,
-    the best of five 1024^3 fp32 matrix products with torch's threads, for ``study.bench`` only, which
-    states the method beside its figures: training runs log no MFU on CPUs (a peak timed on a shared
-    machine is not a stable figure; one run logged MFU 1.06 against it).
-    """
-    if device.type != "cpu":
-        from lightning.fabric.utilities.throughput import get_available_flops
-        dtype = torch.bfloat16 if "bf16" in str(precision) else (torch.float16 if "16" in str(precision) else torch.float32)
-        name = torch.cuda.get_device_name(device).lower() if device.type == "cuda" else ""
-        if "h200" in name and "nvl" not in name and dtype in H200_SXM_DENSE:
-            return H200_SXM_DENSE[dtype]
-        return get_available_flops(device, dtype)
-    a = torch.randn(1024, 1024)
-    a @ a
-    best = math.inf
-    for _ in range(5):
-        t = time.perf_counter()
-        a @ a
-        best = min(best, time.perf_counter() - t)
-    return 2 * 1024 ** 3 / best
-
-
-def wants_throughput_monitor(trainer_cfg) -> bool:
-    """Whether a run gets :func:`throughput_monitor`: on GPUs/TPUs, where a datasheet peak exists."""
-    return trainer_cfg.accelerator != "cpu"
-
-
-def throughput_monitor(window: int):
-    """Lightning's ThroughputMonitor for a GPU run: logs ``train/device/items_per_sec`` (tokens/s per
-    device), ``train/device/flops_per_sec`` and ``train/device/mfu`` (model FLOPs utilisation: achieved
-    training FLOP/s per device over the device's datasheet peak, :func:`peak_flops`), rolling over
-    ``window`` micro-batches, with the module's :attr:`GPTModule.flops_per_batch`."""
-    from lightning.pytorch.callbacks import ThroughputMonitor
-
-    class Monitor(ThroughputMonitor):
-        def setup(self, trainer, pl_module, stage):
-            super().setup(trainer, pl_module, stage)  # Lightning's own peak table ...
-            device = trainer.strategy.root_device
-            peak = peak_flops(device, trainer.precision) if device.type != "cpu" else None  # ... with the H200's
-            if peak:
-                self.available_flops = peak
-                for throughput in self._throughputs.values():
-                    throughput.available_flops = peak
-
-    def tokens(b):  # a training batch (B, block_size + 1), or a validation batch (tokens, corpus index)
-        return b[0] if isinstance(b, (list, tuple)) else b
-
-    return Monitor(batch_size_fn=lambda b: tokens(b).shape[0],
-                   length_fn=lambda b: tokens(b).shape[0] * (tokens(b).shape[1] - 1), window_size=max(2, window))
-
-
 class GPTModule(pl.LightningModule):
     """Trains :class:`study.modeling.model.GPT` on batches of (B, block_size + 1) token ids.
 
@@ -221,12 +160,6 @@ class GPTModule(pl.LightningModule):
         total, count = self.trainer.strategy.reduce(stats, reduce_op="sum").tolist()
         self._step_loss, self._step_micro = None, 0
         return total / count
-
-    def on_fit_start(self) -> None:
-        # GPUs only (no MFU on CPUs, see peak_flops); MFU itself is logged by the ThroughputMonitor
-        self.peak_flops = peak_flops(self.device, self.trainer.precision) if self.device.type != "cpu" else None
-        if self.peak_flops and self.logger is not None:
-            self.logger.log_metrics({"peak_flops": self.peak_flops}, step=0)
 
     def on_train_start(self) -> None:
         self._last_step, self._step_loss, self._step_micro = self.trainer.global_step, None, 0

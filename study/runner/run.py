@@ -252,7 +252,8 @@ def build_run(plan: Plan, run: OpenRun) -> tuple:
     import lightning.pytorch as pl
     from lightning.pytorch.callbacks import ModelCheckpoint, ProgressBar
 
-    from study.modeling.lit_module import GPTModule, throughput_monitor, wants_throughput_monitor
+    from study.modeling.lit_module import GPTModule
+    from study.runner.throughput import throughput_monitor, wants_throughput_monitor
     from study.runner.logs import progress_callback
 
     cfg, steps, accum = plan.cfg, plan.steps, plan.accum

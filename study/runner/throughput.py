@@ -1,4 +1,6 @@
-"""Training throughput of one configuration: a plain PyTorch loop and the same step under Lightning.
+"""Training throughput and MFU: a device's peak FLOP/s (:func:`peak_flops`), the ThroughputMonitor a GPU run logs
+MFU with (:func:`throughput_monitor`), and the bench's two loops, a plain PyTorch loop and the same step under
+Lightning.
 
 Both loops train the chosen model on random tokens (forward, backward, AdamW, clipping) for
 ``steps`` timed steps after :data:`WARMUP` untimed ones (compilation included there);
@@ -8,6 +10,7 @@ makes one row of ``python -m study.bench`` of them (medians, ranges, MFU, peak G
 from __future__ import annotations
 
 import gc
+import math
 import statistics
 import time
 
@@ -53,11 +56,9 @@ def _peak_memory(device: str, before: int) -> int | None:
 
 def device_peak_flops(device: str, precision: str) -> tuple[float | None, str]:
     """(peak FLOP/s of one device for this precision, where the figure comes from):
-    ``study.modeling.lit_module.peak_flops`` (GPUs: NVIDIA's dense datasheet figures, through Lightning's table or,
-    for the H200 that Lightning misses, ``study.modeling.lit_module.H200_SXM_DENSE``; CPUs: a measured 1024^3 fp32
-    matrix product); None when the GPU is unknown."""
-    from study.modeling.lit_module import peak_flops
-
+    :func:`peak_flops` (GPUs: NVIDIA's dense datasheet figures, through Lightning's table or, for the H200 that
+    Lightning misses, :data:`H200_SXM_DENSE`; CPUs: a measured 1024^3 fp32 matrix product); None when the GPU is
+    unknown."""
     if device != "cuda":
         return peak_flops(torch.device("cpu"), precision), "measured fp32 matmul (1024^3)"
     return peak_flops(torch.device("cuda"), precision), f"datasheet dense peak of {torch.cuda.get_device_name()}"
@@ -181,3 +182,66 @@ def bf16_fast() -> bool:
             a @ a
         return time.perf_counter() - s
     return t(a16) <= t(a32)
+
+
+H200_SXM_DENSE = {torch.bfloat16: 989.4e12, torch.float16: 989.4e12}  # FLOP/s, the H100 SXM's tensor cores
+
+
+def peak_flops(device: torch.device, precision: str) -> float | None:
+    """Peak FLOP/s of one device, for MFU.
+
+    GPUs/TPUs: Lightning's table of datasheet dense peaks
+    (``lightning.fabric.utilities.throughput.get_available_flops``; e.g. H100 SXM bf16
+    989.4 TFLOP/s, A100 bf16 312 TFLOP/s, per the NVIDIA datasheets), except the H200 SXM, which
+    Lightning 2.6 does not match (torch names it "NVIDIA H200") and lists with its sparse figures:
+    :data:`H200_SXM_DENSE` (the H200 datasheet's dense bf16/fp16 989 TFLOP/s).  CPUs: measured here,
+    the best of five 1024^3 fp32 matrix products with torch's threads, for ``study.bench`` only, which
+    states the method beside its figures: training runs log no MFU on CPUs (a peak timed on a shared
+    machine is not a stable figure; one run logged MFU 1.06 against it).
+    """
+    if device.type != "cpu":
+        from lightning.fabric.utilities.throughput import get_available_flops
+        dtype = torch.bfloat16 if "bf16" in str(precision) else (torch.float16 if "16" in str(precision) else torch.float32)
+        name = torch.cuda.get_device_name(device).lower() if device.type == "cuda" else ""
+        if "h200" in name and "nvl" not in name and dtype in H200_SXM_DENSE:
+            return H200_SXM_DENSE[dtype]
+        return get_available_flops(device, dtype)
+    a = torch.randn(1024, 1024)
+    a @ a
+    best = math.inf
+    for _ in range(5):
+        t = time.perf_counter()
+        a @ a
+        best = min(best, time.perf_counter() - t)
+    return 2 * 1024 ** 3 / best
+
+
+def wants_throughput_monitor(trainer_cfg) -> bool:
+    """Whether a run gets :func:`throughput_monitor`: on GPUs/TPUs, where a datasheet peak exists."""
+    return trainer_cfg.accelerator != "cpu"
+
+
+def throughput_monitor(window: int):
+    """Lightning's ThroughputMonitor for a GPU run: logs ``train/device/items_per_sec`` (tokens/s per
+    device), ``train/device/flops_per_sec`` and ``train/device/mfu`` (model FLOPs utilisation: achieved
+    training FLOP/s per device over the device's datasheet peak, :func:`peak_flops`), rolling over
+    ``window`` micro-batches, with the module's :attr:`GPTModule.flops_per_batch`."""
+    from lightning.pytorch.callbacks import ThroughputMonitor
+
+    class Monitor(ThroughputMonitor):
+        def setup(self, trainer, pl_module, stage):
+            super().setup(trainer, pl_module, stage)  # Lightning's own peak table ...
+            device = trainer.strategy.root_device
+            peak = peak_flops(device, trainer.precision) if device.type != "cpu" else None  # ... with the H200's
+            if peak:
+                self.available_flops = peak
+                for throughput in self._throughputs.values():
+                    throughput.available_flops = peak
+                if trainer.logger is not None:  # the peak MFU is measured against, once
+                    trainer.logger.log_metrics({"peak_flops": peak}, step=0)
+
+    def tokens(b):  # a training batch (B, block_size + 1), or a validation batch (tokens, corpus index)
+        return b[0] if isinstance(b, (list, tuple)) else b
+
+    return Monitor(batch_size_fn=lambda b: tokens(b).shape[0],
+                   length_fn=lambda b: tokens(b).shape[0] * (tokens(b).shape[1] - 1), window_size=max(2, window))
