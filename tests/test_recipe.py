@@ -217,7 +217,7 @@ def schedule_cfg(schedule: str, **train) -> RunConfig:
 
 
 def test_d2z_decays_linearly_to_exactly_zero():
-    from study.config import lr_at
+    from study.modeling.lr_schedule import lr_at
 
     cfg = schedule_cfg("d2z")  # 20 steps, 4 warmup
     lrs = [lr_at(cfg, s) for s in range(21)]
@@ -229,7 +229,7 @@ def test_d2z_decays_linearly_to_exactly_zero():
 
 
 def test_wsd_holds_then_decays_to_zero():
-    from study.config import lr_at
+    from study.modeling.lr_schedule import lr_at
 
     cfg = schedule_cfg("wsd", decay_fraction=0.25)  # 20 steps: warmup 4, stable to 15, decay over the last 5
     lrs = [lr_at(cfg, s) for s in range(21)]
@@ -241,7 +241,7 @@ def test_wsd_holds_then_decays_to_zero():
 def test_cosine_is_todays_schedule_and_the_module_uses_lr_at():
     import math
 
-    from study.config import lr_at
+    from study.modeling.lr_schedule import lr_at
     from study.modeling.lit_module import GPTModule
 
     cfg = schedule_cfg("cosine")

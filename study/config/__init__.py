@@ -7,7 +7,7 @@ The YAML stays plain data; this package gives it types, defaults and checks:
     hydra_errors.py  Hydra's and OmegaConf's errors as one-line ConfigErrors (closest key, YAML line)
     stage.py       the stage runner of every ``python -m study.NAME``: --help, --cfg job, -m, --params
     validation.py  the checks beyond types (one-line ConfigError naming the key and the fix)
-    schedule.py    seeds, micro-batches, step budget and learning-rate schedule of a run
+    schedule.py    seeds, micro-batches, step budget and peak lr of a run (the schedule per step: modeling)
     naming.py      run names and folders, the flattened config and the resume key
     signals.py     SIGTERM as an exception (Killed), for training and prepare
     store.py       where the MLflow store is (MLFLOW_TRACKING_URI or study.tracking_db), checked
@@ -19,8 +19,7 @@ from .compose import NAMED_GROUPS, PARAMS_FILE, available, composed_params, load
 from .hydra_errors import GRAMMAR
 from .naming import (NOT_IN_RESUME_KEY, config_hash, diff_keys, flatten, own_task_fields, resume_config, resume_part,
                      run_dir, run_label, run_name, to_dict)
-from .schedule import (SCHEDULE_FUNCTIONS, cosine_lr, d2z_lr, lr_at, max_steps, micro_batches, peak_lr, run_seeds,
-                       wsd_lr)
+from .schedule import max_steps, micro_batches, peak_lr, run_seeds
 from .schema import (ACTIVATIONS, CONTEXTS, GROUPS, PRECISIONS, PROJECTION_MODES, QK_NORMS, SCHEDULES, SCHEMA_NAME, TOKENIZERS, VERDICT_SECTIONS,
                      ConfigError, DataConfig, ModelConfig, RunConfig, ScaleLadderConfig, StudyConfig, StudyError,
                      TrainConfig, TrainerConfig, VariantConfig, register)

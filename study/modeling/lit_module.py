@@ -24,9 +24,10 @@ import torch
 import torch.nn.functional as F
 from torchmetrics.aggregation import MeanMetric
 
-from study.config import RunConfig, lr_at, peak_lr, run_seeds
+from study.config import RunConfig, peak_lr, run_seeds
 from study.modeling.diagnostics import curve_diagnostics, diagnostics
 from study.modeling.accounting import flops_per_token, param_counts
+from study.modeling.lr_schedule import lr_at
 from study.modeling.model import GPT
 from study.tasks import configured_rows, get_task
 from study.tasks.common import scored
@@ -319,7 +320,7 @@ class GPTModule(pl.LightningModule):
     # -- optimisation ------------------------------------------------------------------------------
     def lr_at(self, step: int) -> float:
         """Learning rate used at optimizer step ``step``: warmup, then ``train.schedule`` (cosine to
-        min_lr, d2z, wsd; :func:`study.config.lr_at`), in steps."""
+        min_lr, d2z, wsd; :func:`study.modeling.lr_schedule.lr_at`), in steps."""
         return lr_at(self.cfg, step, self.lr, self.min_lr)
 
     def configure_optimizers(self):

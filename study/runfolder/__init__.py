@@ -72,10 +72,11 @@ STUDY = Path(__file__).resolve().parent.parent  # the study package
 
 def code_files() -> list[str]:
     """The training code a run's numbers depend on, relative to study/: modeling/model.py, modeling/accounting.py
-    (the parameter and FLOP counts a run records), modeling/lit_module.py, modeling/diagnostics.py (what curve.csv's
-    diagnostics mean) and every module of the data and tasks packages (``data/*.py``, ``tasks/*.py``, sorted), so
-    that the digests are the same on every machine."""
-    return ["modeling/model.py", "modeling/accounting.py", "modeling/lit_module.py", "modeling/diagnostics.py",
+    (the parameter and FLOP counts a run records), modeling/lit_module.py, modeling/lr_schedule.py,
+    modeling/diagnostics.py (what curve.csv's diagnostics mean) and every module of the data and tasks packages
+    (``data/*.py``, ``tasks/*.py``, sorted), so that the digests are the same on every machine."""
+    return ["modeling/model.py", "modeling/accounting.py", "modeling/lit_module.py", "modeling/lr_schedule.py",
+            "modeling/diagnostics.py",
             *sorted(p.relative_to(STUDY).as_posix() for pkg in ("data", "tasks") for p in (STUDY / pkg).glob("*.py"))]
 
 
