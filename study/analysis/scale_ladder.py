@@ -11,7 +11,7 @@ from pathlib import Path
 
 from study.analysis.pairing import check
 from study.analysis.runs import RunsError, final_losses, load_runs, lost_points
-from study.analysis.stats import effect_trend, fit_power_law, mean_ci, not_fitted, parameter_multiplier, verdict
+from study.analysis.stats import effect_trend, fit_power_law, mean_ci, not_fitted, parameter_multiplier, vs_baseline
 
 LADDER = "scale_ladder"
 
@@ -57,7 +57,7 @@ def ladder_size(cfg, model: str, runs: dict[str, dict[int, dict]]) -> dict:
                                "diverged": lost_points(r)}
     size["non_embedding_params"] = size["variants"][base]["non_embedding_params"]
     size["tokens"] = size["variants"][base]["tokens"]
-    size["vs_baseline"] = verdict(ok, base)
+    size["vs_baseline"] = vs_baseline(ok, base)
     return size
 
 

@@ -272,7 +272,7 @@ def parameter_multiplier(family: dict[int, dict[int, float]], variant: dict[int,
     return out
 
 
-def verdict(ok: dict[str, dict[int, float]], base: str) -> dict[str, dict]:
+def vs_baseline(ok: dict[str, dict[int, float]], base: str) -> dict[str, dict]:
     """Every variant of ``ok`` ({variant: {seed: val_loss}}) against ``base``, paired by seed
     (:func:`paired`), with Benjamini-Hochberg adjusted p-values ("p_value_bh") over the variants."""
     out = {v: paired(ok[v], ok[base]) for v in ok if v != base}

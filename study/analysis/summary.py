@@ -16,7 +16,7 @@ from study.analysis.pairing import comparable, shared_settings
 from study.analysis.runs import final_losses, lost_points
 from study.analysis.verdict import accuracy, verdict_report as decided
 from study.analysis.stats import (MIN_FIT_SIZES, fit_power_law, mean_ci, not_fitted, paired, parameter_multiplier,
-                                  safe_exp, verdict)
+                                  safe_exp, vs_baseline)
 
 
 def in_family(variant: str, base_name: str) -> bool:
@@ -41,7 +41,7 @@ def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path, profiles_too: b
     mean nats} or None, "attn_logit_max" (:func:`attn_logit_max`), the mlm and mqar tasks' accuracy
     (:func:`study.analysis.verdict.accuracy`: "val_accuracy_mean", "val_accuracy_sd", "val_accuracy_ci95"),
     "diverged" {seed: {"step", "reason"}} (the lost points: left out of every mean and test, listed in the
-    report)}}, "vs_baseline" (:func:`verdict`: paired t, BH,
+    report)}}, "vs_baseline" (:func:`study.analysis.stats.vs_baseline`: paired t, BH,
     power), "frontier" (:func:`frontier`), "yardsticks" (:func:`study_yardsticks`), "per_corpus"
     (:func:`per_corpus`), "scale_ladder" (the profile, read from its run folders; None
     while off or with ``profiles_too=False``), "verdict" (the decided verdict of study.arms,
@@ -70,7 +70,7 @@ def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path, profiles_too: b
     settings = recorded_settings(runs)
     return {"study": cfg.study.name, "task": cfg.task.name, "baseline": base_name, "seeds": list(cfg.study.seeds),
             "settings": settings,
-            "variants": variants, "vs_baseline": verdict(ok, base_name) if base_name in ok else {},
+            "variants": variants, "vs_baseline": vs_baseline(ok, base_name) if base_name in ok else {},
             "frontier": frontier(base_name, ok, variants),
             "yardsticks": study_yardsticks(cfg, root, runs, settings),
             "per_corpus": per_corpus(runs, base_name),
