@@ -46,46 +46,42 @@ def task_section(table: dict) -> dict:
     return {"lr": lrs, "recipe": {k: table["arms"][k]["recipe"] for k in lrs if table["arms"][k].get("recipe")}}
 
 
-def tuned_tasks(path: Path) -> dict:
-    """``tuned.task`` of the tuned file at ``path`` ({} when the file or the section is missing)."""
-    import yaml
-
-    try:
-        return dict((yaml.safe_load(path.read_text()) or {}).get("tuned", {}).get("task") or {})
-    except (OSError, ValueError, AttributeError, yaml.YAMLError):
-        return {}
-
-
-def read_tuned(path: Path) -> dict:
-    """The arms of the tuned file at ``path`` as tuned_yaml's table rows ({arm: {lr_star, recipe}})."""
+def tuned_section(path: Path) -> dict:
+    """The ``tuned`` mapping of the tuned file at ``path`` ({} when the file is missing, unreadable or holds none)."""
     import yaml
 
     try:
         t = (yaml.safe_load(path.read_text()) or {}).get("tuned", {}) or {}
     except (OSError, ValueError, AttributeError, yaml.YAMLError):
         return {}
-    rec = t.get("recipe") or {}
-    return {k: {"lr_star": float(v), "recipe": rec.get(k)} for k, v in (t.get("lr") or {}).items()}
+    return t if isinstance(t, dict) else {}
+
+
+def _entry(path: Path, key: str) -> dict:
+    """``tuned.KEY`` of the tuned file at ``path`` as a dict ({} when missing or not a mapping)."""
+    x = tuned_section(path).get(key)
+    return dict(x) if isinstance(x, dict) else {}
+
+
+def tuned_tasks(path: Path) -> dict:
+    """``tuned.task`` of the tuned file at ``path`` ({} when the file or the section is missing)."""
+    return _entry(path, "task")
+
+
+def read_tuned(path: Path) -> dict:
+    """The arms of the tuned file at ``path`` as tuned_yaml's table rows ({arm: {lr_star, recipe}})."""
+    rec = _entry(path, "recipe")
+    return {k: {"lr_star": float(v), "recipe": rec.get(k)} for k, v in _entry(path, "lr").items()}
 
 
 def tuned_sizes(path: Path) -> dict:
     """``tuned.size`` of the tuned file at ``path`` ({} when the file or the section is missing)."""
-    import yaml
-
-    try:
-        return dict((yaml.safe_load(path.read_text()) or {}).get("tuned", {}).get("size") or {})
-    except (OSError, ValueError, AttributeError, yaml.YAMLError):
-        return {}
+    return _entry(path, "size")
 
 
 def tuned_size_recipes(path: Path) -> dict:
     """``tuned.size_recipe`` of the tuned file at ``path`` ({} when the file or the section is missing)."""
-    import yaml
-
-    try:
-        return dict((yaml.safe_load(path.read_text()) or {}).get("tuned", {}).get("size_recipe") or {})
-    except (OSError, ValueError, AttributeError, yaml.YAMLError):
-        return {}
+    return _entry(path, "size_recipe")
 
 
 def check_tuned(cfg, root: Path) -> None:
