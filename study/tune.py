@@ -32,8 +32,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from study.config import run_stage
-from study.config.stage import stage_args
+from study.config import ConfigError, run_stage
+from study.config.stage import StageParser, stage_args
 from study.tuning.ladder import tune_ladder
 from study.tuning.search import tune_one
 from study.tuning.table import TUNED_FILE, write_table
@@ -46,41 +46,40 @@ def targets(cfg) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    mode, arm, rest, dry = None, None, [], False
-    it = iter(argv)
-    for a in it:
-        if a == "--arm" or a.startswith("--arm="):
-            arm = a.split("=", 1)[1] if "=" in a else next(it, None)
-            mode = "arm"
-        elif a == "--ladder" or a.startswith("--ladder="):
-            arm = a.split("=", 1)[1] if "=" in a else next(it, None)
-            if arm is not None and arm.startswith("-"):  # `--ladder --params ...`: the model is missing
-                rest.append(arm)
-                arm = None
-            mode = "ladder"
-        elif a in ("--write", "--targets"):
-            mode = a[2:]
-        elif a == "--dry-run":
-            dry = True
-        else:
-            rest.append(a)
-    if any(a in ("-h", "--help") for a in rest) or mode is None:
+    if any(a in ("-h", "--help") for a in argv):
         print(__doc__.strip())
-        return 0 if mode is not None or any(a in ("-h", "--help") for a in rest) else 2
+        return 0
+    parser = StageParser("python -m study.tune")
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument("--arm", metavar="NAME")
+    modes.add_argument("--ladder", metavar="MODEL")
+    modes.add_argument("--write", action="store_true")
+    modes.add_argument("--targets", action="store_true")
+    parser.add_argument("--dry-run", action="store_true")
+    needs = {"--arm": "--arm needs an arm name, e.g. --arm baseline",
+             "--ladder": "--ladder needs a model size of conf/model, e.g. --ladder ladder-128"}
+    try:
+        for i, a in enumerate(argv):  # `--arm --dry-run`: the name is missing, not an arm called --dry-run
+            if a in needs and (i + 1 == len(argv) or argv[i + 1].startswith("-")):
+                parser.error(needs[a])
+        args, rest = parser.parse_known_args(argv)
+        mode = next((m for m in ("arm", "ladder", "write", "targets") if getattr(args, m) not in (None, False)), None)
+        if mode is None:
+            parser.error("name what to do: --arm NAME, --write, --targets or --ladder MODEL")
+        if args.dry_run and mode != "arm":
+            parser.error("--dry-run goes with --arm NAME (the arrays that arm's tuning would submit)")
+        arm = args.arm or args.ladder
+        if not arm and mode in ("arm", "ladder"):
+            parser.error(needs[f"--{mode}"])
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     params, base = stage_args(rest)
-    if mode == "arm" and not arm:
-        print("error: --arm needs an arm name, e.g. --arm baseline", file=sys.stderr)
-        return 2
-    if mode == "ladder" and not arm:
-        print("error: --ladder needs a model size of conf/model, e.g. --ladder ladder-128", file=sys.stderr)
-        return 2
+    dry = args.dry_run
 
     def body(cfg, root: Path) -> int:
         if mode == "arm":
             tune_one(cfg, root, arm, params, base, dry=dry)
-        elif dry:
-            print("error: --dry-run goes with --arm NAME (the arrays that arm's tuning would submit)", file=sys.stderr)
-            return 2
         elif mode == "ladder":
             tune_ladder(cfg, root, arm, params, base)
         elif mode == "write":

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 
 from study.config import ConfigError, load_config, project_root
+from study.config.stage import StageParser
 from study.mlflow_ui.browser_check import CHROMIUM, check, chromium
 from study.mlflow_ui.server import HOST, experiment_id, runs_url, start, stop, study_runs
 from study.config.store import tracking_uri
@@ -37,9 +38,9 @@ def _port(text: str) -> int:
     try:
         n = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number: give one in 1-65535") from None
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number: give one in 1-65535 (--port or UI_PORT)") from None
     if not 1 <= n <= 65535:
-        raise argparse.ArgumentTypeError(f"{n} is not a TCP port: give one in 1-65535, e.g. --port 5000")
+        raise argparse.ArgumentTypeError(f"{n} is not a TCP port: give one in 1-65535, e.g. --port 5000 (or UI_PORT)")
     return n
 
 
@@ -70,19 +71,33 @@ def _check(args, root: Path, study) -> int:
     return 1 if problems else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--port", type=_port, default=int(os.environ.get("UI_PORT", 5000)))
-    parser.add_argument("--no-open", action="store_true", help="print the URL only, do not open a browser")
-    parser.add_argument("--check", action="store_true", help="check the runs table in headless Chromium instead")
-    parser.add_argument("--install", action="store_true", help=f"--check: apt-get install {CHROMIUM} if missing")
-    parser.add_argument("--screenshot", help="--check: where to save the screenshot (default reports/ui_runs.png)")
+def _args(argv: list[str] | None):
+    """(options, key=value overrides) of the command line.  Raises: ConfigError (one line) on a bad one."""
+    parser = StageParser("python -m study.ui")
+    parser.add_argument("--port", type=_port, default=os.environ.get("UI_PORT", "5000"))  # a str default is typed too
+    parser.add_argument("--no-open", action="store_true")
+    parser.add_argument("--check", action="store_true")
+    parser.add_argument("--install", action="store_true")
+    parser.add_argument("--screenshot")
     args, overrides = parser.parse_known_args(argv)
     odd = [a for a in overrides if "=" not in a or a.startswith("-")]
     if odd:  # key=value overrides (study.tracking_db=..., study.artifact_dir=...) go to the config; nothing else
-        parser.error(f"unrecognized arguments: {' '.join(odd)} (options above, or key=value overrides such as "
+        parser.error(f"unrecognized arguments: {' '.join(odd)} (the options, or key=value overrides such as "
                      f"study.tracking_db=PATH study.artifact_dir=PATH)")
+    lone = [o for o, v in (("--screenshot", args.screenshot), ("--install", args.install)) if v and not args.check]
+    if lone:
+        parser.error(f"{' and '.join(lone)} go{'es' if len(lone) == 1 else ''} with --check (the browser check); "
+                     f"add --check, or drop {' '.join(lone)} to serve the UI")
+    return args, overrides
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in argv):
+        print(__doc__.strip())
+        return 0
     try:
+        args, overrides = _args(argv)
         root = project_root()
         study = load_config(overrides, root).study
     except ConfigError as e:

@@ -207,3 +207,35 @@ def test_cli_numbers_out_of_range_are_refused_before_anything_runs(module, args,
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2 and "error:" in last and all(w in last for w in words), proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("module,args,words", [
+    ("study.tune", [], ["name what to do: --arm NAME, --write, --targets or --ladder MODEL"]),
+    ("study.tune", ["--arm", "--dry-run"], ["--arm needs an arm name"]),
+    ("study.tune", ["--arm", "baseline", "--targets"], ["--targets: not allowed with argument --arm"]),
+    ("study.tune", ["--targets", "--write"], ["--write: not allowed with argument --targets"]),
+    ("study.tune", ["--write", "--dry-run"], ["--dry-run goes with --arm NAME"]),
+    ("study.ui", ["--screenshot", "x.png", "--no-open"], ["--screenshot goes with --check", "add --check"]),
+    ("study.ui", ["--install"], ["--install goes with --check"]),
+    ("study.ui", ["--port", "0"], ["--port", "0 is not a TCP port"]),
+    ("study.ui", ["foo"], ["unrecognized arguments: foo"]),
+])
+def test_a_stages_own_options_misused_are_one_line_before_anything_runs(module, args, words, capsys, monkeypatch):
+    """Two modes at once used to run the last one named (`--arm X --targets` printed the targets, exit 0), an option
+    the command ignores started the server, and argparse printed its usage block: now one `error:` line, exit 2."""
+    import importlib
+
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    assert importlib.import_module(module).main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("error: ") and all(w in err for w in words), err
+
+
+def test_a_bad_ui_port_in_the_environment_is_one_line(capsys, monkeypatch):
+    """UI_PORT=abc used to end in a traceback (the default was int()'d before argparse saw it)."""
+    from study.ui import main
+
+    monkeypatch.setenv("UI_PORT", "abc")
+    assert main(["--no-open"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: argument --port: 'abc' is not a port number") and "UI_PORT" in err, err

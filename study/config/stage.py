@@ -2,6 +2,7 @@
 ``--params FILE``, Hydra overrides, and one ``error: ...`` line for every :class:`StudyError`."""
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import sys
 from pathlib import Path
@@ -12,6 +13,18 @@ from . import compose
 from .compose import available, load_config, project_root, sweep
 from .numerics import check_numerics_setting
 from .schema import GROUPS, ConfigError, RunConfig, StudyError
+
+
+class StageParser(argparse.ArgumentParser):
+    """argparse for a stage's own options, with its mistakes in the project's form: a :class:`ConfigError` (one line
+    naming the option and the fix; the stage prints ``error: ...`` and returns 2) instead of argparse's usage block
+    and exit.  Options are never abbreviated (``--tar`` is not ``--targets``)."""
+
+    def __init__(self, prog: str):
+        super().__init__(prog=prog, add_help=False, allow_abbrev=False)
+
+    def error(self, message: str):
+        raise ConfigError(f"{message} ({self.prog} --help lists the options)")
 
 
 def _usage(body, root: Path | None) -> str:
