@@ -245,18 +245,21 @@ def load_params(params: Path) -> DictConfig:
     """
     import yaml
 
-    fix = f"run `make params` to recompose it from conf/ (or `git checkout {params.name}`)"
+    ours = params.name == "params.yaml"  # the project's own composition; any other file is the user's
+    fix = (f"run `make params` to recompose it from conf/ (or `git checkout {params.name}`)" if ours else
+           "give a config composed from conf/ (`make params` writes params.yaml)")
     if params.is_dir() or (params.exists() and not params.is_file()):
         raise ConfigError(f"--params {params} is not a file (a folder or a device): give the composed config, "
                           f"--params params.yaml")
     if not params.is_file():
-        raise ConfigError(f"{params} not found: run `make params` (conf/ composed into {params.name})")
+        raise ConfigError(f"{params} not found: " + ("run `make params` (conf/ composed into params.yaml)" if ours else
+                                                    "give the path of a composed config, e.g. --params params.yaml"))
     try:
         base = OmegaConf.load(params)
     except (yaml.YAMLError, OmegaConfBaseException, UnicodeDecodeError) as e:
         mark = getattr(e, "problem_mark", None)
         detail = (getattr(e, "problem", None) or _first(e)) + (f", line {mark.line + 1}" if mark is not None else "")
-        raise ConfigError(f"{params.name} is malformed (not valid YAML: {detail}): {fix}") from e
+        raise ConfigError(f"{params if not ours else params.name} is malformed (not valid YAML: {detail}): {fix}") from e
     if not isinstance(base, DictConfig):
         raise ConfigError(f"{params.name} is malformed (its top level is a {type(base).__name__.removesuffix('Config')}"
                           f", not a mapping of sections): {fix}")
