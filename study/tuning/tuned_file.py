@@ -57,31 +57,32 @@ def tuned_section(path: Path) -> dict:
     return t if isinstance(t, dict) else {}
 
 
-def _entry(path: Path, key: str) -> dict:
-    """``tuned.KEY`` of the tuned file at ``path`` as a dict ({} when missing or not a mapping)."""
-    x = tuned_section(path).get(key)
+def _entry(section: dict, key: str) -> dict:
+    """``section[key]`` (a part of :func:`tuned_section`) as a dict ({} when missing or not a mapping)."""
+    x = section.get(key)
     return dict(x) if isinstance(x, dict) else {}
 
 
 def tuned_tasks(path: Path) -> dict:
     """``tuned.task`` of the tuned file at ``path`` ({} when the file or the section is missing)."""
-    return _entry(path, "task")
+    return _entry(tuned_section(path), "task")
 
 
 def read_tuned(path: Path) -> dict:
     """The arms of the tuned file at ``path`` as tuned_yaml's table rows ({arm: {lr_star, recipe}})."""
-    rec = _entry(path, "recipe")
-    return {k: {"lr_star": float(v), "recipe": rec.get(k)} for k, v in _entry(path, "lr").items()}
+    t = tuned_section(path)  # read once
+    rec = _entry(t, "recipe")
+    return {k: {"lr_star": float(v), "recipe": rec.get(k)} for k, v in _entry(t, "lr").items()}
 
 
 def tuned_sizes(path: Path) -> dict:
     """``tuned.size`` of the tuned file at ``path`` ({} when the file or the section is missing)."""
-    return _entry(path, "size")
+    return _entry(tuned_section(path), "size")
 
 
 def tuned_size_recipes(path: Path) -> dict:
     """``tuned.size_recipe`` of the tuned file at ``path`` ({} when the file or the section is missing)."""
-    return _entry(path, "size_recipe")
+    return _entry(tuned_section(path), "size_recipe")
 
 
 def check_tuned(cfg, root: Path) -> None:
