@@ -179,8 +179,7 @@ else
 endif
 
 # The experiments in a terminal: every run's metrics.json and every param is a column of `dvc exp show`,
-# so keep the verdict (% log-loss of each arm against each reference, or of each variant against the
-# baseline), the tuned lr* and the budget; `dvc metrics show` has the runs and p, CI, n.  250 columns wide
+# so keep the verdict (% log-loss of each arm against each reference), the tuned lr* and the budget; `dvc metrics show` has the runs and p, CI, n.  250 columns wide
 # (COLUMNS) unless set: at a terminal's 80 columns, dvc hides the columns that do not fit.
 EXPS_KEEP ?= Experiment|Created|.*pct_log_loss$$|tuned\.lr\..*|train\.lr$$|train\.tokens$$
 exps: $(STAMP)
@@ -196,8 +195,8 @@ levers: params
 # conf/ with the -S overrides into params.yaml in the workspace (`git checkout params.yaml` or `make params`
 # turns the profile off again).  The target compare: only its upstream runs (never the tune@ARM stages); the
 # ladder compares variants, each at the lr* tuned at its size (conf/tuned.yaml tuned.size: `make ladder-tune` first;
-# scale_ladder.lr_per_size=false: the default size's lr* transferred unchanged), so it sets study.variants and
-# switches the decided verdict off (study.arms=[]).
+# scale_ladder.lr_per_size=false: the default size's lr* transferred unchanged), and switches the decided verdict
+# off (study.arms=[]).
 # One training at a time (DVC runs the stages in turn), so each gets LADDER_THREADS cores.  The ladder, its tuning and
 # its check run at learned positions (task.position=learned, which every model file of the ladder takes), where its
 # sizes were tuned; at rotary positions each size needs its lr* there first.
@@ -205,8 +204,7 @@ PROFILE_VARIANTS ?= [baseline,nonlinear_q]
 LADDER ?= [bytes-32,bytes-48,bytes-64]
 LADDER_THREADS ?= 2
 scale-ladder: $(STAMP)
-	.venv/bin/dvc exp run compare -S 'study.arms=[]' -S 'study.variants=$(PROFILE_VARIANTS)' \
-	  -S 'scale_ladder.variants=$(PROFILE_VARIANTS)' \
+	.venv/bin/dvc exp run compare -S 'study.arms=[]' -S 'scale_ladder.variants=$(PROFILE_VARIANTS)' \
 	  -S 'scale_ladder.models=$(LADDER)' -S 'trainer.threads=$(LADDER_THREADS)' -S task.position=learned
 
 # The ladder's lr transfer checked at one size: scale_ladder.variants tuned there by the same rule, on the ladder's

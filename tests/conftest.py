@@ -29,10 +29,9 @@ defaults:
   - _self_
 study:
   name: {name}
-  variants: {variants}
   seeds: {seeds}
   baseline: baseline
-model: {{}}
+{verdict}{arms_section}model: {{}}
 trainer: {{}}
 data:
   tokenizer: bpe
@@ -65,15 +64,38 @@ def project_files() -> list[str]:
     return [f for f in out.split("\0") if f and f != "dvc.lock" and (ROOT / f).is_file()]
 
 
-def copy_project(dest: Path, name: str = "test-study", variants=("baseline", "nonlinear_q"), seeds=(1, 2),
-                 tokens: int = 20480) -> Path:
-    """Copy the project into ``dest`` as a fresh git repository with a nano study.yaml."""
+#: a nano study's arms (copy_project's ``arms``): its test stage and decided verdict, nothing tuned
+NANO_VERDICT = """\
+  arms: {arms}
+  references: [baseline]
+  pairs: []
+  max_seeds: {max_seeds}
+  pilot_seeds: []
+tune:
+  arms: []
+  table_dir: tuning
+"""
+
+#: the arms a nano study can name (copy_project's ``arms``), each its variant at one fixed lr (nothing tuned)
+NANO_ARMS = {"baseline": "baseline", "nonlinear_q": "nonlinear_q", "no_context": "no_context",
+             "baseline_mlp4.75": "baseline_mlp4.75", "baseline_mlp5": "baseline_mlp5", "identity_q": "identity_q",
+             "baseline_qknorm": "baseline_qknorm"}
+
+
+#: the arms section of a nano study: every arm of :data:`NANO_ARMS` at lr 3e-3
+NANO_ARMS_SECTION = "arms:\n" + "".join(f"  {a}: {{variant: {v}, lr: 3.0e-3}}\n" for a, v in NANO_ARMS.items())
+
+
+def copy_project(dest: Path, name: str = "test-study", arms=(), seeds=(1, 2), tokens: int = 20480) -> Path:
+    """Copy the project into ``dest`` as a fresh git repository with a nano study.yaml: study.arms = ``arms``
+    (names of :data:`NANO_ARMS`, each at lr 3e-3; reference: baseline) on ``seeds`` (at least 5 with arms)."""
     for f in project_files():
         target = dest / f
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(ROOT / f, target)
     (dest / "conf" / "study.yaml").write_text(NANO_STUDY.format(
-        name=name, variants=list(variants), seeds=list(seeds), tokens=tokens))
+        name=name, seeds=list(seeds), tokens=tokens, arms_section=NANO_ARMS_SECTION,
+        verdict=NANO_VERDICT.format(arms=list(arms), max_seeds=len(seeds)) if arms else ""))
     # lm at learned positions (its default until 2026-12-06), so that the nano runs' pinned losses hold
     lm = dest / "conf" / "task" / "lm.yaml"
     lm.write_text(lm.read_text().replace("\nposition: rope\n", "\nposition: learned\n"))

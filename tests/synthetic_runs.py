@@ -5,6 +5,9 @@ import json
 from pathlib import Path
 
 CORPORA = ("sotu", "shakespeare", "kjv")
+#: the nano study's budget (tests/conftest.py NANO_STUDY): an arm's test run records the study's recipe
+NANO_TOKENS = 20480
+NANO_TRAIN = {"batch_tokens": 2048, "warmup_tokens": 4096}
 
 
 def write_run(d: Path, variant: str, seed: int, loss: float, *, tokens=1000, lr=3e-3, params=1000, fpt=6000,
@@ -44,3 +47,37 @@ def write_run(d: Path, variant: str, seed: int, loss: float, *, tokens=1000, lr=
               "seed": seed, "data_digest": digest}
     (d / "config.json").write_text(json.dumps(config))
     return d
+
+
+def arm_run(runs: Path, arm: str, seed: int, variant: str | None = None) -> Path:
+    """The folder of arm ``arm``'s test run at ``seed`` under ``runs`` (the test stage's runs/test/ARM/VARIANT-sSEED)."""
+    return runs / "test" / arm / f"{variant or arm}-s{seed}"
+
+
+def write_arms(runs: Path, losses: dict[str, dict[int, float | dict]], variants: dict[str, str] | None = None,
+               **kw) -> dict[str, list[int]]:
+    """The test runs of arms as the test stage writes them: one :func:`write_run` per ``losses[arm][seed]`` (a final
+    loss, or the keyword arguments of that run: ``{"loss": 4.0, "status": "diverged", ...}``) in
+    :func:`arm_run`'s folder, ``kw`` given to every run (the nano study's budget unless they say otherwise), and runs/test/plan.json planning those seeds.  ``variants``:
+    {arm: variant} where an arm's variant is not its name.  Returns the plan's seeds."""
+    variants = variants or {}
+    kw = {"tokens": NANO_TOKENS, **kw, "train": {**NANO_TRAIN, **(kw.get("train") or {})}}
+    for arm, by_seed in losses.items():
+        for seed, x in by_seed.items():
+            one = {**kw, **(x if isinstance(x, dict) else {"loss": x})}
+            loss = one.pop("loss")
+            v = variants.get(arm, arm)
+            write_run(arm_run(runs, arm, seed, v), v, seed, loss, group=f"test/{arm}", **one)
+    seeds = {arm: sorted(by_seed) for arm, by_seed in losses.items()}
+    (runs / "test").mkdir(parents=True, exist_ok=True)
+    (runs / "test" / "plan.json").write_text(json.dumps({"arms": list(losses), "seeds": seeds}, indent=1))
+    return seeds
+
+
+def arms_overrides(tmp_path: Path, arms=("baseline", "nonlinear_q"), seeds=(1, 2, 3, 4, 5)) -> list[str]:
+    """The overrides of a nano study of ``arms`` (tests/conftest.py NANO_ARMS, each at lr 3e-3) on ``seeds``, every
+    arm against the baseline, its runs, reports and MLflow store under ``tmp_path``."""
+    return [f"study.runs_dir={tmp_path / 'runs'}", f"study.reports_dir={tmp_path / 'reports'}",
+            f"study.tracking_db={tmp_path / 'm.db'}", f"study.artifact_dir={tmp_path / 'art'}",
+            f"study.seeds={list(seeds)}", f"study.max_seeds={len(seeds)}", "study.pilot_seeds=[]",
+            f"study.arms=[{','.join(arms)}]", "study.references=[baseline]", "study.pairs=[]"]

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from tests.synthetic_runs import write_run
+from tests.synthetic_runs import arm_run, arms_overrides, write_arms, write_run
 
-SEEDS = (1, 2, 3)
-BASE = {1: 4.00, 2: 4.10, 3: 3.95}
+SEEDS = (1, 2, 3, 4, 5)
+BASE = {1: 4.00, 2: 4.10, 3: 3.95, 4: 4.05, 5: 3.98}
 
 
 def _digest(meta_path: Path) -> str:
@@ -28,9 +28,13 @@ def _digest(meta_path: Path) -> str:
     return hashlib.sha256(json.dumps(meta, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _study(tmp_path: Path, variants=("baseline", "nonlinear_q"), seeds=SEEDS) -> list[str]:
-    return [f"study.runs_dir={tmp_path / 'runs'}", f"study.reports_dir={tmp_path / 'reports'}",
-            f"study.seeds={list(seeds)}", f"study.variants=[{','.join(variants)}]"]
+def _study(tmp_path: Path, arms=("baseline", "nonlinear_q"), seeds=SEEDS) -> list[str]:
+    return arms_overrides(tmp_path, arms, seeds)
+
+
+def _arms(tmp_path: Path, losses: dict, **kw) -> None:
+    """The test runs of ``losses`` ({arm: {seed: loss}}) under tmp_path/runs."""
+    write_arms(tmp_path / "runs", losses, **kw)
 
 
 def _compare(nano_project, monkeypatch, args):
@@ -46,27 +50,22 @@ def _summary(tmp_path):
 
 # -- pairing ----------------------------------------------------------------------------------------
 def test_an_adhoc_run_with_other_tokens_is_refused_by_name(nano_project, tmp_path, monkeypatch, capsys):
-    """README's one-run example with train.tokens=8192 replaced runs/nonlinear_q-s1: compare names it."""
-    for s in SEEDS:
-        write_run(tmp_path / f"runs/baseline-s{s}", "baseline", s, BASE[s], tokens=20480)
-        write_run(tmp_path / f"runs/nonlinear_q-s{s}", "nonlinear_q", s, BASE[s] - 0.03, tokens=20480)
-    write_run(tmp_path / "runs/nonlinear_q-s1", "nonlinear_q", 1, 3.5, tokens=8192, train={"lr": 2e-3})
+    """An arm's test run replaced by a run of other tokens and lr (README's one-run example): compare names it."""
+    _arms(tmp_path, {"baseline": BASE, "nonlinear_q": {s: x - 0.03 for s, x in BASE.items()}}, tokens=20480)
+    write_run(arm_run(tmp_path / "runs", "nonlinear_q", 1), "nonlinear_q", 1, 3.5, tokens=8192, train={"lr": 2e-3})
     assert _compare(nano_project, monkeypatch, _study(tmp_path)) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and err.startswith("error: ")
-    assert "nonlinear_q-s1" in err and "train.tokens 8192 (vs 20480)" in err and "train.lr 0.002 (vs 0.003)" in err
+    assert "test/nonlinear_q/nonlinear_q-s1 was trained at train.tokens 8192, but arm 'nonlinear_q' trains at 20480" in err
 
 
-def test_seeds_of_one_variant_with_another_architecture_are_refused_by_name(nano_project, tmp_path, monkeypatch,
-                                                                           capsys):
+def test_seeds_of_one_arm_with_another_architecture_are_refused_by_name(nano_project, tmp_path, monkeypatch, capsys):
     """QA: `python -m study.train variant=baseline seed=2 variant.qk_norm=rms` (a recipe switch on the command line)
-    wrote runs/baseline-s2, and compare averaged it with the plain baseline-s1 as one variant."""
-    for s in SEEDS:
-        write_run(tmp_path / f"runs/baseline-s{s}", "baseline", s, BASE[s], lr=3e-3 if s != 3 else 1e30,
-                  status="ok" if s != 3 else "diverged")  # a seed's own lr (a diverged seed): allowed
-        write_run(tmp_path / f"runs/nonlinear_q-s{s}", "nonlinear_q", s, BASE[s] - 0.03)
+    wrote the baseline's seed 2, and compare averaged it with the plain baseline's other seeds as one arm."""
+    base = {s: {"loss": x, "status": "ok" if s != 3 else "diverged"} for s, x in BASE.items()}  # a lost point
+    _arms(tmp_path, {"baseline": base, "nonlinear_q": {s: x - 0.03 for s, x in BASE.items()}})
     assert _compare(nano_project, monkeypatch, _study(tmp_path)) == 0
-    config = tmp_path / "runs/baseline-s2/config.json"
+    config = arm_run(tmp_path / "runs", "baseline", 2) / "config.json"
     config.write_text(config.read_text().replace('"variant": {', '"variant": {"qk_norm": "rms", '))
     capsys.readouterr()
     assert _compare(nano_project, monkeypatch, _study(tmp_path)) == 2
@@ -76,23 +75,18 @@ def test_seeds_of_one_variant_with_another_architecture_are_refused_by_name(nano
 
 def test_block_size_mismatch_is_refused_and_the_header_states_recorded_settings(nano_project, tmp_path, monkeypatch,
                                                                                 capsys):
-    """Baselines at block_size 16, nonlinear_q at 64: refused (it printed +0.03%, p = 0.615 before)."""
-    for s in SEEDS:
-        write_run(tmp_path / f"runs/baseline-s{s}", "baseline", s, BASE[s], tokens=8192, model={"block_size": 16})
-        write_run(tmp_path / f"runs/nonlinear_q-s{s}", "nonlinear_q", s, BASE[s] + 0.001 * s, tokens=8192,
-                  model={"block_size": 64})
+    """Baselines at the study's block_size 64, nonlinear_q at 16: refused (it printed +0.03%, p = 0.615 before)."""
+    nlq = {s: x + 0.001 * s for s, x in BASE.items()}
+    _arms(tmp_path, {"baseline": BASE, "nonlinear_q": {s: {"loss": x, "model": {"block_size": 16}} for s, x in nlq.items()}})
     assert _compare(nano_project, monkeypatch, _study(tmp_path)) == 2
     err = capsys.readouterr().err
-    assert "model.block_size" in err and "do not pair" in err
+    assert "nonlinear_q-s1 was trained at model.block_size 16, but arm 'nonlinear_q' trains at 64" in err
     # the same runs at one block size pair; the header states what they recorded, not conf/study.yaml's
-    for s in SEEDS:
-        write_run(tmp_path / f"runs/baseline-s{s}", "baseline", s, BASE[s], tokens=8192, model={"block_size": 16})
-        write_run(tmp_path / f"runs/nonlinear_q-s{s}", "nonlinear_q", s, BASE[s] + 0.001 * s, tokens=8192,
-                  model={"block_size": 16})
+    _arms(tmp_path, {"baseline": BASE, "nonlinear_q": nlq})
     assert _compare(nano_project, monkeypatch, _study(tmp_path)) == 0
     md = (tmp_path / "reports/comparison.md").read_text()
-    assert "block_size 16" in md and "8,192 tokens per run" in md and "`0123456789abcdef`" in md
-    assert _summary(tmp_path)["settings"]["model.block_size"] == 16
+    assert "block_size 64" in md and "20,480 tokens per run" in md and "`0123456789abcdef`" in md
+    assert _summary(tmp_path)["settings"]["model.block_size"] == 64
 
 
 def test_other_prepared_data_or_data_seed_do_not_pair(tmp_path):
@@ -157,74 +151,71 @@ def test_runs_at_learned_positions_pair_and_a_rope_run_does_not(tmp_path):
 
 # -- statistics at small n ----------------------------------------------------------------------------
 def test_verdict_power_and_figures_against_scipy(nano_project, tmp_path, monkeypatch):
-    var = {1: 3.97, 2: 4.02, 3: 3.94}
-    for s in SEEDS:
-        write_run(tmp_path / f"runs/baseline-s{s}", "baseline", s, BASE[s], per_corpus={"sotu": BASE[s] + 0.2,
-                                                                                         "kjv": BASE[s] - 0.5})
-        write_run(tmp_path / f"runs/nonlinear_q-s{s}", "nonlinear_q", s, var[s],
-                  per_corpus={"sotu": var[s] + 0.2, "kjv": var[s] - 0.5})
+    var = {1: 3.97, 2: 4.02, 3: 3.94, 4: 4.06, 5: 3.95}
+    corpora = lambda x: {"sotu": x + 0.2, "kjv": x - 0.5}  # noqa: E731
+    _arms(tmp_path, {"baseline": {s: {"loss": x, "per_corpus": corpora(x)} for s, x in BASE.items()},
+                     "nonlinear_q": {s: {"loss": x, "per_corpus": corpora(x)} for s, x in var.items()}})
     assert _compare(nano_project, monkeypatch, _study(tmp_path)) == 0
-    c = _summary(tmp_path)["vs_baseline"]["nonlinear_q"]
+    summary = _summary(tmp_path)
+    c = summary["verdict"]["comparisons"]["nonlinear_q vs baseline"]
     b, v = np.array([BASE[s] for s in SEEDS]), np.array([var[s] for s in SEEDS])
-    d = v - b
+    d, n = v - b, len(SEEDS)
     assert c["p_value"] == pytest.approx(stats.ttest_rel(v, b).pvalue, rel=1e-9)
-    assert c["pct_diffs"] == pytest.approx(list(100 * d / b.mean()))
-    half = stats.t.ppf(0.975, 2) * d.std(ddof=1) / math.sqrt(3)
+    half = stats.t.ppf(0.975, n - 1) * d.std(ddof=1) / math.sqrt(n)
     assert c["ci95"] == pytest.approx([d.mean() - half, d.mean() + half])
-    # power: the detectable effect has 80% power by the noncentral t, and by simulation
-    pw, sd = c["power"], d.std(ddof=1)
-    mde = pw["min_detectable_diff"]
-    tc = stats.t.ppf(0.975, 2)
-    nc = mde * math.sqrt(3) / sd
-    assert stats.nct.sf(tc, 2, nc) + stats.nct.cdf(-tc, 2, nc) == pytest.approx(0.80, abs=1e-6)
-    rng = np.random.default_rng(0)
-    sims = rng.normal(mde, sd, size=(200_000, 3))
-    t = sims.mean(1) / (sims.std(1, ddof=1) / math.sqrt(3))
-    assert np.mean(np.abs(t) > tc) == pytest.approx(0.80, abs=0.005)
-    assert pw["min_detectable_pct"] == pytest.approx(100 * mde / b.mean())
-    # seeds for the paper's -2.40%: the first n whose power reaches 80%
-    eff, n = 0.024 * b.mean(), pw["seeds_for_paper"]
-
-    def power(n):
-        tc, nc = stats.t.ppf(0.975, n - 1), eff * math.sqrt(n) / sd
-        return stats.nct.sf(tc, n - 1, nc) + stats.nct.cdf(-tc, n - 1, nc)
-    assert power(n) >= 0.8 and (n == 2 or power(n - 1) < 0.8)
-    md = (tmp_path / "reports/comparison.md").read_text()
-    assert "### Power" in md and f"| nonlinear_q | 3 | {sd:.4f} | {mde:.4f} nats" in md and f"| {n} |" in md
-    # figures: the verdict and per-corpus figures exist; the profiles' and an unfitted frontier's do not
-    figs = sorted(p.name for p in (tmp_path / "reports/figures").iterdir())
-    assert figs == ["final_val_loss.png", "paired_differences.png", "per_corpus.png", "train_loss_curves.png",
-                    "val_loss_curves.png"]
-    pc = _summary(tmp_path)["per_corpus"]["vs_baseline"]["kjv"]["nonlinear_q"]
+    assert c["pct"]["mean"] == pytest.approx(100 * d.mean() / b.mean())
+    # per corpus: each comparison paired by seed, with the power of its pairs (noncentral t, and by simulation)
+    pc = summary["per_corpus"]["comparisons"]["nonlinear_q vs baseline"]["kjv"]
     kb, kv = b - 0.5, v - 0.5
     assert pc["pct_log_loss"] == pytest.approx(100 * (kv - kb).mean() / kb.mean())
+    assert summary["per_corpus"]["arms"]["baseline"]["sotu"] == pytest.approx((b + 0.2).mean())
+    pw, sd = pc["power"], d.std(ddof=1)
+    mde = pw["min_detectable_diff"]
+    tc = stats.t.ppf(0.975, n - 1)
+    nc = mde * math.sqrt(n) / sd
+    assert stats.nct.sf(tc, n - 1, nc) + stats.nct.cdf(-tc, n - 1, nc) == pytest.approx(0.80, abs=1e-6)
+    rng = np.random.default_rng(0)
+    sims = rng.normal(mde, sd, size=(200_000, n))
+    t = sims.mean(1) / (sims.std(1, ddof=1) / math.sqrt(n))
+    assert np.mean(np.abs(t) > tc) == pytest.approx(0.80, abs=0.005)
+    assert pw["min_detectable_pct"] == pytest.approx(100 * mde / kb.mean())
+    eff, need = 0.024 * kb.mean(), pw["seeds_for_paper"]  # seeds for the paper's -2.40%: the first n at 80% power
+
+    def power(k):
+        tc, nc = stats.t.ppf(0.975, k - 1), eff * math.sqrt(k) / sd
+        return stats.nct.sf(tc, k - 1, nc) + stats.nct.cdf(-tc, k - 1, nc)
+    assert power(need) >= 0.8 and (need == 2 or power(need - 1) < 0.8)
+    md = (tmp_path / "reports/comparison.md").read_text()
+    assert "## Per corpus" in md and f"| kjv | {pc['pct_log_loss']:+.2f}% [" in md
+    # figures: the verdict and per-corpus figures exist; the profiles' do not
+    figs = sorted(p.name for p in (tmp_path / "reports/figures").iterdir())
+    assert figs == ["per_corpus.png", "train_loss_curves.png", "val_loss_curves.png", "verdict.png"]
 
 
 @pytest.mark.parametrize("shift, why", [(0.0, "identical losses"), (0.01, "constant shift across seeds")])
 def test_zero_variance_is_flagged_not_p_nan_or_zero(nano_project, tmp_path, monkeypatch, shift, why):
-    for s in SEEDS:
-        write_run(tmp_path / f"runs/baseline-s{s}", "baseline", s, BASE[s])
-        write_run(tmp_path / f"runs/nonlinear_q-s{s}", "nonlinear_q", s, BASE[s] + shift)
+    _arms(tmp_path, {"baseline": BASE, "nonlinear_q": {s: x + shift for s, x in BASE.items()}})
     assert _compare(nano_project, monkeypatch, _study(tmp_path)) == 0
-    c = _summary(tmp_path)["vs_baseline"]["nonlinear_q"]
+    c = _summary(tmp_path)["verdict"]["comparisons"]["nonlinear_q vs baseline"]
     assert c["undefined"] == why and c["p_value"] is None and c["p_value_bh"] is None and c["ci95"] == [None, None]
     assert c["mean_diff"] == pytest.approx(shift, abs=1e-12)
     md = (tmp_path / "reports/comparison.md").read_text()
-    row = next(line for line in md.splitlines() if line.startswith("| nonlinear_q | 3 |"))
-    assert f"undefined ({why})" in row and "nan" not in row.lower() and "| 0 |" not in row
+    row = next(line for line in md.splitlines() if line.startswith("| nonlinear_q vs baseline |"))
+    cells = [x.strip() for x in row.split("|")]
+    assert "nan" not in row.lower() and cells[12] == "n/a"  # the paired t test's p: undefined, never 0
 
 
 def test_frontier_needs_three_sizes(nano_project, tmp_path, monkeypatch):
     """The default study's two baseline sizes: 'not fitted' (it drew b = -0.30 through two points)."""
-    for s in SEEDS:
-        for v, loss, n in (("baseline", BASE[s], 1000), ("baseline_mlp4.75", BASE[s] - 0.05, 1125),
-                           ("identity_q", BASE[s] - 0.1, 900)):
-            write_run(tmp_path / f"runs/{v}-s{s}", v, s, loss, params=n)
-    assert _compare(nano_project, monkeypatch, _study(tmp_path, ("baseline", "identity_q", "baseline_mlp4.75"))) == 0
-    f = _summary(tmp_path)["frontier"]
-    assert f["fitted"] is False and f["sizes"] == 2 and "not fitted" in f["reason"] and "multipliers" not in f
+    _arms(tmp_path, {"baseline": {s: {"loss": x, "params": 1000} for s, x in BASE.items()},
+                     "baseline_mlp4.75": {s: {"loss": x - 0.05, "params": 1125} for s, x in BASE.items()},
+                     "identity_q": {s: {"loss": x - 0.1, "params": 900} for s, x in BASE.items()}})
+    args = _study(tmp_path, ("baseline", "identity_q", "baseline_mlp4.75")) + [
+        "decomposition.family=[baseline,baseline_mlp4.75]", "decomposition.worth=[identity_q]"]
+    assert _compare(nano_project, monkeypatch, args) == 0
+    f = _summary(tmp_path)["verdict"]["frontier"]
+    assert f["fitted"] is False and "not fitted: 2 size(s)" in f["reason"]
     assert "Frontier not fitted: 2 size(s)" in (tmp_path / "reports/comparison.md").read_text()
-    assert not (tmp_path / "reports/figures/frontier.png").exists()
 
 
 def test_multiplier_interval_is_a_t_interval_over_seeds_not_a_bootstrap():
@@ -233,11 +224,11 @@ def test_multiplier_interval_is_a_t_interval_over_seeds_not_a_bootstrap():
 
     sizes = (1e5, 1.2e5, 1.6e5)
     noise = {1: (0.01, -0.02, 0.0, 0.03), 2: (0.0, 0.01, -0.01, -0.02), 3: (-0.02, 0.0, 0.02, 0.01)}
-    family = {n: {s: 10 * n ** -0.1 + noise[s][k] for s in SEEDS} for k, n in enumerate(sizes)}
-    variant = {s: 10 * 1.5e5 ** -0.1 + noise[s][3] for s in SEEDS}
+    family = {n: {s: 10 * n ** -0.1 + noise[s][k] for s in (1, 2, 3)} for k, n in enumerate(sizes)}
+    variant = {s: 10 * 1.5e5 ** -0.1 + noise[s][3] for s in (1, 2, 3)}
     r = parameter_multiplier(family, variant, 100_000)
     logs = []
-    for s in SEEDS:  # each seed's own frontier, by numpy
+    for s in (1, 2, 3):  # each seed's own frontier, by numpy
         b, a = np.polyfit(np.log(sizes), np.log([family[n][s] for n in sizes]), 1)
         logs.append(math.log(math.exp((math.log(variant[s]) - a) / b) / 100_000))
     half = stats.t.ppf(0.975, 2) * np.std(logs, ddof=1) / math.sqrt(3)
@@ -253,22 +244,22 @@ def test_yardsticks_shown_only_for_the_runs_own_data(nano_project, tmp_path, mon
                                                "bigram": {"all": 4.9, "sotu": 4.8, "kjv": 4.7}, "method": "test"}}
     (data / "meta.json").write_text(json.dumps(meta))
     digest = _digest(data / "meta.json")
-    for s in SEEDS:
-        for v, off in (("baseline", 0.0), ("nonlinear_q", -0.02 * s)):
-            write_run(tmp_path / f"runs/{v}-s{s}", v, s, BASE[s] + off, digest=digest,
-                      per_corpus={"sotu": BASE[s] + off, "kjv": BASE[s] + off - 0.3})
+    _arms(tmp_path, {v: {s: {"loss": BASE[s] + off(s), "per_corpus": {"sotu": BASE[s] + off(s), "kjv": BASE[s] + off(s) - 0.3}}
+                         for s in SEEDS} for v, off in (("baseline", lambda s: 0.0), ("nonlinear_q", lambda s: -0.02 * s))},
+          digest=digest)
     args = _study(tmp_path) + [f"data.dir={data}"]
     assert _compare(nano_project, monkeypatch, args) == 0
     y = _summary(tmp_path)["yardsticks"]
     assert y["available"] and y["unigram"]["all"] == 6.1 and y["bigram"]["kjv"] == 4.7
     md = (tmp_path / "reports/comparison.md").read_text()
-    assert "| *unigram yardstick* | | | | | 6.1000 |" in md and "| kjv |" in md and "| 4.7000 |" in md
+    assert "Yardsticks on the same validation windows: unigram 6.1000 nats, bigram 4.9000 nats" in md
+    assert "| kjv | " in md and " | 5.9000 | 4.7000 |" in md  # the corpus's row: each arm's loss, then the yardsticks
     (data / "meta.json").write_text(json.dumps({**meta, "yardsticks": {**meta["yardsticks"], "block_size": 128}}))
     write_digest = _digest(data / "meta.json")
     for s in SEEDS:  # the runs evaluated windows of 64 tokens (synthetic_runs), the yardsticks 128
         for v in ("baseline", "nonlinear_q"):
-            cfg = json.loads((tmp_path / f"runs/{v}-s{s}/config.json").read_text())
-            (tmp_path / f"runs/{v}-s{s}/config.json").write_text(json.dumps({**cfg, "data_digest": write_digest}))
+            config = arm_run(tmp_path / "runs", v, s) / "config.json"
+            config.write_text(json.dumps({**json.loads(config.read_text()), "data_digest": write_digest}))
     assert _compare(nano_project, monkeypatch, args) == 0
     assert "the runs evaluated 128 windows of 64" in _summary(tmp_path)["yardsticks"]["note"]
     (data / "meta.json").write_text(json.dumps({**meta, "tokenizer": "gpt2"}))  # re-prepared since the runs
@@ -362,13 +353,13 @@ def test_two_ladder_sizes_are_not_fitted_and_a_size_at_another_lr_is_refused(nan
     runs = tmp_path / "runs"
     for s in SEEDS:
         for v in ("baseline", "nonlinear_q"):
-            write_run(runs / f"{v}-s{s}", v, s, BASE[s] - 0.01 * (v == "nonlinear_q") * s)
             for model, n in (("ladder-64", 64), ("ladder-96", 96)):
                 write_run(runs / f"scale_ladder/{model}/{v}-s{s}", v, s, BASE[s] - n / 1000 - 0.002 * s * (v != "baseline"),
                           tokens=100 * n, params=1000 * n, fpt=6000 * n,
                           model={"name": model, "n_layer": 4, "n_head": 4, "n_embd": n},
                           results={"in_context_gain": n / 100 + 0.01 * s + 0.05 * (v != "baseline")})
-    args = _study(tmp_path) + ["scale_ladder.models=[ladder-64,ladder-96]", "scale_ladder.lr_from_tuned=false"]
+    args = _study(tmp_path) + ["study.arms=[]", "scale_ladder.models=[ladder-64,ladder-96]",
+                               "scale_ladder.lr_from_tuned=false"]
     assert _compare(nano_project, monkeypatch, args) == 0
     la = _summary(tmp_path)["scale_ladder"]
     assert la["fits"] == {} and "not fitted: 2 size(s)" in la["fit_note"]
@@ -394,7 +385,7 @@ def test_two_ladder_sizes_are_not_fitted_and_a_size_at_another_lr_is_refused(nan
 
 
 # -- hand-edited run files: one line naming the file, the key and the fix; the reports kept ---------------
-HAND_EDITED = [  # (id, file of runs/nonlinear_q-s2, new content, words of the error)
+HAND_EDITED = [  # (id, file of runs/test/nonlinear_q/nonlinear_q-s2, new content, words of the error)
     ("val_loss a string", "metrics.json", {"val_loss": "3.9", "tokens": 1000}, ["'val_loss' is a string"]),
     ("val_loss missing", "metrics.json", {"tokens": 1000}, ["'val_loss' is missing"]),
     ("val_loss null", "metrics.json", {"val_loss": None, "tokens": 1000}, ["'val_loss' is null"]),
@@ -406,9 +397,9 @@ HAND_EDITED = [  # (id, file of runs/nonlinear_q-s2, new content, words of the e
                                         "non_embedding_params": "1k"}, ["'non_embedding_params' is a string"]),
     # another run's files, or a hand-edited variant/seed: the folder's name says which run it holds
     ("record of another variant", "record.json", {"status": "ok", "variant": "baseline", "seed": 2},
-     ['records variant "baseline" seed 2', "is nonlinear_q-s2", "runs/baseline-s2"]),
+     ['records variant "baseline" seed 2', "is nonlinear_q-s2", "runs/test/nonlinear_q/baseline-s2"]),
     ("record of another seed", "record.json", {"status": "ok", "variant": "nonlinear_q", "seed": 1},
-     ['records variant "nonlinear_q" seed 1', "runs/nonlinear_q-s1"]),
+     ['records variant "nonlinear_q" seed 1', "runs/test/nonlinear_q/nonlinear_q-s1"]),
     ("record without seed", "record.json", {"status": "ok", "variant": "nonlinear_q"}, ["seed missing"]),
     ("config of another variant", "config.json", lambda t: t.replace('"name": "nonlinear_q"', '"name": "baseline"'),
      ['records variant "baseline" seed 2']),
@@ -432,14 +423,12 @@ HAND_EDITED = [  # (id, file of runs/nonlinear_q-s2, new content, words of the e
 @pytest.mark.parametrize("case,name,content,words", HAND_EDITED, ids=[c[0] for c in HAND_EDITED])
 def test_hand_edited_run_files_are_refused_in_one_line_and_the_reports_kept(nano_project, tmp_path, monkeypatch,
                                                                             capsys, case, name, content, words):
-    for s in (1, 2):
-        write_run(tmp_path / f"runs/baseline-s{s}", "baseline", s, BASE[s])
-        write_run(tmp_path / f"runs/nonlinear_q-s{s}", "nonlinear_q", s, BASE[s] - 0.03)
-    args = _study(tmp_path, seeds=(1, 2))
+    _arms(tmp_path, {"baseline": BASE, "nonlinear_q": {s: x - 0.03 for s, x in BASE.items()}})
+    args = _study(tmp_path)
     assert _compare(nano_project, monkeypatch, args) == 0
     reports = sorted(p for p in (tmp_path / "reports").rglob("*") if p.is_file())
     before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in reports}
-    path = tmp_path / "runs/nonlinear_q-s2" / name
+    path = arm_run(tmp_path / "runs", "nonlinear_q", 2) / name
     path.write_text(content(path.read_text()) if callable(content)
                     else content if isinstance(content, str) else json.dumps(content))
     capsys.readouterr()
@@ -454,19 +443,19 @@ def test_hand_edited_run_files_are_refused_in_one_line_and_the_reports_kept(nano
 
 
 def test_a_run_folder_copied_onto_another_runs_name_is_refused(nano_project, tmp_path, monkeypatch, capsys):
-    """`cp -a runs/baseline-s2 runs/nonlinear_q-s2` used to compare the baseline with itself (-0.00%)."""
+    """`cp -a` of the baseline's seed-2 folder onto nonlinear_q's used to compare the baseline with itself (-0.00%)."""
     import shutil
 
-    for s in (1, 2):
-        write_run(tmp_path / f"runs/baseline-s{s}", "baseline", s, BASE[s])
-    write_run(tmp_path / "runs/nonlinear_q-s1", "nonlinear_q", 1, BASE[1] - 0.03)
-    shutil.copytree(tmp_path / "runs/baseline-s2", tmp_path / "runs/nonlinear_q-s2")
-    assert _compare(nano_project, monkeypatch, _study(tmp_path, seeds=(1, 2))) == 2
+    _arms(tmp_path, {"baseline": BASE, "nonlinear_q": {s: x - 0.03 for s, x in BASE.items()}})
+    copied = arm_run(tmp_path / "runs", "nonlinear_q", 2)
+    shutil.rmtree(copied)
+    shutil.copytree(arm_run(tmp_path / "runs", "baseline", 2), copied)
+    assert _compare(nano_project, monkeypatch, _study(tmp_path)) == 2
     cap = capsys.readouterr()
     err = cap.err.strip()
     assert err.startswith("error: ") and len(err.splitlines()) == 1, err
-    assert f"{tmp_path / 'runs/nonlinear_q-s2/record.json'} records variant \"baseline\" seed 2" in err, err
-    assert f"move the folder back to {tmp_path / 'runs/baseline-s2'}" in err, err
+    assert f"{copied / 'record.json'} records variant \"baseline\" seed 2" in err, err
+    assert "move the folder back to" in err and "baseline-s2" in err, err
     assert "python -m study.train variant=nonlinear_q seed=2" in err and "-0.00%" not in cap.out
     assert not (tmp_path / "reports").exists()
 
@@ -484,19 +473,23 @@ def test_missing_run_hint_keeps_the_overrides_when_the_picks_alone_fail_validati
     with pytest.raises(ConfigError):
         load_config(["model=nano", "data.tokenizer=bpe"], root)  # the premise: one override alone fails
     runs = tmp_path / "runs"
+    (runs / "test").mkdir(parents=True)
+    (runs / "test/plan.json").write_text(json.dumps({"seeds": {"baseline": list(SEEDS), "nonlinear_q": list(SEEDS)}}))
     given = ["model=nano", "data.tokenizer=bpe", "data.vocab_size=512", "train.tokens=20480", "train.warmup_tokens=4096"]
     monkeypatch.chdir(root)
-    assert main([f"study.runs_dir={runs}", f"study.reports_dir={tmp_path / 'reports'}", "study.seeds=[1]",
-                 "study.variants=[baseline,nonlinear_q]", "study.arms=[]", *given]) == 2
+    assert main([f"study.runs_dir={runs}", f"study.reports_dir={tmp_path / 'reports'}", "study.arms=[baseline,nonlinear_q]",
+                 "study.references=[baseline]", "study.pairs=[]",
+                 *given]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and len(err.splitlines()) == 1, err
     cmds = re.findall(r"`python -m study\.train ([^`]*)`", err)
-    assert len(cmds) == 2, err
+    assert len(cmds) == 3, err  # the first three of the baseline's five
     overrides = shlex.split(cmds[1])
-    assert overrides[:2] == ["variant=nonlinear_q", "seed=1"] and set(given) <= set(overrides), overrides
+    assert overrides[:2] == ["variant=baseline", "seed=2"] and set(given) <= set(overrides), overrides
     cfg = load_config(overrides, root)  # the printed command composes and validates ...
     assert (cfg.model.name, cfg.data.vocab_size, cfg.train.tokens) == ("nano", 512, 20480)
-    assert run_dir(root, cfg, cfg.variant.name, cfg.seed, cfg.study.group) == runs / "nonlinear_q-s1"  # ... here
+    assert run_dir(root, cfg, cfg.variant.name, cfg.seed, cfg.study.group) == runs / "test/baseline/baseline-s2"  # ... here
+    assert cfg.arm.lr == load_config([], root).tuned.lr["baseline"]  # at the arm's lr*
     assert not (tmp_path / "reports").exists()
 
 
@@ -515,41 +508,20 @@ def test_missing_run_set_aside_by_a_killed_start_is_named(nano_project, tmp_path
     for name in ("metrics.json", "record.json"):
         (aside.parent / name).replace(aside / name)
     with pytest.raises(RunsError) as e:
-        load_runs(cfg, nano_project, ["baseline", "nonlinear_q"], [1])
+        load_runs(cfg, nano_project, ["baseline", "nonlinear_q"], [1], "")
     msg = str(e.value)
     assert msg.startswith("1 run(s) of the study have no metrics.json (1 of them finished before: ") and \
         f"{aside} holds what a re-run killed" in msg and "variant=nonlinear_q seed=1" in msg, msg
     (aside / "metrics.json").unlink()  # nothing finished set aside: an ordinary missing run, no such words
     with pytest.raises(RunsError) as e:
-        load_runs(cfg, nano_project, ["baseline", "nonlinear_q"], [1])
+        load_runs(cfg, nano_project, ["baseline", "nonlinear_q"], [1], "")
     assert "finished before" not in str(e.value) and "variant=nonlinear_q seed=1" in str(e.value), str(e.value)
 
 
-def test_compare_with_a_group_compares_that_groups_runs_and_leaves_the_studys_report(nano_project, tmp_path,
-                                                                                    monkeypatch, capsys):
-    """Runs trained with study.group=G sit in runs/G/; compare with the same study.group compares them, writes
-    reports/G/ (the study's reports/comparison.md is left as it was) and logs its own MLflow verdict
-    (compare/G) beside the study's (QA: it reported the study's runs and overwrote reports/)."""
-    from mlflow import MlflowClient
-
-    for s in SEEDS:  # the study's runs: nonlinear_q 0.03 better; group "adhoc": 0.2 worse
-        write_run(tmp_path / f"runs/baseline-s{s}", "baseline", s, BASE[s])
-        write_run(tmp_path / f"runs/nonlinear_q-s{s}", "nonlinear_q", s, BASE[s] - 0.03)
-        write_run(tmp_path / f"runs/adhoc/baseline-s{s}", "baseline", s, BASE[s], group="adhoc")
-        write_run(tmp_path / f"runs/adhoc/nonlinear_q-s{s}", "nonlinear_q", s, BASE[s] + 0.2 + 0.01 * s, group="adhoc")
-    db = f"study.tracking_db={tmp_path / 'm.db'}"
-    assert _compare(nano_project, monkeypatch, _study(tmp_path) + [db]) == 0
-    study_md = (tmp_path / "reports/comparison.md").read_bytes()
-    assert _compare(nano_project, monkeypatch, _study(tmp_path) + [db, "study.group=adhoc"]) == 0
-    out = capsys.readouterr().out
-    assert f"wrote {tmp_path / 'reports/adhoc/comparison.md'}" in out
-    mean = sum(0.2 + 0.01 * s for s in SEEDS) / len(SEEDS)
-    group = json.loads((tmp_path / "reports/adhoc/summary.json").read_text())["vs_baseline"]["nonlinear_q"]
-    assert group["mean_diff"] == pytest.approx(mean, abs=1e-9)
-    assert (tmp_path / "reports/comparison.md").read_bytes() == study_md
-    study = json.loads((tmp_path / "reports/summary.json").read_text())["vs_baseline"]["nonlinear_q"]
-    assert study["mean_diff"] == pytest.approx(-0.03, abs=1e-9)
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'm.db'}")
-    exp = client.get_experiment_by_name("test-study")
-    names = sorted(r.info.run_name for r in client.search_runs([exp.experiment_id], "tags.kind = 'verdict'"))
-    assert names == ["compare", "compare/adhoc"]
+def test_compare_without_arms_or_ladder_refuses_in_one_line(nano_project, tmp_path, monkeypatch, capsys):
+    """Nothing to compare (study.arms empty, the scale ladder off): one line naming the fix; nothing written."""
+    assert _compare(nano_project, monkeypatch, _study(tmp_path) + ["study.arms=[]"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: study.arms is empty and the scale ladder is off: nothing to compare") and \
+        len(err.splitlines()) == 1, err
+    assert not (tmp_path / "reports").exists()

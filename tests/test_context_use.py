@@ -174,7 +174,7 @@ def test_the_report_opens_with_attention_share_and_draws_the_position_curves(tmp
                "decomposition": None,
                "attention": [{"arm": "yard", "reference": "base", "n_pairs": 2, "share": 1.25, "ci95": [1.2, 1.3],
                               "margin_nats": 0.03, "ratio": 41.666}]}
-    summary = {"study": "s", "variants": {}, "vs_baseline": {}, "verdict": verdict, "settings": {},
+    summary = {"study": "s", "verdict": verdict, "settings": {},
                "yardsticks": {"available": True, "bigram": {"all": 3.9}}}
     names = figures.write_all(summary, {}, tmp_path)
     assert "position_loss.png" in names and (tmp_path / "position_loss.png").stat().st_size > 10_000

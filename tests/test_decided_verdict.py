@@ -201,10 +201,7 @@ def test_tune_then_test_then_compare(nano_project, tmp_path, monkeypatch, fake_t
     n_before = len(fake_train)
     assert verdict(["--params", str(params)]) == 0 and len(fake_train) == n_before  # every run reused
 
-    # compare: the study's own runs (synthetic), then the decided verdict beside them
-    for v in ("baseline", "nonlinear_q"):
-        for s in range(1, 6):
-            write_run(tmp_path / f"runs/{v}-s{s}", v, s, 4.0 + noise(v, s), tokens=20480)
+    # compare: the decided verdict of the test runs
     assert compare(["--params", str(params)]) == 0
     summary = json.loads((tmp_path / "reports/summary.json").read_text())
     v = summary["verdict"]
@@ -257,8 +254,8 @@ def test_make_tune_through_dvc(tmp_path):
     project = copy_project(tmp_path / "p", seeds=(1, 2))
     study = project / "conf/study.yaml"
     study.write_text(study.read_text().replace("  - trainer: cpu\n", "  - trainer: cpu\n  - tuned\n")
-                     + "arms:\n  base: {variant: baseline}\ntune:\n  arms: [base]\n  points: 3\n  max_points: 4\n"
-                       "  tokens: 4096\n")
+                     .replace("arms:\n", "arms:\n  base: {variant: baseline}\n")
+                     + "tune:\n  arms: [base]\n  points: 3\n  max_points: 4\n  tokens: 4096\n")
     assert run_cli(project, "study.config").returncode == 0
     git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
     subprocess.run(git + ["commit", "-qam", "tune base"], cwd=project, check=True)
@@ -289,15 +286,13 @@ def test_make_tune_through_dvc(tmp_path):
 
 @pytest.mark.slow  # the test and compare stages on faked trainings (~25 s)
 def test_the_verdict_alone_is_the_report(nano_project, tmp_path, monkeypatch, fake_train):
-    """study.variants=[] (the default study): no shared-lr runs, the report is the decided verdict: its tables,
-    metrics/ARM.json, the test runs' curves and the verdict figure."""
+    """The report is the decided verdict: its tables, metrics/ARM.json, the test runs' curves and the verdict
+    figure."""
     from study.compare import main as compare
     from study.test_runs import main as verdict
 
     params, data, tuned_all = tuned_params(nano_project, tmp_path, monkeypatch)
     tuned = tuned_all["lr"]
-    data["study"]["variants"] = []
-    params.write_text(yaml.safe_dump(data, sort_keys=False))
     assert verdict(["--params", str(params)]) == 0
     assert compare(["--params", str(params)]) == 0
     out = tmp_path / "reports"
@@ -317,7 +312,7 @@ def test_the_verdict_alone_is_the_report(nano_project, tmp_path, monkeypatch, fa
     assert vs["p"] == pytest.approx(c["p_value_bh"], rel=1e-12) and vs["n"] == c["n_pairs"]
     assert set(metrics["base"]) == {"val_loss", "n"}  # the reference
     rows = (out / "curves.csv").read_text().splitlines()
-    assert rows[0] == "run,variant,seed,step,tokens,val_loss,train_loss"
+    assert rows[0] == "run,arm,seed,step,tokens,val_loss,train_loss"
     assert {r.split(",")[0] for r in rows[1:]} == {f"{a}-s{s}" for a in plan["seeds"] for s in plan["seeds"][a]}
     assert (out / "figures/verdict.png").read_bytes()[:4] == b"\x89PNG" and "verdict.png" in summary["figures"]
     assert set(summary["figures"]) == {"verdict.png", "val_loss_curves.png", "train_loss_curves.png"}  # the test runs' curves
@@ -348,7 +343,7 @@ def test_study_pairs_pick_the_comparisons_and_only_their_arms_get_more_seeds(nan
     from study.test_runs import main as verdict
 
     params, data, tuned_all = tuned_params(nano_project, tmp_path, monkeypatch)
-    data["study"].update(variants=[], references=["base", "today"], pairs=[["nlq", "base"]])
+    data["study"].update(references=["base", "today"], pairs=[["nlq", "base"]])
     params.write_text(yaml.safe_dump(data, sort_keys=False))
     assert verdict(["--params", str(params)]) == 0
     plan = json.loads((tmp_path / "runs/test/plan.json").read_text())
@@ -378,7 +373,7 @@ def test_an_arm_that_diverges_on_every_seed_is_named_in_its_verdict(nano_project
     monkeypatch.setenv("DVC_EXP_NAME", "test")
     data = yaml.safe_load(write_params(nano_project, tmp_path).read_text())
     data["arms"]["wild"] = {"variant": "nonlinear_q", "overrides": [], "lr": 0.05, "description": ""}  # > DIVERGE
-    data["study"].update(variants=[], arms=["today", "wild"], references=["today"])
+    data["study"].update(arms=["today", "wild"], references=["today"])
     data["tune"]["arms"], data["decomposition"]["rows"] = [], []
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -405,7 +400,7 @@ def test_the_report_prices_the_nonlinear_query_on_the_baseline_familys_frontier(
     for name, ratio in (("m3", "3.5"), ("m5", "5")):
         data["arms"][name] = {"variant": f"baseline_mlp{ratio}", "overrides": [], "lr": 4e-3, "description": ""}
     data["arms"]["base"]["lr"], data["arms"]["nlq"]["lr"] = 4e-3, 1.6e-2  # each at its bowl's bottom
-    data["study"].update(variants=[], arms=["base", "m3", "m5", "nlq"], references=["base"], pairs=[["nlq", "base"]])
+    data["study"].update(arms=["base", "m3", "m5", "nlq"], references=["base"], pairs=[["nlq", "base"]])
     data["tune"]["arms"] = []
     data["decomposition"].update(rows=[], family=["m3", "base", "m5"], worth=["nlq"])
     params = tmp_path / "params.yaml"

@@ -77,17 +77,17 @@ def test_compare_twice_gives_byte_identical_reports(nano_project, tmp_path, monk
     """The same runs give the same report, summary and figures, byte for byte (no dates, no timings)."""
     from study.compare import main
 
-    from tests.synthetic_runs import write_run
+    from tests.synthetic_runs import arms_overrides, write_arms
 
     runs = tmp_path / "runs"
-    for seed, off in ((1, -0.01), (2, 0.0), (3, 0.013)):
-        for v, n in {"baseline": 1.2e5, "baseline_mlp5": 1.6e5, "nonlinear_q": 1.0e5}.items():
-            write_run(runs / f"{v}-s{seed}", v, seed, 10 * n ** -0.1 + off * (1 + len(v) / 10), params=int(n),
-                      fpt=6 * int(n), per_corpus={"sotu": 4.0 + off, "kjv": 3.0 - off})
+    offs = {1: -0.01, 2: 0.0, 3: 0.013, 4: 0.004, 5: -0.006}
+    write_arms(runs, {v: {seed: {"loss": 10 * n ** -0.1 + off * (1 + len(v) / 10), "params": int(n), "fpt": 6 * int(n),
+                                 "per_corpus": {"sotu": 4.0 + off, "kjv": 3.0 - off}} for seed, off in offs.items()}
+                      for v, n in {"baseline": 1.2e5, "baseline_mlp5": 1.6e5, "nonlinear_q": 1.0e5}.items()})
     monkeypatch.chdir(nano_project)
     for out in ("a", "b"):
-        assert main([f"study.runs_dir={runs}", f"study.reports_dir={tmp_path / out}", "study.seeds=[1,2,3]",
-                     "study.variants=[baseline,baseline_mlp5,nonlinear_q]"]) == 0
+        assert main([*arms_overrides(tmp_path, ("baseline", "baseline_mlp5", "nonlinear_q")),
+                     f"study.reports_dir={tmp_path / out}"]) == 0
     files = sorted(str(p.relative_to(tmp_path / "a")) for p in (tmp_path / "a").rglob("*") if p.is_file())
     assert {"comparison.md", "summary.json"} <= set(files) and sum(f.endswith(".png") for f in files) >= 2
     assert sorted(str(p.relative_to(tmp_path / "b")) for p in (tmp_path / "b").rglob("*") if p.is_file()) == files

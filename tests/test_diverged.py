@@ -66,8 +66,9 @@ def test_a_diverged_run_goes_through_the_real_compare_as_a_lost_point(run_in, na
     own lr (``arm.lr``, as the lr sweep sets it), so that the two seeds still pair."""
     from mlflow import MlflowClient
 
-    from study.analysis.runs import load_mlflow
-    from study.compare import main as compare
+    from study.analysis.runs import load_mlflow, read_run
+    from study.analysis.summary import finite_or_null, summarize
+    from study.analysis.tables import markdown
     from study.config import load_config
 
     ok = run_in("variant=baseline", "seed=1")
@@ -86,20 +87,15 @@ def test_a_diverged_run_goes_through_the_real_compare_as_a_lost_point(run_in, na
     assert run.info.status == "FINISHED" and run.data.tags["status"] == "diverged"
     assert run.data.tags["diverged_step"] == str(expected) and run.data.tags["diverged"] == record["reason"]
 
-    monkeypatch.chdir(nano_project)
-    args = [f"study.runs_dir={tmp_path / 'runs'}", f"study.tracking_db={db}", f"study.reports_dir={tmp_path / 'rep'}",
-            f"study.artifact_dir={tmp_path / 'mlartifacts'}", "study.variants=[baseline]", "study.seeds=[1,2]"]
-    assert compare(args) == 0, capsys.readouterr().err
-    summary = strict_json(tmp_path / "rep/summary.json")
-    b = summary["variants"]["baseline"]
-    assert b["n_seeds"] == 1 and b["val_loss_mean"] == ok["val_loss"]
-    assert b["diverged"] == {"2": {"step": expected, "reason": record["reason"]}}
-    md = (tmp_path / "rep/comparison.md").read_text()
-    assert f"- baseline-s2: diverged at step {expected}: " in md
-    for f in (tmp_path / "rep/metrics").glob("*.json"):
-        strict_json(f)
+    # the report's summary over the two runs as one arm's: one finished seed, the other a lost point
+    runs = {"baseline": {1: read_run(tmp_path / "runs/baseline-s1"), 2: read_run(d)}}
+    summary = finite_or_null(summarize(load_config([], nano_project), nano_project, runs))
+    assert json.loads(json.dumps(summary, allow_nan=False))["diverged"] == {
+        "baseline": {"2": {"step": expected, "reason": record["reason"]}}}
+    assert summary["yardsticks"]["available"] and summary["verdict"] is None  # no arms: no verdict
+    assert f"- baseline seed 2: diverged at step {expected}: " in markdown(summary)
     # the notebook's reader (the MLflow store) lists it as a lost point too
-    cfg = load_config([f"study.tracking_db={db}", "study.variants=[baseline]", "study.seeds=[1,2]"], nano_project)
+    cfg = load_config([f"study.tracking_db={db}", "study.seeds=[1,2]"], nano_project)
     runs = load_mlflow(cfg, nano_project)
     assert runs["baseline"][2]["status"] == "diverged" and runs["baseline"][2]["val_loss"] is None
     assert runs["baseline"][2]["diverged_step"] == expected and runs["baseline"][1]["val_loss"] == ok["val_loss"]
@@ -157,21 +153,21 @@ def test_an_old_diverged_run_with_nan_or_an_absurd_loss_is_read_as_a_lost_point(
 
 
 def test_every_baseline_seed_diverged_is_still_a_report(nano_project, tmp_path, monkeypatch):
-    """QA: with per-corpus losses recorded and every baseline seed diverged (arm.lr=1e3 at both seeds),
+    """QA: with per-corpus losses recorded and every baseline seed diverged (arm.lr=1e3 at every seed),
     compare stopped on a StopIteration in summary.per_corpus; it must write the report with the lost points."""
     from study.compare import main
-    from tests.synthetic_runs import write_run
+    from tests.synthetic_runs import arms_overrides, write_arms
 
     corpora = {"sotu": 4.1, "shakespeare": 4.2, "kjv": 4.0}
-    for s in (1, 2):
-        write_run(tmp_path / f"runs/baseline-s{s}", "baseline", s, 4.0, status="diverged")
-        write_run(tmp_path / f"runs/nonlinear_q-s{s}", "nonlinear_q", s, 4.0 + 0.01 * s, per_corpus=corpora)
+    seeds = (1, 2, 3, 4, 5)
+    write_arms(tmp_path / "runs", {"baseline": {s: {"loss": 4.0, "status": "diverged"} for s in seeds},
+                                   "nonlinear_q": {s: {"loss": 4.0 + 0.01 * s, "per_corpus": corpora} for s in seeds}})
     monkeypatch.chdir(nano_project)
-    assert main([f"study.runs_dir={tmp_path / 'runs'}", f"study.reports_dir={tmp_path / 'reports'}",
-                 "study.seeds=[1,2]", "study.variants=[baseline,nonlinear_q]"]) == 0
+    assert main(arms_overrides(tmp_path)) == 0
     summary = strict_json(tmp_path / "reports/summary.json")
-    assert summary["per_corpus"] is None and set(summary["variants"]["baseline"]["diverged"]) == {"1", "2"}
-    assert "baseline-s1: diverged" in (tmp_path / "reports/comparison.md").read_text()
+    assert summary["per_corpus"] is None and set(summary["diverged"]["baseline"]) == {str(s) for s in seeds}
+    assert summary["verdict"]["arms"]["baseline"]["n_seeds"] == 0
+    assert "- baseline seed 1: diverged" in (tmp_path / "reports/comparison.md").read_text()
 
 
 @pytest.mark.slow  # two nano trainings
@@ -190,8 +186,7 @@ def test_divergence_stops_the_run_and_compare_reports_it(run_in, tmp_path, nano_
     assert run.info.status == "FINISHED" and run.data.tags["diverged"] == m["reason"]
     assert run.data.tags["status"] == "diverged" and run.data.tags["diverged_step"] == str(m["diverged_step"])
     ok = run_in("variant=baseline", "seed=2")
-    cfg = load_config(["study.seeds=[1,2]", "study.variants=[baseline]"], nano_project)
+    cfg = load_config(["study.seeds=[1,2]"], nano_project)
     runs = {"baseline": {1: {**m, "curve": []}, 2: {**ok, "curve": []}}}
-    s = summarize(cfg, runs, nano_project)["variants"]["baseline"]
-    assert s["n_seeds"] == 1 and s["val_loss_mean"] == ok["val_loss"]
-    assert s["diverged"] == {"1": {"step": m["diverged_step"], "reason": m["reason"]}}
+    s = summarize(cfg, nano_project, runs)
+    assert s["diverged"]["baseline"] == {"1": {"step": m["diverged_step"], "reason": m["reason"]}}

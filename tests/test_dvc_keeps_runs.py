@@ -39,18 +39,18 @@ def test_every_stage_output_persists():
 
 @pytest.mark.slow  # ~2-3 min: three dvc repro / exp run of one nano run in a scratch copy
 def test_exp_run_then_a_conf_edit_then_repro_loses_nothing(tmp_path):
-    """`dvc exp run -S train.lr=6e-3`, an edit under conf/, then `dvc repro` and `dvc repro -f compare`: both
-    refuse (params.yaml is not conf/ composed) and every file of the finished run and of data/tokens is
-    still there, byte for byte; `make params` (python -m study.config) then `dvc repro` replaces the run."""
-    project = copy_project(tmp_path / "p", name="keep", variants=("baseline",), seeds=(1,), tokens=10240)
+    """`dvc exp run -S arms.baseline.lr=6e-3`, an edit under conf/, then `dvc repro` and `dvc repro -f compare`: both
+    refuse (params.yaml is not conf/ composed) and every file of the finished runs and of data/tokens is
+    still there, byte for byte; `make params` (python -m study.config) then `dvc repro` replaces the runs."""
+    project = copy_project(tmp_path / "p", name="keep", arms=("baseline",), seeds=(1, 2, 3, 4, 5), tokens=10240)
     git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
     r = _dvc(project, "repro")
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     subprocess.run(git + ["add", "-A"], cwd=project, check=True)
     subprocess.run(git + ["commit", "-qm", "study"], cwd=project, check=True)
-    r = _dvc(project, "exp", "run", "-S", "train.lr=6e-3")
+    r = _dvc(project, "exp", "run", "-S", "arms.baseline.lr=6e-3")
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    run = project / "runs/baseline-s1"
+    run = project / "runs/test/baseline/baseline-s1"
     assert '"lr": 0.006' in (run / "record.json").read_text()
     kept = _digests(run, RUN_FILES)
     data = sorted(str(p.relative_to(project)) for p in (project / "data/tokens").rglob("*") if p.is_file())
@@ -60,7 +60,7 @@ def test_exp_run_then_a_conf_edit_then_repro_loses_nothing(tmp_path):
         f.write("# an edit under conf/\n")
     r = _dvc(project, "repro")
     assert r.returncode != 0 and "params.yaml is not conf/ composed" in r.stdout + r.stderr
-    assert "Running stage 'train@baseline-1'" in r.stdout  # DVC did run the stage: the command refused
+    assert "Running stage 'test_runs'" in r.stdout  # DVC did run the stage: the command refused
     assert _digests(run, RUN_FILES) == kept
     r = _dvc(project, "repro", "-f", "compare")
     assert r.returncode != 0 and "params.yaml is not conf/ composed" in r.stdout + r.stderr
@@ -86,7 +86,7 @@ def test_a_stage_that_trains_depends_on_every_study_module_the_training_module_i
                 if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("study.")}
     stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
     training = {name: s["deps"] for name, s in stages.items() if "study/modeling/lit_module.py" in s.get("deps", [])}
-    assert {"train", "scale_ladder"} <= set(training)
+    assert {"tune", "test_runs", "scale_ladder"} <= set(training)
     for name, deps in training.items():
         for module in imported:
             path = module.replace(".", "/")

@@ -12,7 +12,7 @@ import subprocess
 import pytest
 
 from conftest import BIN, copy_project, env_for
-from tests.synthetic_runs import write_run
+from tests.synthetic_runs import arms_overrides, write_arms
 
 
 def _numbers_only(d: dict) -> bool:
@@ -52,33 +52,44 @@ def test_a_diverged_result_keeps_only_the_numbers_it_has():
                       "mlflow_run_id": "abc"}
 
 
-def _synthetic_study(runs, seeds=(1, 2), missing=()):
-    losses = {"baseline": {1: 4.00, 2: 4.10}, "nonlinear_q": {1: 3.97, 2: 4.02}}
-    for v, by_seed in losses.items():
-        for s in seeds:
-            if (v, s) not in missing:
-                write_run(runs / f"{v}-s{s}", v, s, by_seed[s])
+SEEDS = (1, 2, 3, 4, 5)
+
+
+def _synthetic_study(runs, missing=(), **kw):
+    """The test runs of the arms baseline and nonlinear_q on SEEDS, but ``missing`` ((arm, seed) pairs)."""
+    losses = {"baseline": {1: 4.00, 2: 4.10, 3: 3.95, 4: 4.05, 5: 3.98},
+              "nonlinear_q": {1: 3.97, 2: 4.02, 3: 3.94, 4: 4.06, 5: 3.95}}
+    write_arms(runs, {a: {s: x for s, x in by_seed.items() if (a, s) not in missing} for a, by_seed in losses.items()},
+               **kw)
+    plan = runs / "test/plan.json"  # the plan names every seed, missing runs too
+    plan.write_text(json.dumps({"seeds": {a: list(SEEDS) for a in losses}}))
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    return {k2: v2 for k, v in d.items() for k2, v2 in
+            (_flat(v, f"{prefix}{k}.").items() if isinstance(v, dict) else [(f"{prefix}{k}", v)])}
 
 
 @pytest.mark.slow  # dvc processes
 def test_dvc_metrics_and_plots_of_the_pipeline(tmp_path, monkeypatch):
     """In a copy of the project (a git and DVC repository): compare's metric files are numbers only, one
-    per variant; `dvc metrics show` lists runs and variants; `dvc plots show` draws one val_loss chart with
+    per arm; `dvc metrics show` lists them; `dvc plots show` draws one val_loss chart with
     one line per run; `dvc plots diff` one line per run and revision; git sees no generated file."""
     from study.compare import main
 
-    project = copy_project(tmp_path / "p", variants=("baseline", "nonlinear_q"), seeds=(1, 2))
+    project = copy_project(tmp_path / "p", arms=("baseline", "nonlinear_q"), seeds=SEEDS)
     _synthetic_study(project / "runs")
     monkeypatch.chdir(project)
     assert main([]) == 0
-    summary = json.loads((project / "reports/summary.json").read_text())
+    verdict = json.loads((project / "reports/summary.json").read_text())["verdict"]
     files = sorted(p.name for p in (project / "reports/metrics").iterdir())
     assert files == ["baseline.json", "nonlinear_q.json"]
     nq = json.loads((project / "reports/metrics/nonlinear_q.json").read_text())
-    c = summary["vs_baseline"]["nonlinear_q"]
-    assert nq == pytest.approx({"val_loss": summary["variants"]["nonlinear_q"]["val_loss_mean"], "n": 2,
-                                "pct_log_loss": c["pct_log_loss"], "ci_low": c["pct_log_loss_ci95"][0],
-                                "ci_high": c["pct_log_loss_ci95"][1], "p": c["p_value"]})
+    c = verdict["comparisons"]["nonlinear_q vs baseline"]
+    assert _flat(nq) == pytest.approx({"val_loss": verdict["arms"]["nonlinear_q"]["val_loss_mean"], "n": 5,
+                                       "vs_baseline.pct_log_loss": c["pct"]["mean"], "vs_baseline.ci_low": c["pct"]["ci95"][0],
+                                       "vs_baseline.ci_high": c["pct"]["ci95"][1], "vs_baseline.p": c["p_value_bh"],
+                                       "vs_baseline.n": 5})
     env = env_for(project)
     dvc = [str(BIN / "dvc")]
     shown = subprocess.run(dvc + ["metrics", "show", "--json"], cwd=project, env=env, capture_output=True,
@@ -87,10 +98,9 @@ def test_dvc_metrics_and_plots_of_the_pipeline(tmp_path, monkeypatch):
     data = json.loads(shown.stdout[shown.stdout.index("{"):])
     per_file = data["workspace"]["data"] if "workspace" in data else data[""]["data"]
     got = {path: entry["data"] for path, entry in per_file.items() if "data" in entry}
-    assert {"runs/baseline-s1/metrics.json", "runs/nonlinear_q-s2/metrics.json", "reports/metrics/baseline.json",
-            "reports/metrics/nonlinear_q.json"} <= set(got)
+    assert {"reports/metrics/baseline.json", "reports/metrics/nonlinear_q.json"} <= set(got)
     assert "reports/summary.json" not in got
-    assert all(_numbers_only(d) for d in got.values()), got
+    assert all(_numbers_only(_flat(d)) for d in got.values()), got
     # the curves: one chart, one line per run
     plots = subprocess.run(dvc + ["plots", "show", "--json", "val_loss"], cwd=project, env=env,
                            capture_output=True, text=True, timeout=300)
@@ -100,8 +110,8 @@ def test_dvc_metrics_and_plots_of_the_pipeline(tmp_path, monkeypatch):
     spec = charts[0]["content"]
     assert spec["encoding"]["color"]["field"] == "run" and spec["encoding"]["x"]["field"] == "tokens"
     values = spec["data"]["values"]
-    assert sorted({r["run"] for r in values}) == ["baseline-s1", "baseline-s2", "nonlinear_q-s1", "nonlinear_q-s2"]
-    assert len(values) == 4 * 3 and {r["rev"] for r in values} == {"workspace"}
+    assert sorted({r["run"] for r in values}) == [f"{a}-s{s}" for a in ("baseline", "nonlinear_q") for s in SEEDS]
+    assert len(values) == 10 * 3 and {r["rev"] for r in values} == {"workspace"}
     b1 = [float(r["val_loss"]) for r in values if r["run"] == "baseline-s1"]
     assert b1 == pytest.approx([4.2, 4.1, 4.0])  # the synthetic curve, falling to the final loss
     # dvc plots diff: the committed curves against the workspace's, one line per run and revision
@@ -113,7 +123,7 @@ def test_dvc_metrics_and_plots_of_the_pipeline(tmp_path, monkeypatch):
                           capture_output=True, text=True, timeout=300)
     assert diff.returncode == 0, diff.stderr
     values = json.loads(diff.stdout[diff.stdout.index("{"):])["data"]["val_loss"][0]["content"]["data"]["values"]
-    assert len({(r["rev"], r["run"]) for r in values}) == 8
+    assert len({(r["rev"], r["run"]) for r in values}) == 20
     # nothing compare wrote is offered to git (dvc_plots/ neither)
     subprocess.run(git + ["rm", "-q", "--cached", "reports/curves.csv"], cwd=project, check=True)
     subprocess.run(dvc + ["plots", "show", "-q"], cwd=project, env=env, check=True, timeout=300)
@@ -123,15 +133,13 @@ def test_dvc_metrics_and_plots_of_the_pipeline(tmp_path, monkeypatch):
     assert status.splitlines() == ["D  reports/curves.csv"], status
 
 
-def test_stale_variant_metrics_are_removed(tmp_path):
+def test_stale_arm_metrics_are_removed(tmp_path):
     from study.analysis.report import write_metrics
 
     folder = tmp_path / "metrics"
     folder.mkdir()
     (folder / "identity_q.json").write_text("{}")
-    summary = {"baseline": "baseline",
-               "variants": {"baseline": {"val_loss_mean": 4.0, "n_seeds": 1}},
-               "vs_baseline": {}}
+    summary = {"verdict": {"arms": {"baseline": {"val_loss_mean": 4.0, "n_seeds": 1}}, "comparisons": {}}}
     write_metrics(summary, folder)
     assert sorted(p.name for p in folder.iterdir()) == ["baseline.json"]
     # one seed: no sd, so nothing undefined is written (NaN is not a number for DVC)
@@ -145,21 +153,20 @@ def test_missing_run_hint_is_a_command_that_makes_that_run(nano_project, tmp_pat
     from study.config import load_config, run_dir
 
     runs = tmp_path / "runs"
-    _synthetic_study(runs, missing={("nonlinear_q", 2)})
+    _synthetic_study(runs, missing={("nonlinear_q", 2)}, model={"n_layer": 3})
     monkeypatch.chdir(nano_project)
-    args = [f"study.runs_dir={runs}", f"study.reports_dir={tmp_path / 'reports'}", "study.seeds=[1,2]",
-            "study.variants=[baseline,nonlinear_q]", "model.n_layer=3", "train.lr=0.002"]
+    args = [*arms_overrides(tmp_path), "model.n_layer=3", "arms.nonlinear_q.lr=0.002"]
     assert main(args) == 2
     err = capsys.readouterr().err
     cmd = re.search(r"`python -m study\.train ([^`]*)`", err)
     assert cmd, err
     overrides = shlex.split(cmd.group(1))
     assert overrides[:2] == ["variant=nonlinear_q", "seed=2"]
-    assert {"model.n_layer=3", "train.lr=0.002", f"study.runs_dir={runs}"} <= set(overrides), overrides
-    assert not [o for o in overrides if o.startswith(("study.reports_dir", "study.variants", "study.seeds"))]
+    assert {"model.n_layer=3", "arm.lr=0.002", f"study.runs_dir={runs}"} <= set(overrides), overrides
+    assert not [o for o in overrides if o.startswith(("study.reports_dir", "study.arms", "study.seeds"))]
     cfg = load_config(overrides, nano_project)
-    assert cfg.model.n_layer == 3 and cfg.train.lr == 0.002
-    assert run_dir(nano_project, cfg, cfg.variant.name, cfg.seed, cfg.study.group) == runs / "nonlinear_q-s2"
+    assert cfg.model.n_layer == 3 and cfg.arm.lr == 0.002
+    assert run_dir(nano_project, cfg, cfg.variant.name, cfg.seed, cfg.study.group) == runs / "test/nonlinear_q/nonlinear_q-s2"
 
 
 def test_missing_profile_run_hint_carries_the_profile_settings(nano_project):

@@ -29,7 +29,7 @@ EDGE = ["", "  leading and trailing spaces, a newline\n", "Unicode: café, naïv
 
 STUDY = """\
 defaults: [run_config, {model: nano}, {variant: baseline}, {data: owt}, {trainer: cpu}, _self_]
-study: {name: hf-test, variants: [baseline], seeds: [1], baseline: baseline}
+study: {name: hf-test, seeds: [1], baseline: baseline}
 model: {vocab_multiple: 64}
 """
 

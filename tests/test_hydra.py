@@ -276,34 +276,34 @@ def test_check_params_fails_in_one_line_when_conf_was_edited(tmp_path, monkeypat
 
 @pytest.mark.slow
 def test_dvc_exp_run_set_param_reaches_the_stages(tmp_path):
-    """`dvc exp run -S model=... -S train.lr=...` in a copy of the project (one nano run): DVC composes conf/
-    with the overrides into params.yaml and the train stage runs what it says."""
+    """`dvc exp run -S model=... -S arms.baseline.lr=...` in a copy of the project (two nano arms): DVC composes conf/
+    with the overrides into params.yaml and the test stage runs what it says."""
     import json
 
     from conftest import BIN, copy_project
 
-    project = copy_project(tmp_path / "proj", name="exp", variants=("baseline", "nonlinear_q"), seeds=(1,),
+    project = copy_project(tmp_path / "proj", name="exp", arms=("baseline", "nonlinear_q"), seeds=(1, 2, 3, 4, 5),
                            tokens=10240)
     (project / "conf/model/nano1.yaml").write_text((project / "conf/model/nano.yaml").read_text()
                                                    .replace("name: nano", "name: nano1").replace("n_layer: 2", "n_layer: 1"))
     git = ["git", "-c", "user.email=t@t", "-c", "user.name=t"]
     subprocess.run(git + ["add", "-A"], cwd=project, check=True)
     subprocess.run(git + ["commit", "-qm", "nano1"], cwd=project, check=True)
-    r = subprocess.run([str(BIN / "dvc"), "exp", "run", "-S", "model=nano1", "-S", "train.lr=6e-3"], cwd=project,
-                       env=env_for(project), capture_output=True, text=True, timeout=1500)
+    r = subprocess.run([str(BIN / "dvc"), "exp", "run", "-S", "model=nano1", "-S", "arms.baseline.lr=6e-3"],
+                       cwd=project, env=env_for(project), capture_output=True, text=True, timeout=1500)
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
-    config = json.loads((project / "runs/baseline-s1/config.json").read_text())
-    assert (config["model"]["name"], config["model"]["n_layer"], config["train"]["lr"]) == ("nano1", 1, 6e-3)
+    config = json.loads((project / "runs/test/baseline/baseline-s1/config.json").read_text())
+    assert (config["model"]["name"], config["model"]["n_layer"], config["arm"]["lr"]) == ("nano1", 1, 6e-3)
     params = yaml.safe_load((project / "params.yaml").read_text())
-    assert (params["model"]["name"], params["train"]["lr"]) == ("nano1", 6e-3)
+    assert (params["model"]["name"], params["arms"]["baseline"]["lr"]) == ("nano1", 6e-3)
     # the experiment's own verdict, as `make exps` shows it: reports/metrics is cached, so `dvc exp show` reads
     # the experiment's metrics from its commit (with cache: false, every experiment but the workspace shows '-')
     shown = json.loads(subprocess.run([str(BIN / "dvc"), "exp", "show", "--json"], cwd=project, env=env_for(project),
                                       capture_output=True, text=True, check=True).stdout)
     exps = [r for row in shown for e in (row.get("experiments") or []) for r in e["revs"]]
     assert len(exps) == 1, shown
-    verdict = exps[0]["data"]["metrics"]["reports/metrics/nonlinear_q.json"]["data"]
-    written = json.loads((project / "reports/metrics/nonlinear_q.json").read_text())
+    verdict = exps[0]["data"]["metrics"]["reports/metrics/nonlinear_q.json"]["data"]["vs_baseline"]
+    written = json.loads((project / "reports/metrics/nonlinear_q.json").read_text())["vs_baseline"]
     assert verdict["pct_log_loss"] == written["pct_log_loss"] and math.isfinite(verdict["pct_log_loss"])
 
 
@@ -375,7 +375,7 @@ def test_study_config_refuses_a_group_file_naming_another_file(tmp_path, monkeyp
     nano = tmp_path / "conf/model/nano.yaml"  # chosen by an override
     nano.write_text(nano.read_text().replace("name: nano", "name: pico"))
     assert "conf/model/nano.yaml says name: pico" in _one_line(_cli(tmp_path, "study.config", *NANO))
-    variant = tmp_path / "conf/variant/nonlinear_q.yaml"  # listed in study.variants: every train stage runs it
+    variant = tmp_path / "conf/variant/nonlinear_q.yaml"  # the variant of an arm of study.arms: the test stage runs it
     variant.write_text(variant.read_text().replace("name: nonlinear_q", "name: nlq"))
     assert "conf/variant/nonlinear_q.yaml says name: nlq" in _one_line(_cli(tmp_path, "study.config", "--check"))
     assert (tmp_path / "params.yaml").read_bytes() == committed

@@ -96,7 +96,7 @@ def test_study_pairs_are_checked(monkeypatch, pairs, message):
         load_config([f"study.pairs={pairs}"], root)
     if "must be" in message:  # the shape is checked even while the verdict is off (study.arms=[])
         with pytest.raises(ConfigError, match=message):
-            load_config(["study.arms=[]", "study.variants=[baseline]", f"study.pairs={pairs}"], root)
+            load_config(["study.arms=[]", f"study.pairs={pairs}"], root)
     assert comparisons_of(load_config([], root)) == [("nonlinear_q", "baseline"), ("nonlinear_q_ph", "baseline_qknorm")]
     assert comparisons_of(load_config(["study.pairs=[]"], root)) == [
         ("nonlinear_q", "baseline"), ("nonlinear_q", "baseline_qknorm"),

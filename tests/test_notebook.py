@@ -22,29 +22,13 @@ ARMS = {"baseline": "baseline", "nonlinear_q": "nonlinear_q", "no_context": "no_
         "baseline_mlp4.75": "baseline_mlp4.75"}
 SEEDS = (1, 2, 3, 4, 5)
 
-ARMS_YAML = """\
-  arms: [baseline, nonlinear_q, no_context, baseline_mlp4.75]
-  references: [baseline]
-  pairs: [[nonlinear_q, baseline], [baseline_mlp4.75, baseline]]
-  max_seeds: 5
-  jobs: 2
-  pilot_seeds: []
-arms:
-{arms}
-tune:
-  arms: []
-  table_dir: tuning
-"""
-
-
 def arms_study(dest: Path, data_from: Path) -> Path:
     """A copy of the project whose conf/study.yaml (and params.yaml) is a nano study of ``ARMS`` on ``SEEDS``, its
     prepared data copied from ``data_from`` (a prepared nano project); nothing trained yet."""
-    project = copy_project(dest, name="nb-study", variants=("baseline",), seeds=SEEDS)
+    project = copy_project(dest, name="nb-study", arms=tuple(ARMS), seeds=SEEDS)
     study_yaml = project / "conf" / "study.yaml"
-    arms = "\n".join(f"  {a}: {{variant: {v}, lr: 3.0e-3}}" for a, v in ARMS.items())
-    text = study_yaml.read_text().replace("variants: ['baseline']", "variants: []")
-    text = text.replace("  baseline: baseline\n", "  baseline: baseline\n" + ARMS_YAML.format(arms=arms))
+    text = study_yaml.read_text().replace("  pairs: []\n", "  pairs: [[nonlinear_q, baseline], [baseline_mlp4.75, baseline]]\n"
+                                                           "  jobs: 2\n")
     study_yaml.write_text(text.replace("trainer: {}", "trainer:\n  threads: 1"))
     write_params(project)
     shutil.copytree(data_from / "data", project / "data", dirs_exist_ok=True)

@@ -19,6 +19,10 @@ from study.runfolder import read_result  # metrics.json and record.json of a run
 pytestmark = pytest.mark.slow
 
 
+ARMS, SEEDS = ("baseline", "nonlinear_q"), (1, 2, 3, 4, 5)
+RUNS = [f"test/{a}/{a}-s{s}" for a in ARMS for s in SEEDS]  # the test runs' names (their folders under runs/)
+
+
 def dvc(project, *args, timeout=1500):
     return subprocess.run([str(BIN / "dvc"), *args], cwd=project, env=env_for(project), capture_output=True,
                           text=True, timeout=timeout)
@@ -26,8 +30,7 @@ def dvc(project, *args, timeout=1500):
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
-    project = copy_project(tmp_path_factory.mktemp("pipeline"), name="e2e", variants=("baseline", "nonlinear_q"),
-                           seeds=(1, 2), tokens=20480)
+    project = copy_project(tmp_path_factory.mktemp("pipeline"), name="e2e", arms=ARMS, seeds=SEEDS, tokens=20480)
     r = dvc(project, "repro")
     assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
     (project / "repro.log").write_text(r.stdout + r.stderr)  # untracked: kept for test_repro_log_shows_each_runs_progress
@@ -39,7 +42,7 @@ def test_repro_log_shows_each_runs_progress(study):
     import re
 
     log = (study / "repro.log").read_text()
-    for run in ("baseline-s1", "baseline-s2", "nonlinear_q-s1", "nonlinear_q-s2"):
+    for run in RUNS:
         steps = [int(s) for s in re.findall(rf"^{run}: step (\d+)/10 \(", log, re.M)]
         assert steps == list(range(1, 11)), (run, log[-3000:])
     assert "Epoch 0/-2" not in log and "Tip:" not in log and "Create an account" not in log
@@ -47,31 +50,28 @@ def test_repro_log_shows_each_runs_progress(study):
 
 def test_report_figures_match_the_runs(study):
     summary = json.loads((study / "reports/summary.json").read_text())
-    runs = {(v, s): read_result(study / f"runs/{v}-s{s}")
-            for v in ("baseline", "nonlinear_q") for s in (1, 2)}
+    runs = {(a, s): read_result(study / f"runs/test/{a}/{a}-s{s}") for a in ARMS for s in SEEDS}
     assert all(m["status"] == "ok" and m["tokens"] == 20480 for m in runs.values())
-    for v in ("baseline", "nonlinear_q"):
-        losses = [runs[v, s]["val_loss"] for s in (1, 2)]
-        got = summary["variants"][v]
-        assert got["n_seeds"] == 2
+    for a in ARMS:
+        losses = [runs[a, s]["val_loss"] for s in SEEDS]
+        got = summary["verdict"]["arms"][a]
+        assert got["n_seeds"] == 5 and got["lr"] == 3e-3
         assert got["val_loss_mean"] == pytest.approx(np.mean(losses))
         assert got["val_loss_sd"] == pytest.approx(np.std(losses, ddof=1))
-        assert got["non_embedding_params"] == runs[v, 1]["non_embedding_params"]
         assert 3.0 < got["val_loss_mean"] < math.log(512) + 0.1  # trained below the uniform loss, real text
-    b = [runs["baseline", s]["val_loss"] for s in (1, 2)]
-    n = [runs["nonlinear_q", s]["val_loss"] for s in (1, 2)]
-    c = summary["vs_baseline"]["nonlinear_q"]
-    assert c["pct_log_loss"] == pytest.approx(100 * (np.mean(n) - np.mean(b)) / np.mean(b))
-    assert c["pct_perplexity"] == pytest.approx(100 * (math.exp(np.mean(n) - np.mean(b)) - 1))
+    b = [runs["baseline", s]["val_loss"] for s in SEEDS]
+    n = [runs["nonlinear_q", s]["val_loss"] for s in SEEDS]
+    c = summary["verdict"]["comparisons"]["nonlinear_q vs baseline"]
+    assert c["pct"]["mean"] == pytest.approx(100 * (np.mean(n) - np.mean(b)) / np.mean(b))
     assert c["p_value"] == pytest.approx(stats.ttest_rel(n, b).pvalue)
     assert c["ci95"][0] < c["mean_diff"] < c["ci95"][1]
     md = (study / "reports/comparison.md").read_text()
-    assert f"{c['pct_log_loss']:+.2f}%" in md and "nonlinear_q" in md
-    for png in ("val_loss_curves.png", "final_val_loss.png"):
+    assert f"| {c['pct']['mean']:+.2f} |" in md and "nonlinear_q vs baseline" in md
+    for png in ("val_loss_curves.png", "verdict.png"):
         data = (study / "reports/figures" / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     # every run sees the same fixed validation windows and the same number of evaluations
-    curves = [(study / f"runs/{v}-s{s}/curve.csv").read_text().splitlines() for v, s in runs]
+    curves = [(study / f"runs/test/{a}/{a}-s{s}/curve.csv").read_text().splitlines() for a, s in runs]
     assert len({len(c) for c in curves}) == 1
     assert curves[0][0] == ("step,tokens,train_loss,val_loss,lr,in_context_gain,val_loss/kjv,val_loss/shakespeare,val_loss/sotu,"
                             "attn_logit_max/L0,attn_logit_max/L1")
@@ -86,7 +86,7 @@ def test_runs_are_tracked_in_mlflow(study):
     verdict = [r for r in runs if r.data.tags.get("kind") == "verdict"]
     assert [v.info.run_name for v in verdict] == ["compare"]  # compare's report, findable in the UI
     runs = [r for r in runs if r not in verdict]
-    assert sorted(r.info.run_name for r in runs) == ["baseline-s1", "baseline-s2", "nonlinear_q-s1", "nonlinear_q-s2"]
+    assert sorted(r.info.run_name for r in runs) == RUNS
     for r in runs:
         assert r.info.status == "FINISHED"
         assert r.data.params["variant.query"] in ("linear", "nonlinear")
@@ -104,15 +104,18 @@ def test_repro_is_idempotent_and_selective(study):
     assert dvc(study, "metrics", "show", "--json").returncode == 0
     r = dvc(study, "plots", "show", "-o", str(study / "plots_html"))
     assert r.returncode == 0, r.stderr
-    # editing one variant re-runs only that variant's training, the test stage of the decided verdict (it depends
-    # on conf/variant/, since an arm may use any variant; its driver reuses every run whose settings did not
-    # change, and does nothing while study.arms is empty) and the comparison
+    # editing one variant re-runs the test stage (it depends on conf/variant/, since an arm may use any variant;
+    # its driver reuses every run whose settings did not change, and trains that variant's arm again) and the
+    # comparison
     path = study / "conf/variant/nonlinear_q.yaml"
     path.write_text(path.read_text() + "scale_factor: 0.4\n")  # a setting of the variant (its lr is its arm's)
     r = dvc(study, "repro")
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     ran = sorted(line.split("'")[1] for line in r.stdout.splitlines() if line.startswith("Running stage"))
-    assert ran == ["compare", "test_runs", "train@nonlinear_q-1", "train@nonlinear_q-2"], r.stdout
+    assert ran == ["compare", "test_runs"], r.stdout
+    log = r.stdout + r.stderr
+    assert log.count("test/nonlinear_q/nonlinear_q-s1: step 10/10") == 1, log  # the variant's arm trained again
+    assert "test/baseline/baseline-s1: step" not in log, log  # the baseline's runs reused
 
 
 def test_mlflow_ui_serves_the_runs(study):
@@ -146,18 +149,18 @@ def test_mlflow_ui_serves_the_runs(study):
                                      headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=10) as r:
             runs = json.loads(r.read())["runs"]
-        assert {r["info"]["run_name"] for r in runs} == {"baseline-s1", "baseline-s2", "nonlinear_q-s1",
-                                                          "nonlinear_q-s2", "compare"}
+        assert {r["info"]["run_name"] for r in runs} == {*RUNS, "compare"}
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
 
 
-def test_notebook_says_a_study_without_arms_has_no_test_runs(study):
-    """This study compares study.variants at a shared lr and has no arms: the notebook (whose subject is the test
-    runs of study.arms: tests/test_notebook.py) runs through and says so, every section without a table."""
+def test_notebook_says_a_study_without_arms_has_no_test_runs(study, monkeypatch):
+    """The study with study.arms=[] (STUDY_OVERRIDES): the notebook (whose subject is the test runs of study.arms:
+    tests/test_notebook.py) runs through and says so, every section without a table."""
     from test_notebook import execute, tables
 
+    monkeypatch.setenv("STUDY_OVERRIDES", "study.arms=[]")
     nb = execute(study, study / "notebooks")
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "study.arms is empty: the study has no test runs to show" in text

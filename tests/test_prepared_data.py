@@ -173,14 +173,12 @@ def test_corrupt_meta_or_index_is_refused_in_one_line(nano_project, tmp_path, mo
 def test_compare_refuses_a_corrupt_meta_json_in_one_line_and_keeps_the_reports(nano_project, tmp_path, monkeypatch,
                                                                                  capsys):
     from study.compare import main
-    from tests.synthetic_runs import write_run
+    from tests.synthetic_runs import arms_overrides, write_arms
 
     data = _copy_data(nano_project, tmp_path / "tokens")
-    for v, loss in (("baseline", 4.0), ("nonlinear_q", 3.9)):
-        for s in (1, 2):
-            write_run(tmp_path / f"runs/{v}-s{s}", v, s, loss + 0.01 * s)
-    args = [f"data.dir={data}", f"study.runs_dir={tmp_path / 'runs'}", f"study.reports_dir={tmp_path / 'reports'}",
-            "study.seeds=[1,2]", "study.variants=[baseline,nonlinear_q]", f"study.tracking_db={tmp_path / 'm.db'}"]
+    write_arms(tmp_path / "runs", {a: {s: loss + 0.01 * s for s in (1, 2, 3, 4, 5)}
+                                   for a, loss in (("baseline", 4.0), ("nonlinear_q", 3.9))})
+    args = [f"data.dir={data}", *arms_overrides(tmp_path)]
     monkeypatch.chdir(nano_project)
     assert main(args) == 0
     before = (tmp_path / "reports/summary.json").read_text()

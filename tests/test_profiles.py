@@ -31,12 +31,10 @@ def test_scale_ladder_report(nano_project, tmp_path, monkeypatch):
                        tokens=tokens, params=params, fpt=fpt, model=shape)
             _write_run(runs / f"scale_ladder/{model}/nonlinear_q-s{s}", "nonlinear_q", s,
                        law(1.5 * fpt * tokens) + off, tokens=tokens, params=params, fpt=fpt, model=shape)
-        for v in ("baseline", "nonlinear_q"):
-            for s in seeds:  # the study's own runs (compare always reports them)
-                _write_run(runs / f"{v}-s{s}", v, s, 4.0 + 0.01 * s)
     monkeypatch.chdir(nano_project)
     assert main([f"study.runs_dir={runs}", f"study.reports_dir={tmp_path / 'reports'}", "study.seeds=[1,2,3]",
-                 "study.variants=[baseline,nonlinear_q]", f"scale_ladder.models={list(sizes)}", "scale_ladder.lr_from_tuned=false"]) == 0
+                 f"study.tracking_db={tmp_path / 'm.db'}", f"study.artifact_dir={tmp_path / 'art'}",
+                 f"scale_ladder.models={list(sizes)}", "scale_ladder.lr_from_tuned=false"]) == 0
     la = json.loads((tmp_path / "reports/summary.json").read_text())["scale_ladder"]
     assert la["fits"]["baseline"]["slope"] == pytest.approx(-0.05, abs=2e-3)
     for size in la["sizes"]:
@@ -143,8 +141,9 @@ def test_resolve_tokens_per_param_and_tuned_lr(nano_project, tmp_path, monkeypat
     (["scale_ladder.models=[ladder-64,ladder-999]", "scale_ladder.lr_from_tuned=false"], ["unknown", "ladder-999"]),
     (["scale_ladder.models=[ladder-64,ladder-96]", "scale_ladder.variants=[nonlinear_q]"], ["must include"]),
     (["scale_ladder.models=[ladder-64,ladder-96]"],
-     ["scale_ladder.variants: 'baseline' has no arm of its name", "arms.baseline", "scale_ladder.lr_from_tuned=false"]),
-    (["variant=identity_q", "train.lr_from_tuned=true"], ["variant 'identity_q' has no arm of its name", "make tune"]),
+     ["scale_ladder.variants: 'baseline' has no lr* tuned at size ladder-64", "scale_ladder.lr_from_tuned=false"]),
+    (["variant=nonlinear_q_ph", "train.lr_from_tuned=true"], ["variant 'nonlinear_q_ph' has no arm of its name",
+                                                              "make tune"]),
 ])
 def test_profile_config_errors(nano_project, override, words):
     from study.config import ConfigError, load_config
@@ -158,7 +157,9 @@ PROFILES_STUDY = NANO_STUDY.replace(
     "scale_ladder:\n  models: []", "scale_ladder:\n  models: [nano, nano-64]") + (
     "tuned:\n  lr: {{baseline: 0.004, nonlinear_q: 0.006}}\n"
     "  size: {{nano: {{baseline: 0.004, nonlinear_q: 0.006}}, nano-64: {{baseline: 0.002, nonlinear_q: 0.003}}}}\n"
-    "arms:\n  baseline: {{variant: baseline}}\n  nonlinear_q: {{variant: nonlinear_q}}\n")
+)
+#: the ladder's arms: each variant's lr* from the tuned section
+PROFILES_ARMS = "arms:\n  baseline: {variant: baseline}\n  nonlinear_q: {variant: nonlinear_q}\n"
 
 
 @pytest.mark.slow
@@ -173,7 +174,7 @@ def test_the_scale_ladder_through_dvc(tmp_path):
         (project / f"conf/model/nano-{d}.yaml").write_text(
             f"n_layer: 2\nn_head: 2\nn_embd: {d}\nblock_size: 64\nmlp_ratio: 4.0\n")
     (project / "conf/study.yaml").write_text(PROFILES_STUDY.format(
-        name="profiles", variants=["baseline", "nonlinear_q"], seeds=[1, 2], tokens=10240))
+        name="profiles", seeds=[1, 2], tokens=10240, verdict="", arms_section=PROFILES_ARMS))
     write_params(project)
     env = env_for(project)
     res = subprocess.run(["dvc", "repro"], cwd=project, env=env, capture_output=True, text=True, timeout=3000)

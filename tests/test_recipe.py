@@ -391,24 +391,20 @@ def test_the_report_lists_final_attention_logits(nano_project, tmp_path, monkeyp
     import json
 
     from study.compare import main
-    from tests.synthetic_runs import write_run
+    from tests.synthetic_runs import arms_overrides, write_arms
 
-    runs = tmp_path / "runs"
-    logits = {"baseline": {1: [4.0, 9.0], 2: [6.0, 11.0]}, "baseline_qknorm": {1: [2.0, 3.0], 2: [2.5, 3.5]}}
-    for v, by_seed in logits.items():
-        for seed, x in by_seed.items():
-            d = write_run(runs / f"{v}-s{seed}", v, seed, 3.0 + 0.01 * seed)
-            record = json.loads((d / "record.json").read_text())
-            (d / "record.json").write_text(json.dumps({**record, "attn_logit_max": x}))
+    logits = {"baseline": [[4.0, 9.0], [6.0, 11.0]], "baseline_qknorm": [[2.0, 3.0], [2.5, 3.5]]}
+    seeds = (1, 2, 3, 4, 5)
+    write_arms(tmp_path / "runs", {a: {s: {"loss": 3.0 + 0.01 * s, "results": {"attn_logit_max": x[s % 2]}} for s in seeds}
+                                   for a, x in logits.items()})
     monkeypatch.chdir(nano_project)
-    assert main([f"study.runs_dir={runs}", f"study.reports_dir={tmp_path / 'reports'}", "study.seeds=[1,2]",
-                 "study.variants=[baseline,baseline_qknorm]"]) == 0
+    assert main(arms_overrides(tmp_path, tuple(logits))) == 0
     summary = json.loads((tmp_path / "reports/summary.json").read_text())
-    assert summary["variants"]["baseline"]["attn_logit_max"] == [5.0, 10.0]
-    assert summary["variants"]["baseline_qknorm"]["attn_logit_max"] == [2.25, 3.25]
+    assert summary["attn_logit_max"]["baseline"] == pytest.approx([5.2, 10.2])  # 3 seeds at [6, 11], 2 at [4, 9]
+    assert summary["attn_logit_max"]["baseline_qknorm"] == pytest.approx([2.3, 3.3])
     md = (tmp_path / "reports/comparison.md").read_text()
-    assert "## Attention logits" in md and "| baseline | 5.00 | 10.00 | 10.00 |" in md
-    assert "| baseline_qknorm | 2.25 | 3.25 | 3.25 |" in md
+    assert "## Attention logits" in md and "| baseline | 5.20 | 10.20 | 10.20 |" in md
+    assert "| baseline_qknorm | 2.30 | 3.30 | 3.30 |" in md
 
 
 @pytest.mark.slow  # the throughput loops

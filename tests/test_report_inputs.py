@@ -21,26 +21,34 @@ def _dirs(tmp: Path) -> list[str]:
             f"study.tracking_db={tmp / 'm.db'}", f"study.artifact_dir={tmp / 'mlartifacts'}"]
 
 
-def _task_runs(tmp: Path, task: str, seeds=(1, 2, 3), accuracy=None, group: str = "", lr=None) -> list[Path]:
-    """Finished runs of baseline and nonlinear_q of ``task`` (config.json as study.train records it); ``accuracy``:
-    {(variant, seed): value} written into metrics.json as is."""
+ARMS = ("baseline", "nonlinear_q")
+SEEDS = (1, 2, 3, 4, 5)
+
+
+def _task_runs(tmp: Path, task: str, seeds=SEEDS, accuracy=None, arms=ARMS, runs_dir: str = "") -> list[Path]:
+    """Finished test runs of the arms baseline and nonlinear_q (their variants, lr 3e-3) of ``task`` (config.json as
+    study.train records it) and the test stage's plan.json; ``accuracy``: {(arm, seed): value} written into
+    metrics.json as is; ``runs_dir``: study.runs_dir (default: the task's own)."""
     from study.config import load_config, run_dir
     from study.runfolder import recorded_config
 
     out = []
-    for v in ("baseline", "nonlinear_q"):
+    for a in arms:
+        v = load_config([f"task={task}"], ROOT).arms[a].variant
         for s in seeds:
-            cfg = load_config([f"task={task}", f"variant={v}", f"seed={s}", *_dirs(tmp),
-                               *([f"arm.lr={lr}"] if lr else []), *([f"study.group={group}"] if group else [])],
-                              ROOT)
-            d = run_dir(ROOT, cfg, v, s, group)
-            write_run(d, v, s, 2.0 + 0.01 * s + (0.02 if v == "nonlinear_q" else 0), lr=lr or 3e-3,
+            cfg = load_config([f"task={task}", f"variant={v}", f"seed={s}", *_dirs(tmp), "arm.lr=0.003",
+                               f"study.group=test/{a}", *([f"study.runs_dir={runs_dir}"] if runs_dir else [])], ROOT)
+            d = run_dir(ROOT, cfg, v, s, cfg.study.group)
+            write_run(d, v, s, 2.0 + 0.01 * s + (0.02 if a == "nonlinear_q" else 0), lr=3e-3,
                       results={"val_accuracy": 0.4 + 0.01 * s, "task": task})
             (d / "config.json").write_text(json.dumps(recorded_config(cfg, "0123456789abcdef")))
-            if (v, s) in (accuracy or {}):
+            if (a, s) in (accuracy or {}):
                 m = json.loads((d / "metrics.json").read_text())
-                (d / "metrics.json").write_text(json.dumps({**m, "val_accuracy": accuracy[(v, s)]}))
+                (d / "metrics.json").write_text(json.dumps({**m, "val_accuracy": accuracy[(a, s)]}))
             out.append(d)
+        plan = d.parent.parent / "plan.json"
+        seeds_of = json.loads(plan.read_text())["seeds"] if plan.is_file() else {}
+        plan.write_text(json.dumps({"seeds": {**seeds_of, a: sorted({*seeds_of.get(a, []), *seeds})}}))
     return out
 
 
@@ -49,7 +57,8 @@ def _compare(monkeypatch, args: list[str]) -> int:
 
     monkeypatch.chdir(ROOT)
     monkeypatch.setenv("MLFLOW_DISABLE_TELEMETRY", "true")
-    return main([*args, "study.variants=[baseline,nonlinear_q]", "study.seeds=[1,2,3]", "study.arms=[]"])
+    return main([*args, "study.arms=[baseline,nonlinear_q]", "study.references=[baseline]", "study.pairs=[]",
+                 "arms.baseline.lr=0.003", "arms.nonlinear_q.lr=0.003", "tune.arms=[]"])
 
 
 def _files(folder: Path) -> dict:
@@ -64,15 +73,16 @@ def test_a_val_accuracy_that_is_not_a_share_is_refused_naming_the_file(tmp_path,
     args = [*_dirs(tmp_path), "task=mlm"]
     assert _compare(monkeypatch, args) == 0
     md = (tmp_path / "reports/mlm/comparison.md").read_text()
-    assert "| baseline |" in md and "| 0.4200 |" in md  # the mean of 0.41, 0.42, 0.43
+    assert "| baseline |" in md and "| 0.4300 |" in md  # the mean of 0.41 ... 0.45
     before = _files(tmp_path / "reports")
-    (d,) = _task_runs(tmp_path, "mlm", seeds=(2,), accuracy={("baseline", 2): bad})[:1]
+    (d,) = _task_runs(tmp_path, "mlm", seeds=(2,), accuracy={("baseline", 2): bad}, arms=("baseline",))
     capsys.readouterr()
     assert _compare(monkeypatch, args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and len(err.splitlines()) == 1, err
     assert f"{d / 'metrics.json'}: 'val_accuracy' is {shown}, expected a share in [0, 1]" in err, err
     assert "`python -m study.train variant=baseline seed=2 task=mlm" in err, err  # the re-train command keeps the task
+    assert "arm.lr=0.003 study.group=test/baseline`" in err, err  # ... and the arm's lr and folder
     assert _files(tmp_path / "reports") == before
 
 
@@ -82,7 +92,8 @@ def test_compare_for_lm_refuses_mlm_runs_naming_both_tasks_and_the_command(tmp_p
     assert _compare(monkeypatch, [*_dirs(tmp_path), f"study.runs_dir={tmp_path / 'runs/mlm'}"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and len(err.splitlines()) == 1, err
-    assert f"{tmp_path / 'runs/mlm/baseline-s1'} is a run of task 'mlm', but compare was asked for task 'lm'" in err
+    assert f"{tmp_path / 'runs/mlm/test/baseline/baseline-s1'} is a run of task 'mlm', but compare was asked for task " \
+           "'lm'" in err
     assert "`python -m study.compare --params params.yaml task=mlm`" in err, err
     assert not (tmp_path / "reports").exists()
 
@@ -94,8 +105,7 @@ def test_the_test_runs_of_another_task_are_refused_by_task_not_by_position(tmp_p
     from study.analysis.verdict import tested_runs
     from study.config import load_config
 
-    _task_runs(tmp_path, "mlm", seeds=(1,), group="test/baseline_today", lr=3e-3)
-    (tmp_path / "runs/mlm/test/plan.json").write_text(json.dumps({"seeds": {"baseline_today": [1]}}))
+    _task_runs(tmp_path, "mlm", seeds=(1,), arms=("baseline_today",))
     cfg = load_config([*_dirs(tmp_path), f"study.runs_dir={tmp_path / 'runs/mlm'}", "study.arms=[baseline_today]",
                        "study.references=[baseline_today]", "study.pairs=[]", "model.position=learned"], ROOT)
     assert cfg.task.name == "lm" and cfg.model.position == "learned"
@@ -128,7 +138,7 @@ def test_params_changed_while_the_test_stage_ran_fails_it_and_compare_names_the_
     data["arms"] = {"base": {"variant": "baseline", "overrides": [], "lr": 1e-2, "description": ""},
                     "nlq": {"variant": "nonlinear_q", "overrides": [], "lr": 1e-2, "description": ""}}
     data["tune"]["arms"] = []
-    data["study"].update(variants=[], arms=["base", "nlq"], references=["base"], pairs=[["nlq", "base"]], max_seeds=5, jobs=1)
+    data["study"].update(arms=["base", "nlq"], references=["base"], pairs=[["nlq", "base"]], max_seeds=5, jobs=1)
     data["decomposition"]["rows"] = []
     params = tmp_path / "params.yaml"
     params.write_text(yaml.safe_dump(data, sort_keys=False))

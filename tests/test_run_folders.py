@@ -176,14 +176,14 @@ def test_a_trained_run_survives_a_rerun_lightning_refuses(run_in, tmp_path, monk
 # -- dvc repro is not an ad-hoc run: DVC leaves a stage's outputs in place, the stage's run replaces them ----
 @pytest.mark.slow  # dvc processes
 def test_dvc_keeps_persisted_outputs_when_a_stage_command_fails(tmp_path):
-    """What DVC does with a train stage's declaration (persist: true, cache: false): the output is not deleted
+    """What DVC does with a training stage's declaration (persist: true, cache: false): the output is not deleted
     before the command, so a command that refuses leaves it as it was (issue 25 item 3)."""
     import yaml
 
     root = Path(__file__).resolve().parent.parent
     stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
     train_like = [s for s in stages.values() if "study.train" in s["cmd"]]
-    assert len(train_like) >= 2  # train and scale_ladder
+    assert len(train_like) == 1  # the scale ladder's (the test stage's runs are one folder output, runs/test)
     for s in train_like:
         [metrics] = s["metrics"]
         [(path, opts)] = metrics.items()
@@ -246,20 +246,18 @@ def test_a_corrupt_metrics_json_advises_the_command_with_its_overrides(nano_proj
     """The re-run command of a corrupt metrics.json carries the overrides the run needs, as the 'no
     metrics.json' error's does."""
     from study.compare import main
-    from tests.synthetic_runs import write_run
+    from tests.synthetic_runs import arm_run, arms_overrides, write_arms
 
     monkeypatch.chdir(nano_project)
     runs = tmp_path / "runs"
-    for s in (1, 2):
-        write_run(runs / f"baseline-s{s}", "baseline", s, 4.0)
-    (runs / "baseline-s2/metrics.json").write_text("{not json")
-    args = [f"study.runs_dir={runs}", f"study.tracking_db={tmp_path / 'm.db'}", f"study.reports_dir={tmp_path / 'r'}",
-            "study.variants=[baseline]", "study.seeds=[1,2]", "train.tokens=40960"]
-    assert main(args) == 2
+    write_arms(runs, {a: {s: 4.0 for s in (1, 2, 3, 4, 5)} for a in ("baseline", "nonlinear_q")}, tokens=40960)
+    (arm_run(runs, "baseline", 2) / "metrics.json").write_text("{not json")
+    assert main([*arms_overrides(tmp_path), "train.tokens=40960"]) == 2
     err = capsys.readouterr().err
     assert "metrics.json is not valid JSON" in err
     cmd = err[err.index("`python -m study.train"):].split("`")[1]
     assert "variant=baseline seed=2" in cmd and f"study.runs_dir={runs}" in cmd and "train.tokens=40960" in cmd
+    assert "arm.lr=0.003" in cmd and "study.group=test/baseline" in cmd
 
 
 # -- a finished run is a result: started again by hand it is reused, re-trained only on request -------------

@@ -19,7 +19,7 @@ def test_a_duplicate_test_seed_is_refused_in_one_line(monkeypatch, capsys):
         load_config(["study.seeds=[1,1,2,3,4]"], ROOT)
     # also while the verdict is off (the shared-lr comparison pairs by seed too)
     with pytest.raises(ConfigError, match="lists \\[2\\] more than once"):
-        load_config(["study.arms=[]", "study.variants=[baseline]", "study.seeds=[2,2]"], ROOT)
+        load_config(["study.arms=[]", "study.seeds=[2,2]"], ROOT)
     assert run_stage(lambda cfg, root: 0, ["study.seeds=[1,1,2,3,4]"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: study.seeds=[1, 1, 2, 3, 4] lists [1] more than once")

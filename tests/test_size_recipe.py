@@ -12,7 +12,7 @@ from conftest import ROOT
 from study.config import ConfigError, load_config
 
 # the sizes were tuned at learned positions (the default until 2026-12-06), which `make scale-ladder` names
-LADDER = ["study.arms=[]", "study.variants=[baseline,nonlinear_q]", "scale_ladder.models=[bytes-32,bytes-48,bytes-64]",
+LADDER = ["study.arms=[]", "scale_ladder.models=[bytes-32,bytes-48,bytes-64]",
           "task.position=learned"]
 RUN = ["task.position=learned", "model=bytes-32", "variant=baseline", "train.tokens_per_param=10.64", "train.lr_from_tuned=true",
        "train.lr_per_size=true"]
@@ -55,13 +55,13 @@ def test_a_ladder_at_another_budget_is_refused_before_it_trains():
     assert "tuned at train.warmup_tokens=262144, but this run trains at train.warmup_tokens=131072" in msg
     assert "scale_ladder.warmup_tokens=131072`" in msg
     # the BPE-era ladder, reproduced as docs/history.md says, is at the recipe its sizes were tuned at
-    bpe = load_config(["model=cpu-bpe2048", "data.tokenizer=bpe", "data.vocab_size=2048", *LADDER[:2], LADDER[3],
+    bpe = load_config(["model=cpu-bpe2048", "data.tokenizer=bpe", "data.vocab_size=2048", LADDER[0], LADDER[2],
                        "scale_ladder.models=[ladder-64,ladder-96,ladder-128]", "scale_ladder.tokens_per_param=1.0",
                        "scale_ladder.warmup_tokens=32768"], ROOT)
     assert bpe.scale_ladder.models == ["ladder-64", "ladder-96", "ladder-128"]
     # and at bytes it is not (its lr* were tuned on BPE 2048)
     assert "tuned at data.tokenizer=bpe, data.vocab_size=2048, but this run trains at data.tokenizer=bytes, data.vocab_size=None" in refusal(
-        [*LADDER[:2], LADDER[3], "scale_ladder.models=[ladder-64,ladder-96]", "scale_ladder.tokens_per_param=1.0",
+        [LADDER[0], LADDER[2], "scale_ladder.models=[ladder-64,ladder-96]", "scale_ladder.tokens_per_param=1.0",
          "scale_ladder.warmup_tokens=32768"])
 
 

@@ -74,7 +74,7 @@ def task_study(tmp_path, monkeypatch):
             "train.tokens=20480"]))
         data["arms"] = {a: {"variant": v, "overrides": [], "lr": 1e-2, "description": ""} for a, v in ARMS.items()}
         data["tune"]["arms"] = []
-        data["study"].update(variants=[], arms=list(ARMS), references=["base"], pairs=[["nlq", "base"]],
+        data["study"].update(arms=list(ARMS), references=["base"], pairs=[["nlq", "base"]],
                              max_seeds=len(SEEDS), target_halfwidth=0.5)
         data["decomposition"] = {"rows": [], "start": "", "end": "", "linear": ""}
         params = tmp_path / f"params-{task}.yaml"
@@ -141,21 +141,3 @@ def test_runs_that_disagree_on_their_yardstick_show_none():
     runs["a"][2]["yardsticks"] = {"chance": 4.85}
     assert task_yardsticks("mqar", runs) == {"available": True, "task": "mqar", "note": None, "chance": 4.85}
     assert not task_yardsticks("mqar", {"a": {1: {"status": "ok"}}})["available"]
-
-
-def test_the_shared_lr_table_of_a_task_shows_accuracy_and_its_yardstick_row():
-    """study.variants (the shared-lr comparison) under task=mqar: the variants table gains the accuracy columns and
-    a chance row; no lm yardstick line."""
-    from study.analysis.tables import variants_table
-
-    xs = [0.31, 0.35, 0.42]
-    m, lo, hi = t_interval(xs)
-    v = {"non_embedding_params": 197184, "lr": 1e-2, "n_seeds": 3, "val_loss_mean": 3.1, "val_loss_sd": 0.1,
-         "val_loss_ci95": [2.9, 3.3], "val_perplexity_mean": math.exp(3.1), "val_accuracy_mean": m,
-         "val_accuracy_ci95": [lo, hi]}
-    y = {"available": True, "task": "mqar", "chance": round(math.log(128), 6), "chance_accuracy": round(1 / 128, 6)}
-    lines = variants_table({"baseline": "baseline", "task": "mqar", "variants": {"baseline": v}, "yardsticks": y})
-    assert lines[4].endswith("| perplexity | val accuracy mean | accuracy 95% CI |")
-    assert lines[6].endswith(f"| {math.exp(3.1):.2f} | {m:.4f} | [{lo:.4f}, {hi:.4f}] |")
-    assert lines[7] == f"| *chance* | | | | | {math.log(128):.4f} | | | {128:.2f} | {1 / 128:.4f} | |"
-    assert "bigram" not in "\n".join(lines)

@@ -95,8 +95,8 @@ def test_run_params_leave_out_what_does_not_change_a_run(nano_project):
     from study.runner.tracking import run_params
 
     base = run_params(load_config([], nano_project))
-    same = run_params(load_config(["study.variants=[baseline,nonlinear_q]",
-                                   "scale_ladder.models=[ladder-64,ladder-96]", "scale_ladder.lr_from_tuned=false", "trainer.progress_bar=false",
+    same = run_params(load_config(["study.arms=[baseline,nonlinear_q]", "study.seeds=[1,2,3,4,5]",
+                                   "study.references=[baseline]", "scale_ladder.models=[ladder-64,ladder-96]", "scale_ladder.lr_from_tuned=false", "trainer.progress_bar=false",
                                    "study.name=other"], nano_project))
     assert same == base
     other = run_params(load_config(["train.lr=1e-3"], nano_project))
@@ -129,8 +129,9 @@ def test_log_verdict_records_the_report_as_one_run(nano_project, tmp_path):
     reports = tmp_path / "reports"
     reports.mkdir()
     (reports / "comparison.md").write_text("# verdict\n")
-    (reports / "summary.json").write_text(json.dumps(
-        {"vs_baseline": {"nonlinear_q": {"pct_log_loss": -2.5, "p_value": 0.14}}}))
+    (reports / "summary.json").write_text(json.dumps({"verdict": {"comparisons": {"nonlinear_q vs baseline": {
+        "verdict": "undecided (12 seeds needed)", "mean_diff": -0.1, "p_value_bh": 0.14, "tost_p_bh": 0.3,
+        "pct": {"mean": -2.5}}}}}))
     (reports / "val_loss_curves.png").write_bytes(b"\x89PNG fake")
     (reports / "ui_runs.png").write_bytes(b"\x89PNG screenshot")  # a UI screenshot is no part of the verdict
     first = log_verdict(nano_project, cfg, reports)
@@ -141,7 +142,10 @@ def test_log_verdict_records_the_report_as_one_run(nano_project, tmp_path):
     assert [r.info.run_id for r in runs] == [second] != [first]  # a new compare replaces the verdict
     run = runs[0]
     assert run.info.run_name == "compare" and run.data.tags["kind"] == "verdict" and run.info.status == "FINISHED"
-    assert run.data.metrics == {"pct_log_loss/nonlinear_q": -2.5, "p_value/nonlinear_q": 0.14}
+    key = "nonlinear_q_vs_baseline"
+    assert run.data.metrics == {f"verdict_pct_log_loss/{key}": -2.5, f"verdict_mean_diff/{key}": -0.1,
+                                f"verdict_p_value_bh/{key}": 0.14, f"verdict_tost_p_bh/{key}": 0.3}
+    assert run.data.tags[f"verdict/{key}"] == "undecided (12 seeds needed)" and run.data.tags["verdict_of"] == "study"
     repo = artifact_repo(nano_project, cfg.study, run.info.artifact_uri)
     assert sorted(a.path for a in repo.list_artifacts()) == ["comparison.md", "summary.json", "val_loss_curves.png"]
     got = Path(repo.download_artifacts("comparison.md", _dir(tmp_path / "dl")))

@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.synthetic_runs import write_run
 
 ROOT = Path(__file__).resolve().parent.parent
 VARIANTS = sorted(p.stem for p in (ROOT / "conf/variant").glob("*.yaml"))
@@ -36,27 +35,25 @@ def test_every_variant_trains(run_in, variant, tmp_path):
 
 
 def test_compare_reports_the_frontier(nano_project, tmp_path, monkeypatch):
-    """Three baseline sizes on an exact power law and a variant: compare writes the multiplier table."""
+    """Three baseline sizes on an exact power law and an arm worth twice its size: compare writes the multiplier."""
     from study.compare import main
+    from tests.synthetic_runs import arms_overrides, write_arms
 
-    law = {"baseline_mlp3.5": 1.0e5, "baseline": 1.2e5, "baseline_mlp5": 1.6e5}
-    runs = tmp_path / "runs"
-    for seed, off in ((1, -0.01), (2, 0.0), (3, 0.01)):
-        for v, n in {**law, "nonlinear_q": 1.0e5}.items():
-            loss = 10 * (2.0e5 if v == "nonlinear_q" else n) ** -0.1 + off  # worth 2x its size
-            write_run(runs / f"{v}-s{seed}", v, seed, loss, params=int(n), fpt=6 * int(n))
+    law = {"baseline_mlp4.75": 1.0e5, "baseline": 1.2e5, "baseline_mlp5": 1.6e5}
+    offs = {1: -0.01, 2: 0.0, 3: 0.01, 4: 0.005, 5: -0.005}
+    write_arms(tmp_path / "runs", {a: {s: {"loss": 10 * (2.0e5 if a == "nonlinear_q" else n) ** -0.1 + off,
+                                           "params": int(n), "fpt": 6 * int(n)} for s, off in offs.items()}
+                                   for a, n in {**law, "nonlinear_q": 1.0e5}.items()})
     monkeypatch.chdir(nano_project)
-    rc = main([f"study.runs_dir={runs}", f"study.reports_dir={tmp_path / 'reports'}", "study.seeds=[1,2,3]",
-               "study.variants=[baseline_mlp3.5,baseline,baseline_mlp5,nonlinear_q]"])
+    rc = main([*arms_overrides(tmp_path, (*law, "nonlinear_q")), "decomposition.family=[baseline_mlp4.75,baseline,baseline_mlp5]",
+               "decomposition.worth=[nonlinear_q]"])
     assert rc == 0
-    summary = json.loads((tmp_path / "reports/summary.json").read_text())
-    f = summary["frontier"]
-    assert f["family"] == ["baseline", "baseline_mlp3.5", "baseline_mlp5"]
+    f = json.loads((tmp_path / "reports/summary.json").read_text())["verdict"]["frontier"]
+    assert [r["arm"] for r in f["family"]] == ["baseline_mlp4.75", "baseline", "baseline_mlp5"]
     assert f["slope"] == pytest.approx(-0.1, abs=0.01)
-    assert f["multipliers"]["nonlinear_q"]["multiplier"] == pytest.approx(2.0, rel=0.05)
+    assert f["worth"]["nonlinear_q"]["multiplier"] == pytest.approx(2.0, rel=0.05)
     md = (tmp_path / "reports/comparison.md").read_text()
-    assert "## Parameter frontier" in md and "| nonlinear_q | 2.0" in md
-    assert (tmp_path / "reports/figures/frontier.png").read_bytes()[:4] == b"\x89PNG"
+    assert "### The parameter frontier" in md and "| nonlinear_q | 100,000 | " in md
 
 
 @pytest.mark.slow  # torch.compile and a training

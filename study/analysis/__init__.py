@@ -2,11 +2,12 @@
 
 Imports flow one way, stages (compare, the notebook) -> analysis -> stats: each module
 below imports only modules listed after it, and none imports a stage.
-  report.py    all of it in one call: load, summarise, write comparison.md, summary.json, metrics/, curves.csv, figures
+  report.py    all of it in one call: load the test runs, summarise, write comparison.md, summary.json, metrics/,
+               curves.csv, figures
   figures.py   the figures (matplotlib; only those that apply are written)
   tables.py    comparison.md (markdown)
   attention_report.py  its section on attention's share, with a warning where attention carries under ten margins
-  summary.py   summary.json: per-variant losses, verdict, power, frontier, yardsticks, per corpus
+  summary.py   summary.json: the verdict, yardsticks, per corpus, attention logits, lost points, the ladder
   scale_ladder.py  the scale ladder's verdict (summary.json "scale_ladder")
   verdict.py   the decided verdict of study.arms: the test runs, every comparison in one word, the decomposition
   decision.py  Stein's two-stage seed count, TOST beside the paired t test, BH over all comparisons, the words

@@ -1,8 +1,7 @@
 """The report's figures (matplotlib, Agg), drawn from the summary and the runs' curves.
 
 Every figure is written only when what it shows exists (a profile's figure only when the profile
-ran, the frontier only when fitted, the per-corpus chart only when the runs logged per-corpus
-losses); :func:`write_all` removes a stale figure that no longer applies.  Token axes are in
+ran, the per-corpus chart only when the runs logged per-corpus losses); :func:`write_all` removes a stale figure that no longer applies.  Token axes are in
 millions of training tokens from 0.
 """
 from __future__ import annotations
@@ -20,8 +19,8 @@ PALETTE = {"baseline": "#1f77b4", "identity_q": "#2ca02c", "nonlinear_q": "#d627
            "nonlinear_k": "#aec7e8", "nonlinear_v": "#ffbb78", "identity_q_mlp4.5": "#98df8a",
            "baseline_mlp3.5": "#c5b0d5", "baseline_mlp4.5": "#c49c94", "baseline_mlp5": "#f7b6d2"}
 #: every figure this module can write (file names under the figures folder)
-ALL = ("val_loss_curves.png", "train_loss_curves.png", "final_val_loss.png", "paired_differences.png",
-       "per_corpus.png", "frontier.png", "scale_ladder.png", "verdict.png", "position_loss.png")
+ALL = ("val_loss_curves.png", "train_loss_curves.png", "per_corpus.png", "scale_ladder.png", "verdict.png",
+       "position_loss.png")
 
 
 def color(variant: str) -> str:
@@ -71,7 +70,7 @@ def tokens_axis(ax) -> None:
 
 
 def curves(runs: dict[str, dict[int, dict]], key: str, ax) -> None:
-    """Mean over seeds of ``key`` (nats) against tokens, band = min..max over seeds, one line per variant."""
+    """Mean over seeds of ``key`` (nats) against tokens, band = min..max over seeds, one line per arm."""
     for v, r in runs.items():
         cs = [m["curve"] for m in r.values() if m["status"] == "ok" and m["curve"]]
         cs = [c for c in cs if all(key in row for row in c)]
@@ -94,51 +93,6 @@ def loss_curves(runs, out: Path, key: str, title: str, name: str) -> Path:
     ax.set_ylabel(f"{'validation' if key == 'val_loss' else 'training'} loss (nats)")
     ax.set_title(title)
     return save(fig, out / name)
-
-
-def final_losses(summary: dict, runs, out: Path) -> Path:
-    """Each seed's final loss per variant, a line joining the runs of one seed (the pairs)."""
-    fig, ax = panel()
-    names = list(summary["variants"])
-    seeds = sorted({s for r in runs.values() for s in r})
-    for s in seeds:
-        pts = [(i, runs[v][s]["val_loss"]) for i, v in enumerate(names)
-               if s in runs[v] and runs[v][s]["status"] == "ok" and runs[v][s]["val_loss"] is not None]
-        if pts:
-            ax.plot(*zip(*pts), "-", color="grey", alpha=0.5, lw=1)
-            ax.annotate(f"s{s}", pts[-1], xytext=(4, 0), textcoords="offset points", fontsize=7, color="grey")
-    for i, v in enumerate(names):
-        ys = [m["val_loss"] for m in runs[v].values() if m["status"] == "ok" and m["val_loss"] is not None]
-        ax.scatter([i] * len(ys), ys, color=color(v), s=30, zorder=3)
-    ax.set_xticks(range(len(names)), names, rotation=20)
-    ax.set_ylabel("final validation loss (nats)")
-    ax.set_title("Final validation loss per seed (lines join the runs of one seed)")
-    ax.grid(alpha=0.3, axis="y")
-    return save(fig, out / "final_val_loss.png")
-
-
-def paired_differences(summary: dict, out: Path) -> Path:
-    """The verdict: each seed's paired difference against the baseline (percent log-loss) and the
-    mean with its 95% paired-t interval; the paper's -2.40% for scale."""
-    fig, ax = panel()
-    vs = summary["vs_baseline"]
-    for i, (v, c) in enumerate(vs.items()):
-        pd = c["pct_diffs"]
-        ax.scatter([i + 0.08 * (k - (len(pd) - 1) / 2) for k in range(len(pd))], pd, color=color(v), alpha=0.6, s=22)
-        lo, hi = c["pct_log_loss_ci95"]
-        m = c["pct_log_loss"]
-        if math.isfinite(lo):
-            ax.errorbar([i + 0.3], [m], yerr=[[m - lo], [hi - m]], fmt="o", color=color(v), capsize=6, markersize=7)
-        elif math.isfinite(m):
-            ax.scatter([i + 0.3], [m], color=color(v), marker="D")
-            ax.annotate(c.get("undefined") or "no interval", (i + 0.3, m), xytext=(4, 4), textcoords="offset points",
-                        fontsize=7)
-    ax.axhline(0, color="black", lw=0.8)
-    ax.axhline(PAPER_PCT_LOG_LOSS, color="grey", ls="--", lw=0.8, label=f"paper's {PAPER_PCT_LOG_LOSS:+.2f}%")
-    ax.set_xticks(range(len(vs)), list(vs), rotation=20)
-    finish(ax, "Paired differences by seed; mean with 95% t interval (right)",
-           f"log-loss change vs {summary['baseline']} (%)", grid="y")
-    return save(fig, out / "paired_differences.png")
 
 
 def verdict(v: dict, out: Path) -> Path:
@@ -189,14 +143,14 @@ def position_loss(summary: dict, out: Path) -> Path:
 
 
 def per_corpus(summary: dict, out: Path) -> Path:
-    """Final validation loss per corpus and variant (mean over seeds), with the yardsticks as dashed lines."""
-    corpora = summary["per_corpus"]["corpora"]
-    names = list(summary["variants"])
+    """Final validation loss per corpus and arm (mean over seeds), with the yardsticks as dashed lines."""
+    pc = summary["per_corpus"]
+    corpora, names = pc["corpora"], list(pc["arms"])
     y = summary.get("yardsticks") or {}
     fig, ax = panel(width=max(7, 1.8 * len(corpora) + 3))
     w = 0.6 / len(names)
     for k, v in enumerate(names):
-        vals = [(summary["variants"][v].get("val_loss_per_corpus") or {}).get(c, np.nan) for c in corpora]
+        vals = [pc["arms"][v].get(c, np.nan) for c in corpora]
         ax.scatter(np.arange(len(corpora)) + (k - (len(names) - 1) / 2) * w, vals, color=color(v), s=40, label=v,
                    zorder=3)
     for name, ls in (("unigram", "--"), ("bigram", ":")):
@@ -207,22 +161,6 @@ def per_corpus(summary: dict, out: Path) -> Path:
     finish(ax, "Validation loss per corpus (mean over seeds)", "final validation loss (nats)", grid="y")
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.0, 0.5))  # outside: the yardsticks span the panel
     return save(fig, out / "per_corpus.png")
-
-
-def frontier(summary: dict, out: Path) -> Path:
-    """Final loss against non-embedding parameters, the baseline family's fitted power law over its range."""
-    f = summary["frontier"]
-    fig, ax = panel()
-    for v, s in summary["variants"].items():
-        if math.isfinite(s["val_loss_mean"]):
-            ax.scatter([s["non_embedding_params"]], [s["val_loss_mean"]], color=color(v), s=50, label=v, zorder=3)
-    sizes = [summary["variants"][v]["non_embedding_params"] for v in f["family"]]
-    n = np.geomspace(min(sizes), max(sizes), 100)  # the fitted range only: no extrapolation
-    ax.plot(n, np.exp(f["intercept"] + f["slope"] * np.log(n)), color="grey", ls="--",
-            label=f"baseline frontier fit ({f['sizes']} sizes)")
-    finish(ax, "Parameter frontier of the baseline family", "final validation loss (nats)",
-           "non-embedding parameters", xlog=True)
-    return save(fig, out / "frontier.png")
 
 
 def scale_ladder(summary: dict, out: Path) -> Path:
@@ -282,18 +220,12 @@ def write_all(summary: dict, runs: dict[str, dict[int, dict]], out: Path) -> lis
                            "val_loss_curves.png"),
                loss_curves(runs, out, "train_loss", "Training loss (mean between evaluations), "
                            "mean over seeds", "train_loss_curves.png")] if runs else []
-    if summary["variants"]:
-        written.append(final_losses(summary, runs, out))
     if (summary.get("verdict") or {}).get("comparisons"):
         written.append(verdict(summary["verdict"], out))
     if any(r.get("position_loss") for r in ((summary.get("verdict") or {}).get("arms") or {}).values()):
         written.append(position_loss(summary, out))
-    if summary["vs_baseline"]:
-        written.append(paired_differences(summary, out))
     if summary.get("per_corpus"):
         written.append(per_corpus(summary, out))
-    if (summary.get("frontier") or {}).get("fitted"):
-        written.append(frontier(summary, out))
     if summary.get("scale_ladder"):
         written.append(scale_ladder(summary, out))
     names = [p.name for p in written]

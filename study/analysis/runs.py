@@ -103,12 +103,13 @@ def train_hint_overrides(cfg, root: Path, group: str = "") -> list[str]:
 
 
 
-def load_runs(cfg, root: Path, variants=None, seeds=None, group: str = "", pair: bool = True) -> dict[str, dict[int, dict]]:
+def load_runs(cfg, root: Path, variants: list[str], seeds: list[int], group: str, pair: bool = True
+              ) -> dict[str, dict[int, dict]]:
     """{variant: {seed: run}} for the run folders of one group, checked to pair (see :func:`check`).
 
     Args:
-        variants, seeds: default study.variants and study.seeds.
-        group: sub-folder of runs_dir ("" = the study's own runs; "tuned", "scale_ladder/MODEL" ...).
+        variants, seeds: the runs to read.
+        group: sub-folder of runs_dir ("test/ARM", "scale_ladder/MODEL", "" for runs trained without a group).
         pair: check that the runs agree on every setting but the variant (default True).
 
     Raises:
@@ -118,8 +119,8 @@ def load_runs(cfg, root: Path, variants=None, seeds=None, group: str = "", pair:
     """
     runs: dict[str, dict[int, dict]] = {}
     missing, aside, overrides = [], [], None
-    for variant in (cfg.study.variants if variants is None else variants):
-        for seed in (cfg.study.seeds if seeds is None else seeds):
+    for variant in variants:
+        for seed in seeds:
             d = run_dir(root, cfg, variant, seed, group)
             if not (d / METRICS_FILE).is_file():
                 overrides = train_hint_overrides(cfg, root, group) if overrides is None else overrides
@@ -251,8 +252,7 @@ def load_mlflow(cfg, root: Path, group: str = "main", pair: bool = True) -> dict
             "curve": curve, "name": r.info.run_name, "attn_logit_max": _layer_values(metrics, "attn_logit_max"),
             "settings": {**{k: v for k, v in params.items() if k.split(".", 1)[0] not in NOT_SETTINGS},
                          "data_digest": tags.get("data_digest")}}
-    order = {v: i for i, v in enumerate(cfg.study.variants)}
-    runs = {v: dict(sorted(runs[v].items())) for v in sorted(runs, key=lambda v: (order.get(v, len(order)), v))}
+    runs = {v: dict(sorted(runs[v].items())) for v in sorted(runs)}
     if pair:
         check(runs, f"the MLflow runs of experiment {cfg.study.name!r}")
     return runs

@@ -11,9 +11,18 @@ from pathlib import Path
 
 from study.analysis.pairing import check
 from study.analysis.runs import RunsError, final_losses, load_runs, lost_points
-from study.analysis.stats import effect_trend, fit_power_law, mean_ci, not_fitted, parameter_multiplier, vs_baseline
+from study.analysis.stats import adjust, effect_trend, fit_power_law, mean_ci, not_fitted, paired, parameter_multiplier
 
 LADDER = "scale_ladder"
+
+
+def vs_baseline(ok: dict[str, dict[int, float]], base: str) -> dict[str, dict]:
+    """Every variant of one size ({variant: {seed: val_loss}}) against ``base``, paired by seed
+    (:func:`study.analysis.stats.paired`), with Benjamini-Hochberg adjusted p-values ("p_value_bh") over the variants."""
+    out = {v: paired(ok[v], ok[base]) for v in ok if v != base}
+    for v, p in adjust({v: c["p_value"] for v, c in out.items()}).items():
+        out[v]["p_value_bh"] = p
+    return out
 
 
 def _trend(sizes: list[dict], variant: str, base: str) -> dict:

@@ -272,15 +272,6 @@ def parameter_multiplier(family: dict[int, dict[int, float]], variant: dict[int,
     return out
 
 
-def vs_baseline(ok: dict[str, dict[int, float]], base: str) -> dict[str, dict]:
-    """Every variant of ``ok`` ({variant: {seed: val_loss}}) against ``base``, paired by seed
-    (:func:`paired`), with Benjamini-Hochberg adjusted p-values ("p_value_bh") over the variants."""
-    out = {v: paired(ok[v], ok[base]) for v in ok if v != base}
-    for v, p in adjust({v: c["p_value"] for v, c in out.items()}).items():
-        out[v]["p_value_bh"] = p
-    return out
-
-
 def effect_trend(points: list[tuple[float, float]]) -> dict:
     """Trend of an effect with scale: least-squares slope of per-seed effects y (percent log-loss
     change) against x = log10 of the size, with its 95% t interval (scipy.stats.linregress; n - 2

@@ -1,5 +1,5 @@
-"""The study's summary (summary.json): per-variant losses, the paired verdict with its power,
-the parameter frontier, the yardsticks and per-corpus losses, and the profiles' parts.
+"""The study's summary (summary.json): the decided verdict of the arms' test runs, the yardsticks, per-corpus losses
+and attention logits, and the scale ladder's part.
 
 Every number here comes from runs loaded (and checked to pair) by :mod:`study.analysis.runs`;
 the statistics are :mod:`study.analysis.stats`.
@@ -13,15 +13,9 @@ import numpy as np
 
 from study.analysis import scale_ladder
 from study.analysis.pairing import comparable, shared_settings
-from study.analysis.runs import final_losses, lost_points
-from study.analysis.verdict import accuracy, verdict_report as decided
-from study.analysis.stats import (MIN_FIT_SIZES, fit_power_law, mean_ci, not_fitted, paired, parameter_multiplier,
-                                  safe_exp, vs_baseline)
-
-
-def in_family(variant: str, base_name: str) -> bool:
-    """The baseline family of the parameter frontier: the baseline and its MLP-width siblings."""
-    return variant == base_name or variant.startswith(f"{base_name}_mlp")
+from study.analysis.runs import lost_points
+from study.analysis.verdict import comparison_name, comparisons_of, verdict_report as decided
+from study.analysis.stats import paired
 
 
 def recorded_settings(runs: dict[str, dict[int, dict]]) -> dict:
@@ -30,83 +24,37 @@ def recorded_settings(runs: dict[str, dict[int, dict]]) -> dict:
     return shared_settings(groups)
 
 
-def summarize(cfg, runs: dict[str, dict[int, dict]], root: Path, profiles_too: bool = True) -> dict:
-    """The content of summary.json.
+def summarize(cfg, root: Path, runs: dict[str, dict[int, dict]], profiles_too: bool = True) -> dict:
+    """The content of summary.json over the test runs of study.arms (``runs``: {arm: {seed: run}},
+    :func:`study.analysis.verdict.tested_runs`; {} while study.arms is empty).
 
     Returns: {"study", "task" (task.name), "baseline", "seeds", "settings" (what the runs recorded alike),
-    "variants": {v:
-    {"n_seeds", "val_loss_mean", "val_loss_sd" (nats), "val_loss_ci95" (t interval of the mean, NaN
-    below 2 seeds), "val_perplexity_mean", "lr", "min_lr" (peak and final lr the runs used),
-    "non_embedding_params", "total_params", "flops_per_token", "tokens", "val_loss_per_corpus" {corpus:
-    mean nats} or None, "attn_logit_max" (:func:`attn_logit_max`), the mlm and mqar tasks' accuracy
-    (:func:`study.analysis.verdict.accuracy`: "val_accuracy_mean", "val_accuracy_sd", "val_accuracy_ci95"),
-    "diverged" {seed: {"step", "reason"}} (the lost points: left out of every mean and test, listed in the
-    report)}}, "vs_baseline" (:func:`study.analysis.stats.vs_baseline`: paired t, BH,
-    power), "frontier" (:func:`frontier`), "yardsticks" (:func:`study_yardsticks`), "per_corpus"
-    (:func:`per_corpus`), "scale_ladder" (the profile, read from its run folders; None
-    while off or with ``profiles_too=False``), "verdict" (the decided verdict of study.arms,
+    "yardsticks" (:func:`study_yardsticks`), "per_corpus" (:func:`per_corpus`), "attn_logit_max" {arm:
+    :func:`attn_logit_max`}, "diverged" {arm: {seed: {"step", "reason"}}} (the lost points: left out of every mean
+    and test, listed in the report), "scale_ladder" (the profile, read from its run folders; None while off or with
+    ``profiles_too=False``), "verdict" (the decided verdict of study.arms,
     :func:`study.analysis.verdict.verdict_report`; None while study.arms is empty)}.
     """
-    base_name = cfg.study.baseline
-    ok = final_losses(runs)
-    variants = {}
-    for v, r in runs.items():
-        losses = list(ok[v].values())
-        # the settings and counts of a finished run where there is one (a diverged run saw fewer tokens)
-        any_run = next((m for m in r.values() if m["status"] == "ok"), next(iter(r.values())))
-        mean, lo, hi = mean_ci(losses) if losses else (float("nan"),) * 3
-        sd = float(np.std(losses, ddof=1)) if len(losses) > 1 else float("nan")
-        corpora = [m.get("val_loss_per_corpus") for m in r.values() if m["status"] == "ok"]
-        per = ({c: float(np.mean([x[c] for x in corpora])) for c in corpora[0]}
-               if corpora and all(corpora) else None)
-        variants[v] = {"n_seeds": len(losses), "val_loss_mean": mean, "val_loss_sd": sd, "val_loss_ci95": [lo, hi],
-                       "val_perplexity_mean": safe_exp(mean) if math.isfinite(mean) else float("nan"),
-                       "lr": any_run.get("lr"), "min_lr": any_run.get("min_lr"),
-                       "non_embedding_params": any_run["non_embedding_params"],
-                       "total_params": any_run.get("total_params"), "flops_per_token": any_run["flops_per_token"],
-                       "tokens": any_run["tokens"], "val_loss_per_corpus": per,
-                       "attn_logit_max": attn_logit_max(r), **accuracy(r),
-                       "diverged": lost_points(r)}
     settings = recorded_settings(runs)
-    return {"study": cfg.study.name, "task": cfg.task.name, "baseline": base_name, "seeds": list(cfg.study.seeds),
-            "settings": settings,
-            "variants": variants, "vs_baseline": vs_baseline(ok, base_name) if base_name in ok else {},
-            "frontier": frontier(base_name, ok, variants),
+    logits = {a: attn_logit_max(r) for a, r in runs.items()}
+    return {"study": cfg.study.name, "task": cfg.task.name, "baseline": cfg.study.baseline,
+            "seeds": list(cfg.study.seeds), "settings": settings,
             "yardsticks": study_yardsticks(cfg, root, runs, settings),
-            "per_corpus": per_corpus(runs, base_name),
+            "per_corpus": per_corpus(runs, comparisons_of(cfg)) if runs else None,
+            "attn_logit_max": {a: x for a, x in logits.items() if x},
+            "diverged": {a: lost_points(r) for a, r in runs.items()},
             "scale_ladder": scale_ladder.ladder_report(cfg, root) if profiles_too else None,
-            "verdict": decided(cfg, root) if profiles_too else None}
+            "verdict": decided(cfg, root, runs) if profiles_too and runs else None}
 
 
 def attn_logit_max(runs: dict[int, dict]) -> list[float] | None:
-    """Per layer, the mean over a variant's finished seeds of the final evaluation's largest attention
+    """Per layer, the mean over an arm's finished seeds of the final evaluation's largest attention
     logit (record.json ``attn_logit_max``: max |q.k| x scale, ``study.modeling.diagnostics.diagnostics``); None where a
     finished run lacks it (runs recorded before it existed) or the runs' layer counts differ."""
     lists = [m.get("attn_logit_max") for m in runs.values() if m["status"] == "ok"]
     if not lists or any(not x for x in lists) or len({len(x) for x in lists}) != 1:
         return None
     return [float(np.mean(layer)) for layer in zip(*lists)]
-
-
-def frontier(base_name: str, ok: dict[str, dict[int, float]], variants: dict) -> dict:
-    """The parameter frontier: log L = intercept + slope log N over the baseline family's sizes, and
-    every other variant's equivalent parameter multiplier (:func:`stats.parameter_multiplier`).
-
-    Returns: {"fitted": bool, "reason" (why not fitted: fewer than ``MIN_FIT_SIZES`` sizes), "family",
-    "sizes" (distinct sizes), and when fitted "slope", "intercept", "multipliers": {v: ...}}.
-    """
-    family = {variants[v]["non_embedding_params"]: ok[v] for v in ok if in_family(v, base_name) and ok[v]}
-    out = {"family": sorted(v for v in ok if in_family(v, base_name)), "sizes": len(family),
-           "min_sizes": MIN_FIT_SIZES, "fitted": False, "reason": not_fitted(len(family))}
-    if out["reason"]:
-        return out
-    sizes = sorted(family)
-    slope, intercept = fit_power_law(sizes, [float(np.mean(list(family[n].values()))) for n in sizes])
-    out.update(fitted=True, slope=slope, intercept=intercept, multipliers={})
-    for v in ok:
-        if not in_family(v, base_name) and ok[v]:
-            out["multipliers"][v] = parameter_multiplier(family, ok[v], variants[v]["non_embedding_params"])
-    return out
 
 
 def yardsticks(meta_path: Path, settings: dict) -> dict:
@@ -176,19 +124,24 @@ def _int(x) -> int | None:
         return None
 
 
-def per_corpus(runs: dict[str, dict[int, dict]], base: str) -> dict | None:
-    """Per-corpus final validation loss (metrics.json "val_loss_per_corpus"), when every finished run has it.
+def per_corpus(runs: dict[str, dict[int, dict]], pairs: list[tuple[str, str]]) -> dict | None:
+    """Per-corpus final validation loss (metrics.json "val_loss_per_corpus", nats), when every finished run has it.
 
-    Returns: {"corpora": [...], "vs_baseline": {corpus: {variant: paired(...)}}} or None."""
-    per = {v: {s: m.get("val_loss_per_corpus") for s, m in r.items() if m["status"] == "ok"} for v, r in runs.items()}
-    if not per or not all(x for r in per.values() for x in r.values()) or not per.get(base):
-        return None  # also when no baseline run finished (every seed diverged): nothing to pair against
-    corpora = sorted(next(iter(per[base].values())))
-    out = {"corpora": corpora, "vs_baseline": {}}
-    for c in corpora:
-        ok = {v: {s: x[c] for s, x in r.items() if c in x} for v, r in per.items()}
-        out["vs_baseline"][c] = {v: paired(ok[v], ok[base]) for v in ok if v != base}
-    return out
+    Args:
+        runs: {arm: {seed: run}}.
+        pairs: the verdict's comparisons, (arm, reference) (:func:`study.analysis.verdict.comparisons_of`).
+
+    Returns: {"corpora": [...], "arms": {arm: {corpus: mean over its finished seeds}}, "comparisons": {"ARM vs
+    REF": {corpus: :func:`study.analysis.stats.paired`}}} or None."""
+    per = {a: {s: m.get("val_loss_per_corpus") for s, m in r.items() if m["status"] == "ok"} for a, r in runs.items()}
+    if not per or not all(x for r in per.values() for x in r.values()) or not all(per.values()):
+        return None  # also when every seed of an arm diverged: nothing to average or pair
+    corpora = sorted(next(iter(next(iter(per.values())).values())))
+    at = {c: {a: {s: x[c] for s, x in r.items() if c in x} for a, r in per.items()} for c in corpora}
+    return {"corpora": corpora,
+            "arms": {a: {c: float(np.mean(list(at[c][a].values()))) for c in corpora} for a in per},
+            "comparisons": {comparison_name(a, ref): {c: paired(at[c][a], at[c][ref]) for c in corpora}
+                            for a, ref in pairs if a in per and ref in per}}
 
 
 def finite_or_null(obj):

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 
-from study.analysis.stats import safe_exp
 from study.config import FIXED_VOCAB, run_name
 
 
@@ -61,7 +60,7 @@ def header(summary: dict) -> list[str]:
               f"{g('train.grad_clip')}, precision `{g('trainer.precision')}`; seeds {summary['seeds']}{first}. "
               + (f"Losses are final validation cross-entropy in nats on the same {g('train.val_tokens', ',')} fixed "
                  f"validation tokens for every run. " if summary.get("task", "lm") == "lm" else "")
-              + "Each variant's peak lr is in the first table; all recorded settings are listed at the end.", ""]
+              + "Each arm's peak lr is in the verdict's table; all recorded settings are listed at the end.", ""]
     return lines + task_lines(summary)
 
 
@@ -84,12 +83,6 @@ def task_lines(summary: dict) -> list[str]:
     return []
 
 
-def accuracy_cells(s: dict) -> str:
-    """" 0.4321 | [0.4100, 0.4542] |": a variant's or arm's mean val_accuracy and its 95% t interval."""
-    lo, hi = s.get("val_accuracy_ci95") or (None, None)
-    return f" {fmt(s.get('val_accuracy_mean'))} | [{fmt(lo)}, {fmt(hi)}] |"
-
-
 def task_yardstick_text(y: dict) -> str:
     """The yardstick of a task other than lm in one sentence (summary.json "yardsticks"), or why none is shown."""
     if not y.get("available"):
@@ -105,100 +98,32 @@ def task_yardstick_text(y: dict) -> str:
     return f"Yardstick: {y}."
 
 
-def task_yardstick_row(y: dict, accuracy: bool) -> list[str]:
-    """The task's yardstick as a row of the variants table (loss and perplexity, and chance's accuracy)."""
-    if not y.get("available"):
-        return []
-    name, loss = ("unigram yardstick", y.get("unigram")) if y.get("task") == "mlm" else ("chance", y.get("chance"))
-    acc = (f" {fmt(y.get('chance_accuracy'))} | |" if y.get("task") == "mqar" else " | |") if accuracy else ""
-    return [f"| *{name}* | | | | | {fmt(loss)} | | | {fmt(safe_exp(loss) if loss is not None else None, '.2f')} |{acc}"]
-
-
-def variants_table(summary: dict) -> list[str]:
-    b = summary["baseline"]
-    acc = any("val_accuracy_mean" in s for s in summary["variants"].values())
-    lines = ["## Final validation loss per variant", "",
-             "Mean over seeds with its Student-t 95% interval (unpaired: for the comparison use the paired table "
-             "below).", "",
-             "| variant | non-embedding params | vs baseline params | peak lr | seeds | val loss mean | sd | 95% CI "
-             "| perplexity |" + (" val accuracy mean | accuracy 95% CI |" if acc else ""),
-             "|---|---|---|---|---|---|---|---|---|" + ("---|---|" if acc else "")]
-    bp = summary["variants"].get(b, {}).get("non_embedding_params")
-    for v, s in summary["variants"].items():
-        rel = f"{100 * (s['non_embedding_params'] / bp - 1):+.2f}%" if bp else "n/a"
-        lines.append(f"| {v} | {s['non_embedding_params']:,} | {rel} | {fmt(s.get('lr'), 'g')} | {s['n_seeds']} | "
-                     f"{fmt(s['val_loss_mean'])} | {fmt(s['val_loss_sd'])} | [{fmt(s['val_loss_ci95'][0])}, "
-                     f"{fmt(s['val_loss_ci95'][1])}] | {fmt(s['val_perplexity_mean'], '.2f')} |"
-                     + (accuracy_cells(s) if acc else ""))
-    y = summary.get("yardsticks") or {}
-    if summary.get("task", "lm") != "lm":
-        return lines + task_yardstick_row(y, acc) + ["", task_yardstick_text(y)]
-    if y.get("available"):
-        for name in ("unigram", "bigram"):
-            if name in y:
-                lines.append(f"| *{name} yardstick* | | | | | {fmt(y[name].get('all'))} | | | "
-                             f"{fmt(safe_exp(y[name]['all']) if y[name].get('all') is not None else None, '.2f')} |")
-        lines += ["", f"Yardsticks: cross-entropy of a {' and a '.join(k for k in ('unigram', 'bigram') if k in y)} "
-                  f"model of the training tokens on the same validation windows ({y.get('method', 'see meta.json')})."]
-    elif y:
-        lines += ["", f"Yardsticks: not shown ({y.get('note')})."]
-    return lines
-
-
-def verdict_tables(summary: dict) -> list[str]:
-    b = summary["baseline"]
-    lines = ["", f"## Against `{b}`, paired by seed", "",
-             "Mean difference = variant - baseline (nats; negative is better), with the paired-t 95% confidence "
-             "interval; p from the two-sided paired t-test, p (BH) adjusted over the variants by "
-             "Benjamini-Hochberg. Percent log-loss change = (L - L_base) / L_base; percent perplexity change = "
-             "exp(L - L_base) - 1 (the paper's two figures). Zero-variance differences (identical losses, or the "
-             "same shift at every seed) have no t-test: they are flagged, not given a p-value.", "",
-             "| variant | pairs | mean diff | 95% CI | p | p (BH) | log-loss change [95% CI] | perplexity change |",
-             "|---|---|---|---|---|---|---|---|"]
-    for v, c in summary["vs_baseline"].items():
-        lines.append(f"| {v} | {c['n_pairs']} | {fmt(c['mean_diff'], '+.4f')} | [{fmt(c['ci95'][0], '+.4f')}, "
-                     f"{fmt(c['ci95'][1], '+.4f')}] | {p_text(c)} | {p_text(c, 'p_value_bh')} | {pct_ci(c)} | "
-                     f"{fmt(c['pct_perplexity'], '+.2f')}% |")
-    lines += ["", "### Power", "",
-              "What these seeds can detect: the smallest true difference the two-sided paired t-test (alpha 0.05) "
-              "finds with 80% power at this number of pairs and the measured sd of the paired differences "
-              "(noncentral t), and the number of seeds needed to detect the paper's -2.40% log-loss at that sd.", "",
-              "| variant | pairs | paired sd (nats) | detectable at 80% power | seeds for -2.40% |", "|---|---|---|---|---|"]
-    for v, c in summary["vs_baseline"].items():
-        pw = c["power"]
-        mde, need = pw["min_detectable_diff"], pw["seeds_for_paper"]
-        detect = (f"{fmt(mde)} nats ({detectable(c)} of the loss)" if mde is not None and math.isfinite(mde)
-                  else detectable(c))
-        lines.append(f"| {v} | {pw['n_pairs']} | {fmt(pw['sd_diff'])} | {detect} | "
-                     f"{need if need is not None else 'n/a (' + str(pw['note']) + ')'} |")
-    return lines
-
-
 def corpus_table(summary: dict) -> list[str]:
-    pc, b = summary.get("per_corpus"), summary["baseline"]
+    """Each arm's final loss per corpus (beside the yardsticks), and each comparison's paired change per corpus."""
+    pc = summary.get("per_corpus")
     if not pc:
         return []
     y = summary.get("yardsticks") or {}
     marks = [k for k in ("unigram", "bigram") if y.get("available") and k in y and summary.get("task", "lm") == "lm"]
-    names = list(summary["variants"])
+    names, comps = list(pc["arms"]), list(pc["comparisons"])
     lines = ["", "## Per corpus", "",
              "Final validation loss (nats, mean over seeds) on each corpus's validation windows"
-             + (", beside the yardsticks" if marks else "") + "; the change against the baseline is paired by seed "
-             "(percent log-loss, 95% t interval).", "",
+             + (", beside the yardsticks" if marks else "") + "; each comparison's change is paired by seed "
+             "(percent log-loss of the reference, 95% t interval).", "",
              "| corpus | " + " | ".join(names) + "".join(f" | {k}" for k in marks) + " |",
              "|---|" + "---|" * (len(names) + len(marks))]
     for c in pc["corpora"]:
-        cells = [fmt((summary["variants"][v].get("val_loss_per_corpus") or {}).get(c)) for v in names]
+        cells = [fmt(pc["arms"][a].get(c)) for a in names]
         lines.append(f"| {c} | " + " | ".join(cells) + "".join(f" | {fmt(y[k].get(c))}" for k in marks) + " |")
-    lines += ["", "| corpus | " + " | ".join(v for v in names if v != b) + " |", "|---|" + "---|" * (len(names) - 1)]
-    for c in pc["corpora"]:
-        lines.append(f"| {c} | " + " | ".join(pct_ci(pc["vs_baseline"][c][v]) for v in names if v != b) + " |")
+    if comps:
+        lines += ["", "| corpus | " + " | ".join(comps) + " |", "|---|" + "---|" * len(comps)]
+        lines += [f"| {c} | " + " | ".join(pct_ci(pc["comparisons"][k][c]) for k in comps) + " |" for c in pc["corpora"]]
     return lines
 
 
 def attention_logit_table(summary: dict) -> list[str]:
-    """Final attn_logit_max per layer and variant (mean over seeds); nothing where no run recorded it."""
-    rows = {v: s["attn_logit_max"] for v, s in summary["variants"].items() if s.get("attn_logit_max")}
+    """Final attn_logit_max per layer and arm (mean over seeds); nothing where no run recorded it."""
+    rows = summary.get("attn_logit_max") or {}
     if not rows:
         return []
     n = max(len(x) for x in rows.values())
@@ -206,27 +131,10 @@ def attention_logit_table(summary: dict) -> list[str]:
              "The largest attention logit at the last evaluation, max |q.k| x scale over the first validation batch, "
              "heads and causal positions, per layer (mean over seeds): its growth precedes divergence "
              "(arXiv 2309.14322); QK-norm bounds it by sqrt(head_dim) x scale x the gains.", "",
-             "| variant | " + " | ".join(f"L{i}" for i in range(n)) + " | largest |", "|---|" + "---|" * (n + 1)]
-    for v, x in rows.items():
+             "| arm | " + " | ".join(f"L{i}" for i in range(n)) + " | largest |", "|---|" + "---|" * (n + 1)]
+    for a, x in rows.items():
         cells = [fmt(x[i], ".2f") if i < len(x) else "" for i in range(n)]
-        lines.append(f"| {v} | " + " | ".join(cells) + f" | {fmt(max(x), '.2f')} |")
-    return lines
-
-
-def frontier_section(summary: dict) -> list[str]:
-    f = summary.get("frontier") or {}
-    lines = ["", "## Parameter frontier", ""]
-    if not f.get("fitted"):
-        return lines + [f"Frontier {f.get('reason', 'not fitted')}. Baseline family in this study: "
-                        f"{f.get('family', [])}; the `frontier` profile (docs/profiles.md) trains five sizes."]
-    lines += [f"Baseline family {f['family']}: fitted log L = {f['intercept']:.4f} {f['slope']:+.4f} log N "
-              f"(N = non-embedding parameters) over {f['sizes']} sizes. A variant's multiplier is the baseline size "
-              f"that would reach its mean loss divided by its own size (> 1: worth more parameters than it has); "
-              f"95% interval: Student t over the seeds' own log multipliers (each seed's frontier and loss).", "",
-              "| variant | multiplier | 95% CI | equivalent baseline params |", "|---|---|---|---|"]
-    for v, m in f["multipliers"].items():
-        ci = f"[{fmt(m['ci95'][0], '.3f')}, {fmt(m['ci95'][1], '.3f')}]" if not m.get("ci_note") else m["ci_note"]
-        lines.append(f"| {v} | {fmt(m['multiplier'], '.3f')} | {ci} | {fmt(m['equivalent_params'], ',.0f')} |")
+        lines.append(f"| {a} | " + " | ".join(cells) + f" | {fmt(max(x), '.2f')} |")
     return lines
 
 
@@ -286,9 +194,9 @@ def ladder_section(la: dict, base: str) -> list[str]:
 
 
 def diverged_section(summary: dict) -> list[str]:
-    """The lost points: every diverged run of the study (and of the scale ladder's sizes), with its step
-    and reason; they are left out of every mean and paired test above."""
-    lost = [(run_name(v, s), x) for v, r in summary["variants"].items() for s, x in r["diverged"].items()]
+    """The lost points: every diverged run of the arms (and of the scale ladder's sizes), with its step and reason;
+    they are left out of every mean and paired test above."""
+    lost = [(f"{a} seed {s}", x) for a, r in (summary.get("diverged") or {}).items() for s, x in r.items()]
     for size in (summary.get("scale_ladder") or {}).get("sizes", []):
         lost += [(f"{size['model']}/{run_name(v, s)}", x) for v, r in size["variants"].items()
                  for s, x in r["diverged"].items()]
@@ -318,13 +226,9 @@ def markdown(summary: dict, figures: list[str] = ()) -> str:
     from study.analysis.attention_report import attention_lines
     lines = header(summary) + (attention_lines(summary["verdict"], summary.get("task", "lm"))
                                if summary.get("verdict") else [])
-    if summary["variants"]:
-        lines += variants_table(summary) + verdict_tables(summary) + corpus_table(summary)
-        lines += attention_logit_table(summary)
-        lines += frontier_section(summary)
+    lines += yardstick_lines(summary) + corpus_table(summary) + attention_logit_table(summary)
+    if summary.get("diverged") or summary.get("scale_ladder"):
         lines += diverged_section(summary)
-    else:  # the decided verdict alone (study.variants empty): its runs' settings and the yardsticks
-        lines += yardstick_lines(summary)
     if summary.get("scale_ladder"):
         lines += ladder_section(summary["scale_ladder"], summary["baseline"])
     if summary.get("verdict"):

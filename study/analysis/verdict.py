@@ -215,8 +215,9 @@ def check_arm_run(cfg, root: Path, name: str, seed: int, run: dict) -> None:
                             f"skips a test stage whose dvc.lock already records these values)")
 
 
-def verdict_report(cfg, root: Path) -> dict | None:
-    """summary.json's "verdict" (None while study.arms is empty).
+def verdict_report(cfg, root: Path, runs: dict[str, dict[int, dict]] | None = None) -> dict | None:
+    """summary.json's "verdict" (None while study.arms is empty), over ``runs`` ({arm: {seed: run}}: the test runs,
+    read by :func:`tested_runs` when not given).
 
     Returns: {"arms": {arm: {"variant", "overrides", "lr", "lr_from" ("fixed"/"tuned"), "tuning" (status of its
     grid), "n_seeds", "val_loss_mean", "val_loss_sd" (its own, never pooled), "val_loss_ci95", "diverged"}},
@@ -232,7 +233,7 @@ def verdict_report(cfg, root: Path) -> dict | None:
     s = cfg.study
     if not s.arms:
         return None
-    runs = tested_runs(cfg, root)
+    runs = tested_runs(cfg, root) if runs is None else runs
     ok = final_losses(runs)
     tuning = tuning_status(cfg, root)
     arms = {}

@@ -360,8 +360,7 @@ def _check(cfg: RunConfig, root: Path) -> None:
     validate_task(cfg)
     validate(cfg)
     validate_paths(cfg, root)
-    for key, group, names in (("study.variants", "variant", cfg.study.variants),
-                              ("scale_ladder.variants", "variant", cfg.scale_ladder.variants),
+    for key, group, names in (("scale_ladder.variants", "variant", cfg.scale_ladder.variants),
                               ("scale_ladder.models", "model", cfg.scale_ladder.models),
                               ("the arms in use (arms.NAME.variant)", "variant", [cfg.arms[a].variant for a in used_arms(cfg)])):
         unknown = [v for v in names if not (root / "conf" / group / f"{v}.yaml").is_file()]

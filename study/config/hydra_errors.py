@@ -82,6 +82,9 @@ REMOVED_KEYS = {
                         "model.vocab_multiple pads them (gpt3-small: 64)",
     "variant.lr": "a run's peak lr is its arm's, not the variant's: arm.lr=LR (None: train.lr)",
     "variant.min_lr": "a run's final lr is its arm's, not the variant's: arm.min_lr=LR (None: train.min_lr's ratio)",
+    "study.variants": "every comparison is of arms: list them in study.arms (a shared-lr comparison: arms at one fixed "
+                      "arms.NAME.lr, e.g. 'study.arms=[baseline,nonlinear_q]' arms.baseline.lr=3e-3 "
+                      "arms.nonlinear_q.lr=3e-3)",
 }
 
 

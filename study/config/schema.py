@@ -243,10 +243,9 @@ class TrainerConfig:
 
 @dataclass
 class StudyConfig:
-    """The study: which variants x seeds, and where outputs and tracking live."""
+    """The study: its arms x seeds, and where outputs and tracking live."""
 
     name: str = "nonlinear-queries"
-    variants: list = field(default_factory=lambda: ["baseline", "nonlinear_q", "baseline_mlp4.75"])
     seeds: list = field(default_factory=lambda: [1, 2, 3, 4])
     baseline: str = "baseline"
     runs_dir: str = "runs"

@@ -160,11 +160,6 @@ def _validate_study(cfg: RunConfig) -> None:
     if twice:  # a seed listed twice would be one pair counted twice: the paired statistics' n and df would be wrong
         raise ConfigError(f"study.seeds={list(s.seeds)} lists {twice} more than once: name each seed once, e.g. "
                           f"study.seeds={sorted(set(s.seeds))}")
-    if not list(s.variants) and not list(s.arms):
-        raise ConfigError("study.variants and study.arms are both empty: list at least one variant (the shared-lr "
-                          "comparison) or the arms of the decided verdict")
-    if list(s.variants) and s.baseline not in s.variants:
-        raise ConfigError(f"study.baseline={s.baseline!r} is not in study.variants={list(s.variants)}: add it")
 
 
 def _validate_optimizer(cfg: RunConfig) -> None:

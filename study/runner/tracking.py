@@ -145,11 +145,10 @@ def logged_steps(client, run_id: str) -> dict[str, int]:
 def log_verdict(root: Path, cfg, report_dir: Path) -> str:
     """Record compare's verdict in MLflow as its own run, name ``compare`` (tags ``kind=verdict`` and
     ``group=verdict``, so readers of the training runs by group, as the notebook, leave it out), in the
-    study's experiment: comparison.md, summary.json and the figures of ``report_dir`` as artifacts, the
-    percent log-loss change and p-value of every variant against the baseline as metrics
-    (``pct_log_loss/VARIANT``, ``p_value/VARIANT``).  A re-run of compare replaces the previous verdict
-    run of the same runs (one per experiment and ``study.group``: run name ``compare/GROUP``, tag
-    ``verdict_of``).  Returns the run id."""
+    study's experiment: comparison.md, summary.json and the figures of ``report_dir`` as artifacts, each
+    comparison's word as a tag (``verdict/ARM_vs_REF``) and its numbers as metrics (``verdict_pct_log_loss/...``,
+    ``verdict_mean_diff/...``, ``verdict_p_value_bh/...``, ``verdict_tost_p_bh/...``).  A re-run of compare
+    replaces the previous verdict run of the experiment (tag ``verdict_of=study``).  Returns the run id."""
     import json
     import time
 
@@ -160,14 +159,11 @@ def log_verdict(root: Path, cfg, report_dir: Path) -> str:
     client = MlflowClient(tracking_uri=tracking_uri(root, study))
     with store_lock(root, study):
         exp_id = ensure_experiment(client, root, study)
-        of = str(study.group or "") or "study"  # the runs it compares: the study's, or runs/GROUP/'s
-        for old in client.search_runs([exp_id], filter_string="tags.kind = 'verdict'"):
-            if old.data.tags.get("verdict_of", "study") != of:
-                continue  # another group's verdict stays
+        for old in client.search_runs([exp_id], filter_string="tags.kind = 'verdict' and tags.verdict_of = 'study'"):
             artifact_repo(root, study, old.info.artifact_uri).delete_artifacts()
             client.delete_run(old.info.run_id)
-        run = client.create_run(exp_id, run_name="compare" if of == "study" else f"compare/{of}",
-                                tags={"kind": "verdict", "group": "verdict", "verdict_of": of,
+        run = client.create_run(exp_id, run_name="compare",
+                                tags={"kind": "verdict", "group": "verdict", "verdict_of": "study",
                                       "git_commit": git_commit(root),
                                       "mlflow.note.content": "compare's verdict: comparison.md, summary.json, figures"})
     run_id = run.info.run_id
@@ -176,10 +172,6 @@ def log_verdict(root: Path, cfg, report_dir: Path) -> str:
         metrics, tags = [], [RunTag("baseline", str(cfg.study.baseline))]
         if summary_path.is_file():
             summary = json.loads(summary_path.read_text())
-            for v, c in (summary.get("vs_baseline") or {}).items():
-                for key in ("pct_log_loss", "p_value"):
-                    if isinstance(c.get(key), (int, float)):
-                        metrics.append(Metric(f"{key}/{v}", float(c[key]), int(time.time() * 1000), 0))
             for name, c in ((summary.get("verdict") or {}).get("comparisons") or {}).items():
                 key = name.replace(" vs ", "_vs_")  # the decided verdict: one word and its numbers per comparison
                 tags.append(RunTag(f"verdict/{key}", str(c.get("verdict"))))
