@@ -36,7 +36,7 @@ def table(overrides: list[str]) -> dict[str, dict[str, int]]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(a in ("-h", "--help") or a.startswith("--cfg") for a in argv):  # the stage runner's --help / --cfg job
-        return run_stage(lambda cfg, root: 0, [a for a in argv if a != "--json"])
+        return run_stage(lambda cfg, root: 0, [a for a in argv if a != "--json"], own=("--json",))
     as_json = "--json" in argv
     try:
         rows = table([a for a in argv if a != "--json"])

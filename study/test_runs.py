@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         if not dry:
             check_params_unchanged(params, before)
         return 0
-    return run_stage(body, argv, interruptible="study.test_runs")  # Ctrl-C: each training stopped, marked KILLED
+    return run_stage(body, argv, interruptible="study.test_runs",  # Ctrl-C: each training stopped, marked KILLED
+                     own=("--dry-run",))
 
 
 if __name__ == "__main__":

@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             print("\n".join(targets(cfg)))
         return 0
-    return run_stage(body, rest, interruptible="study.tune")  # Ctrl-C: each training stopped, marked KILLED
+    return run_stage(body, rest, interruptible="study.tune",  # Ctrl-C: each training stopped, marked KILLED
+                     own=("--arm NAME", "--write", "--targets", "--ladder MODEL", "--dry-run"))
 
 
 if __name__ == "__main__":

@@ -155,6 +155,8 @@ def test_verdict_power_and_figures_against_scipy(nano_project, tmp_path, monkeyp
     corpora = lambda x: {"sotu": x + 0.2, "kjv": x - 0.5}  # noqa: E731
     _arms(tmp_path, {"baseline": {s: {"loss": x, "per_corpus": corpora(x)} for s, x in BASE.items()},
                      "nonlinear_q": {s: {"loss": x, "per_corpus": corpora(x)} for s, x in var.items()}})
+    (tmp_path / "reports/figures").mkdir(parents=True)
+    (tmp_path / "reports/figures/final_val_loss.png").write_bytes(b"\x89PNG an earlier report's figure")
     assert _compare(nano_project, monkeypatch, _study(tmp_path)) == 0
     summary = _summary(tmp_path)
     c = summary["verdict"]["comparisons"]["nonlinear_q vs baseline"]
@@ -187,7 +189,7 @@ def test_verdict_power_and_figures_against_scipy(nano_project, tmp_path, monkeyp
     assert power(need) >= 0.8 and (need == 2 or power(need - 1) < 0.8)
     md = (tmp_path / "reports/comparison.md").read_text()
     assert "## Per corpus" in md and f"| kjv | {pc['pct_log_loss']:+.2f}% [" in md
-    # figures: the verdict and per-corpus figures exist; the profiles' do not
+    # figures: the verdict and per-corpus figures exist; the profiles' do not, nor an earlier report's
     figs = sorted(p.name for p in (tmp_path / "reports/figures").iterdir())
     assert figs == ["per_corpus.png", "train_loss_curves.png", "val_loss_curves.png", "verdict.png"]
 

@@ -161,3 +161,27 @@ def test_the_filters_docs_tracking_gives_select_what_they_say(tmp_path):
     assert names(filters["the tuning runs"]) == ["nonlinear_q/lr0.01/nonlinear_q-s101"]
     assert names(filters["one arm"]) == ["nonlinear_q/lr0.01/nonlinear_q-s101", "test/nonlinear_q/nonlinear_q-s1"]
     assert names(filters["one arm"] + " and tags.role = 'test'") == ["test/nonlinear_q/nonlinear_q-s1"]
+
+
+@pytest.mark.slow  # starts an MLflow server (~10 s)
+def test_a_server_that_cannot_bind_its_port_is_one_line_naming_its_output(nano_project, tmp_path, capsys, monkeypatch):
+    """A port already taken: the server exits; `python -m study.ui` says so in one line, with the last line of the
+    server's own output and where the rest is, instead of the server's traceback above a guess."""
+    import socket
+
+    from study.ui import main
+
+    monkeypatch.chdir(nano_project)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        rc = main(["--port", str(port), "--no-open", f"study.tracking_db={tmp_path / 'm.db'}",
+                   f"study.artifact_dir={tmp_path / 'art'}"])
+    cap = capsys.readouterr()
+    assert rc == 2 and cap.out == "", cap.out
+    err = cap.err.strip()
+    assert err.startswith("error: the MLflow server exited with code ") and len(err.splitlines()) == 1, err
+    log = err.split("(its output: ")[1].split(")")[0]
+    assert "address already in use" in open(log).read().lower(), err
+    assert f"is port {port} in use?" in err, err

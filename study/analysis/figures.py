@@ -1,8 +1,8 @@
 """The report's figures (matplotlib, Agg), drawn from the summary and the runs' curves.
 
-Every figure is written only when what it shows exists (a profile's figure only when the profile
-ran, the per-corpus chart only when the runs logged per-corpus losses); :func:`write_all` removes a stale figure that no longer applies.  Token axes are in
-millions of training tokens from 0.
+Every figure is written only when what it shows exists (a profile's figure only when the profile ran, the per-corpus
+chart only when the runs logged per-corpus losses); :func:`write_all` removes every other figure of its folder, which
+is the report's own.  Token axes are in millions of training tokens from 0.
 """
 from __future__ import annotations
 
@@ -18,9 +18,6 @@ PALETTE = {"baseline": "#1f77b4", "identity_q": "#2ca02c", "nonlinear_q": "#d627
            "nonlinear_q_r1": "#7f7f7f", "nonlinear_q_relu2": "#bcbd22", "nonlinear_q_silu": "#17becf",
            "nonlinear_k": "#aec7e8", "nonlinear_v": "#ffbb78", "identity_q_mlp4.5": "#98df8a",
            "baseline_mlp3.5": "#c5b0d5", "baseline_mlp4.5": "#c49c94", "baseline_mlp5": "#f7b6d2"}
-#: every figure this module can write (file names under the figures folder)
-ALL = ("val_loss_curves.png", "train_loss_curves.png", "per_corpus.png", "scale_ladder.png", "verdict.png",
-       "position_loss.png")
 
 
 def color(variant: str) -> str:
@@ -213,8 +210,8 @@ def scale_ladder(summary: dict, out: Path) -> Path:
 
 
 def write_all(summary: dict, runs: dict[str, dict[int, dict]], out: Path) -> list[str]:
-    """Write every figure that applies into ``out`` (created), delete those that no longer do;
-    return the names written."""
+    """Write every figure that applies into ``out`` (created), delete every other figure there (an earlier report's
+    that no longer applies); return the names written."""
     out.mkdir(parents=True, exist_ok=True)
     written = [loss_curves(runs, out, "val_loss", "Validation loss, mean over seeds (band: min..max)",
                            "val_loss_curves.png"),
@@ -229,6 +226,7 @@ def write_all(summary: dict, runs: dict[str, dict[int, dict]], out: Path) -> lis
     if summary.get("scale_ladder"):
         written.append(scale_ladder(summary, out))
     names = [p.name for p in written]
-    for stale in set(ALL) - set(names):
-        (out / stale).unlink(missing_ok=True)
+    for stale in out.glob("*.png"):  # the folder is the report's: a figure not written now is stale
+        if stale.name not in names:
+            stale.unlink()
     return names

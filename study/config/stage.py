@@ -50,7 +50,9 @@ def stage_args(argv: list[str]) -> tuple[str | None, list[str]]:
     return opts["params"], rest
 
 
-def _parse_argv(argv: list[str]) -> tuple[dict, list[str]]:
+def _parse_argv(argv: list[str], own: tuple[str, ...] = ()) -> tuple[dict, list[str]]:
+    """({"help", "cfg", "multirun", "params"}, the overrides) of a stage's command line; ``own``: the stage's own
+    options (parsed before), named beside the common ones when an option is unknown."""
     opts = {"help": False, "cfg": None, "multirun": False, "params": None}
     rest, it = [], iter(argv)
     for a in it:
@@ -65,8 +67,9 @@ def _parse_argv(argv: list[str]) -> tuple[dict, list[str]]:
                 raise ConfigError(f"{a} needs a value: --cfg job, --params params.yaml")
             opts[key] = value
         elif a.startswith("-"):
-            raise ConfigError(f"unknown option {a.split('=', 1)[0]} (see --help): the options are --help, --cfg job, "
-                              f"-m/--multirun, --params FILE; everything else is a key=value override")
+            raise ConfigError(f"unknown option {a.split('=', 1)[0]} (see --help): the options are "
+                              f"{', '.join(['--help', '--cfg job', '-m/--multirun', '--params FILE', *own])}; "
+                              f"everything else is a key=value override")
         else:
             rest.append(a)
     if opts["cfg"] not in (None, "job", "all"):
@@ -79,7 +82,7 @@ INTERRUPTED = ("error: {stage} interrupted (Ctrl-C): run the same command again 
                "a started run resumes from its last checkpoint)")
 
 
-def run_stage(body, argv: list[str] | None = None, interruptible: str | None = None) -> int:
+def run_stage(body, argv: list[str] | None = None, interruptible: str | None = None, own: tuple[str, ...] = ()) -> int:
     """Run a stage CLI: compose the config from Hydra overrides ``argv`` (default sys.argv[1:]), call
     ``body(cfg, root)`` and return its exit code.
 
@@ -89,10 +92,11 @@ def run_stage(body, argv: list[str] | None = None, interruptible: str | None = N
     FILE`` starts from a composed config (DVC's params.yaml).  A :class:`StudyError` prints one line
     ``error: ...`` on stderr and returns 2.  With ``interruptible`` (the stage's name, e.g. "study.tune": a stage
     whose trainings end KILLED with their locks released on Ctrl-C), Ctrl-C prints :data:`INTERRUPTED` and returns
-    130; without it, KeyboardInterrupt propagates."""
+    130; without it, KeyboardInterrupt propagates.  ``own``: the stage's own options (taken out of ``argv`` before),
+    which the one line of an unknown option names beside the common ones."""
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        opts, overrides = _parse_argv(argv)
+        opts, overrides = _parse_argv(argv, own)
         if opts["help"]:
             try:
                 root = project_root()

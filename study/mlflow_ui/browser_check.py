@@ -110,7 +110,7 @@ def check(root: Path, study, screenshot: Path, browser: str, timeout: float = 12
     proc = None
     if base_url is None:
         port = free_port()
-        proc = start(port, root, study, timeout=timeout, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = start(port, root, study, timeout=timeout)
         base_url = f"http://{HOST}:{port}"
     try:
         url = runs_url(base_url, experiment_id(root, study))

@@ -87,27 +87,36 @@ def experiment_id(root: Path, study) -> str | None:
     return exp.experiment_id
 
 
-def start(port: int, root: Path, study, timeout: float = 120.0, **popen) -> subprocess.Popen:
-    """Start the server (its own process group) and wait until it answers.
+def start(port: int, root: Path, study, timeout: float = 120.0) -> subprocess.Popen:
+    """Start the server (its own process group; its output to a log file) and wait until it answers.
 
     Raises:
-        RuntimeError: it exited or did not answer within ``timeout`` seconds (stopped first).
+        RuntimeError: it exited (one line with the last line of its output and the log's path) or did not answer
+            within ``timeout`` seconds (stopped first).
     """
+    import tempfile
+
     env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", DO_NOT_TRACK="true")
     env.setdefault("MLFLOW_LOGGING_LEVEL", "WARNING")  # the server's start-up chatter
     env.setdefault("PYTHONWARNINGS", "ignore::DeprecationWarning,ignore:starlette.middleware.wsgi is deprecated")
-    proc = subprocess.Popen(command(port, root, study), env=env, start_new_session=True, **popen)
+    log = Path(tempfile.gettempdir()) / f"mlflow-ui-{port}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(command(port, root, study), env=env, start_new_session=True, stdout=out,
+                                stderr=subprocess.STDOUT)
     deadline = time.time() + timeout
     try:
         while time.time() < deadline:
             if proc.poll() is not None:
-                raise RuntimeError(f"the MLflow server exited with code {proc.returncode}")
+                lines = [x.strip() for x in log.read_text(errors="replace").splitlines() if x.strip()]
+                raise RuntimeError(f"the MLflow server exited with code {proc.returncode}"
+                                   f"{': ' + lines[-1] if lines else ''} (its output: {log})")
             try:
                 with urllib.request.urlopen(f"http://{HOST}:{port}/health", timeout=2):
                     return proc
             except OSError:
                 time.sleep(0.5)
-        raise RuntimeError(f"the MLflow server did not answer on port {port} within {timeout:.0f} s")
+        raise RuntimeError(f"the MLflow server did not answer on port {port} within {timeout:.0f} s (its output: "
+                           f"{log})")
     except BaseException:  # not answering, or interrupted while waiting: leave no server behind
         stop(proc)
         raise
