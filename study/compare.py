@@ -31,6 +31,9 @@ from study.runner.tracking import log_verdict
 
 
 def _report(cfg, root: Path) -> int:
+    if cfg.study.group:
+        raise ConfigError(f"study.group={cfg.study.group} names the folder of one training run (study.train); compare "
+                          f"reports the test runs of study.arms (runs/test/ARM/): drop study.group")
     if not cfg.study.arms and not cfg.scale_ladder.models:
         raise ConfigError("study.arms is empty and the scale ladder is off: nothing to compare; list the arms, e.g. "
                           "'study.arms=[baseline,nonlinear_q]' (a shared-lr comparison: arms at one fixed "

@@ -527,3 +527,61 @@ def test_compare_without_arms_or_ladder_refuses_in_one_line(nano_project, tmp_pa
     assert err.startswith("error: study.arms is empty and the scale ladder is off: nothing to compare") and \
         len(err.splitlines()) == 1, err
     assert not (tmp_path / "reports").exists()
+
+
+@pytest.mark.parametrize("plan, words", [
+    ("[]", "is not the test stage's plan"),
+    ('{"seeds": null}', "is not the test stage's plan"),
+    ('{"seeds": {"baseline": "12345", "nonlinear_q": [1, 2, 3, 4, 5]}}', "is not the test stage's plan"),
+    ('{"seeds": {"baseline": [1, 2, 3, 4, 5, 201], "nonlinear_q": [1, 2, 3, 4, 5]}}',
+     "plans seeds [1, 2, 3, 4, 5, 201] for arm 'baseline', but this study tests study.seeds=[1, 2, 3, 4, 5] first"),
+    ('{"seeds": {"baseline": [1], "nonlinear_q": [1, 2, 3, 4, 5]}}', "plans seeds [1] for arm 'baseline'"),
+])
+def test_a_plan_that_is_not_this_studys_is_refused_in_one_line(nano_project, tmp_path, monkeypatch, capsys, plan,
+                                                                words):
+    """A hand-edited or stale runs/test/plan.json (another study's seeds, a pilot seed, one seed) used to be reported
+    from (or end in a traceback): one line naming the plan and the stage that writes it; no report written."""
+    _arms(tmp_path, {"baseline": {**BASE, 201: 4.0}, "nonlinear_q": BASE})
+    (tmp_path / "runs/test/plan.json").write_text(plan)
+    assert _compare(nano_project, monkeypatch, _study(tmp_path) + ["study.pilot_seeds=[201]"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {tmp_path / 'runs/test/plan.json'}") and len(err.splitlines()) == 1, err
+    assert words in err and "test stage" in err, err
+    assert not (tmp_path / "reports").exists()
+
+
+def test_the_plan_of_other_study_seeds_is_refused(nano_project, tmp_path, monkeypatch, capsys):
+    """Runs and plan on seeds 1-5, the study now at seeds 6-10: refused, not reported as 'n=0' over seeds 1-5."""
+    _arms(tmp_path, {"baseline": BASE, "nonlinear_q": BASE})
+    assert _compare(nano_project, monkeypatch, _study(tmp_path, seeds=(6, 7, 8, 9, 10))) == 2
+    err = capsys.readouterr().err.strip()
+    assert "plans seeds [1, 2, 3, 4, 5] for arm 'baseline', but this study tests study.seeds=[6, 7, 8, 9, 10]" in err
+
+
+def test_a_run_without_a_corpus_the_others_have_is_named_not_dropped(nano_project, tmp_path, monkeypatch):
+    """One run's record lacks a corpus: the per-corpus section says which run (it used to take the corpora of the
+    first run, or pair the rest on fewer seeds without a word)."""
+    both = {"sotu": 4.0, "kjv": 3.5}
+    _arms(tmp_path, {"baseline": {s: {"loss": x, "per_corpus": both} for s, x in BASE.items()},
+                     "nonlinear_q": {s: {"loss": x, "per_corpus": both if s != 3 else {"sotu": 4.0}}
+                                     for s, x in BASE.items()}})
+    assert _compare(nano_project, monkeypatch, _study(tmp_path)) == 0
+    pc = _summary(tmp_path)["per_corpus"]
+    assert pc["corpora"] == ["kjv", "sotu"] and pc["arms"] == {} and pc["comparisons"] == {}
+    assert pc["note"] == f"{arm_run(tmp_path / 'runs', 'nonlinear_q', 3)} records no loss on ['kjv'] (re-run it)"
+    md = (tmp_path / "reports/comparison.md").read_text()
+    assert f"Not shown: {pc['note']}." in md and not (tmp_path / "reports/figures/per_corpus.png").exists()
+
+
+def test_family_arms_of_one_size_are_not_a_frontier(nano_project, tmp_path, monkeypatch):
+    """Two family arms with the same non-embedding parameters: not fitted, saying which (one used to replace the
+    other's losses in the fit)."""
+    arms = {"baseline": 1000, "identity_q": 1000, "baseline_mlp5": 1250, "nonlinear_q": 1000}
+    _arms(tmp_path, {a: {s: {"loss": x - n / 1e4, "params": n} for s, x in BASE.items()} for a, n in arms.items()})
+    args = _study(tmp_path, tuple(arms)) + ["decomposition.family=[baseline,identity_q,baseline_mlp5]",
+                                            "decomposition.worth=[nonlinear_q]"]
+    assert _compare(nano_project, monkeypatch, args) == 0
+    f = _summary(tmp_path)["verdict"]["frontier"]
+    assert not f["fitted"] and f["worth"] == {}
+    assert f["reason"] == ("not fitted: the family arms ['baseline', 'identity_q'] share one size (1,000 non-embedding "
+                           "parameters); list one arm per size in decomposition.family")

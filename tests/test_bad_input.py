@@ -87,6 +87,8 @@ BAD_INPUT = [
      ["unknown key 'study.variants'", "it was removed", "study.arms"]),
     ("nothing to compare", "study.compare", [], ["study.arms is empty and the scale ladder is off"]),
     ("unknown study arm", "study.compare", ["study.arms=[baseline,nope]"], ["nope"]),
+    ("an arm name with a slash", "study.compare", ["study.arms=[baseline,x/y]"], ["arm name 'x/y' is not one folder"]),
+    ("compare given a run's group", "study.compare", ["study.group=adhoc"], ["study.group=adhoc", "drop study.group"]),
     ("a misspelt test-stage option", "study.test_runs", ["--dry"],
      ["unknown option --dry", "--params FILE, --dry-run;"]),
     ("a misspelt tune option", "study.tune", ["--write", "--wirte"],

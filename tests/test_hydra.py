@@ -359,6 +359,20 @@ def test_an_unknown_key_in_a_conf_file_names_the_key_and_the_file(tmp_path, file
     assert "\n" not in msg and "raised while composing" not in msg and all(w in msg for w in words), msg
 
 
+def test_a_removed_key_in_a_conf_file_says_what_replaced_it(tmp_path):
+    """study.variants (the shared-lr list, removed) left in conf/study.yaml: the key, the file and study.arms."""
+    from study.config import ConfigError, load_config
+
+    shutil.copytree(ROOT / "conf", tmp_path / "conf")
+    path = tmp_path / "conf/study.yaml"
+    path.write_text(path.read_text().replace("study:\n", "study:\n  variants: [baseline, nonlinear_q]\n", 1))
+    with pytest.raises(ConfigError) as e:
+        load_config(NANO, tmp_path)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("unknown key 'study.variants' in conf/study.yaml: it was removed: "), msg
+    assert "study.arms" in msg and msg.endswith("; delete it from the file"), msg
+
+
 def test_study_config_refuses_a_group_file_naming_another_file(tmp_path, monkeypatch):
     """`python -m study.config` (writing params.yaml) and `--check` refuse what the stages refuse."""
     shutil.copytree(ROOT / "conf", tmp_path / "conf")

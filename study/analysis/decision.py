@@ -275,8 +275,11 @@ def frontier_worth(means: dict[str, dict[int, float]], params: dict[str, int], f
     fam = {params[a]: means[a] for a in family if means.get(a) and a in params}
     rows = [{"arm": a, "non_embedding_params": params.get(a), "n_seeds": len(means.get(a) or {}),
              "mean": float(np.mean(list(means[a].values()))) if means.get(a) else float("nan")} for a in family]
-    out = {"family": rows, "fitted": False, "reason": not_fitted(len(fam)), "slope": None, "intercept": None,
-           "worth": {}}
+    same = sorted({n for n in fam if sum(params.get(a) == n for a in family if means.get(a)) > 1})
+    reason = (f"not fitted: the family arms {[a for a in family if params.get(a) == same[0]]} share one size "
+              f"({same[0]:,} non-embedding parameters); list one arm per size in decomposition.family" if same
+              else not_fitted(len(fam)))
+    out = {"family": rows, "fitted": False, "reason": reason, "slope": None, "intercept": None, "worth": {}}
     if out["reason"] is not None:
         return out
     sizes = sorted(fam)

@@ -221,7 +221,7 @@ def write_all(summary: dict, runs: dict[str, dict[int, dict]], out: Path) -> lis
         written.append(verdict(summary["verdict"], out))
     if any(r.get("position_loss") for r in ((summary.get("verdict") or {}).get("arms") or {}).values()):
         written.append(position_loss(summary, out))
-    if summary.get("per_corpus"):
+    if (summary.get("per_corpus") or {}).get("arms"):
         written.append(per_corpus(summary, out))
     if summary.get("scale_ladder"):
         written.append(scale_ladder(summary, out))

@@ -125,23 +125,33 @@ def _int(x) -> int | None:
 
 
 def per_corpus(runs: dict[str, dict[int, dict]], pairs: list[tuple[str, str]]) -> dict | None:
-    """Per-corpus final validation loss (metrics.json "val_loss_per_corpus", nats), when every finished run has it.
+    """Per-corpus final validation loss (record.json "val_loss_per_corpus", nats) of the finished runs.
 
     Args:
         runs: {arm: {seed: run}}.
         pairs: the verdict's comparisons, (arm, reference) (:func:`study.analysis.verdict.comparisons_of`).
 
-    Returns: {"corpora": [...], "arms": {arm: {corpus: mean over its finished seeds}}, "comparisons": {"ARM vs
-    REF": {corpus: :func:`study.analysis.stats.paired`}}} or None."""
-    per = {a: {s: m.get("val_loss_per_corpus") for s, m in r.items() if m["status"] == "ok"} for a, r in runs.items()}
-    if not per or not all(x for r in per.values() for x in r.values()) or not all(per.values()):
-        return None  # also when every seed of an arm diverged: nothing to average or pair
-    corpora = sorted(next(iter(next(iter(per.values())).values())))
-    at = {c: {a: {s: x[c] for s, x in r.items() if c in x} for a, r in per.items()} for c in corpora}
-    return {"corpora": corpora,
-            "arms": {a: {c: float(np.mean(list(at[c][a].values()))) for c in corpora} for a in per},
-            "comparisons": {comparison_name(a, ref): {c: paired(at[c][a], at[c][ref]) for c in corpora}
-                            for a, ref in pairs if a in per and ref in per}}
+    Returns: None where no finished run recorded any; else {"corpora": [...], "note" (why no table: a finished run
+    without a corpus the others have, or an arm without a finished seed; None when shown), "arms": {arm: {corpus:
+    mean over its finished seeds}}, "comparisons": {"ARM vs REF": {corpus: :func:`study.analysis.stats.paired`}}}."""
+    per = {a: {s: m.get("val_loss_per_corpus") or {} for s, m in r.items() if m["status"] == "ok"}
+           for a, r in runs.items()}
+    corpora = sorted({c for r in per.values() for x in r.values() for c in x})
+    if not corpora:
+        return None
+    out = {"corpora": corpora, "note": None, "arms": {}, "comparisons": {}}
+    short = next(((a, s, [c for c in corpora if c not in x]) for a, r in per.items() for s, x in r.items()
+                  if set(x) != set(corpora)), None)
+    lost = [a for a, r in per.items() if not r]
+    if short or lost:
+        out["note"] = (f"{runs[short[0]][short[1]].get('name', f'{short[0]} seed {short[1]}')} records no loss on "
+                       f"{short[2]} (re-run it)" if short else f"no seed of {lost} finished")
+        return out
+    at = {c: {a: {s: x[c] for s, x in r.items()} for a, r in per.items()} for c in corpora}
+    out["arms"] = {a: {c: float(np.mean(list(at[c][a].values()))) for c in corpora} for a in per}
+    out["comparisons"] = {comparison_name(a, ref): {c: paired(at[c][a], at[c][ref]) for c in corpora}
+                          for a, ref in pairs if a in per and ref in per}
+    return out
 
 
 def finite_or_null(obj):

@@ -103,6 +103,8 @@ def corpus_table(summary: dict) -> list[str]:
     pc = summary.get("per_corpus")
     if not pc:
         return []
+    if pc.get("note"):
+        return ["", "## Per corpus", "", f"Not shown: {pc['note']}."]
     y = summary.get("yardsticks") or {}
     marks = [k for k in ("unigram", "bigram") if y.get("available") and k in y and summary.get("task", "lm") == "lm"]
     names, comps = list(pc["arms"]), list(pc["comparisons"])

@@ -125,12 +125,38 @@ def tuning_status(cfg, root: Path) -> dict[str, dict]:
 
 
 def read_plan(cfg, root: Path) -> dict:
+    """runs/test/plan.json, the test stage's plan: {"seeds": {arm: [seed, ...]}, ...}.
+
+    Raises:
+        RunsError: it is missing, not JSON, or not a plan (one line naming the file and the stage that writes it).
+    """
     p = root / cfg.study.runs_dir / TEST_GROUP / PLAN
+    again = "`dvc repro -f test_runs`, or `python -m study.test_runs --params params.yaml`"
     try:
-        return json.loads(p.read_text())
+        plan = json.loads(p.read_text())
     except (OSError, ValueError):
-        raise RunsError(f"{p} is missing or unreadable: run the test stage (`dvc repro`, or "
-                        f"`python -m study.test_runs --params params.yaml`)") from None
+        raise RunsError(f"{p} is missing or unreadable: run the test stage ({again})") from None
+    seeds = plan.get("seeds") if isinstance(plan, dict) else None
+    if not isinstance(seeds, dict) or not all(isinstance(x, list) and all(type(k) is int for k in x)
+                                              for x in seeds.values()):
+        raise RunsError(f"{p} is not the test stage's plan (it needs \"seeds\": {{ARM: [seed, ...]}}): restore it or "
+                        f"run the test stage again ({again})")
+    return plan
+
+
+def check_planned_seeds(cfg, plan_path: Path, arm: str, seeds: list[int]) -> None:
+    """Refuse a plan whose seeds for ``arm`` are not this study's: Stein's first stage (study.seeds) and seeds it may
+    add (:func:`all_seeds`: never a tuning or pilot seed).
+
+    Raises:
+        RunsError: one line naming the plan, the arm, the seeds and the stage that writes the plan again.
+    """
+    first, allowed = list(cfg.study.seeds), all_seeds(cfg)
+    if set(first) <= set(seeds) and set(seeds) <= set(allowed):
+        return
+    raise RunsError(f"{plan_path} plans seeds {seeds} for arm {arm!r}, but this study tests study.seeds={first} first, "
+                    f"then up to study.max_seeds={cfg.study.max_seeds} in all, never a tuning or pilot seed: the plan "
+                    f"was written for other settings; run the test stage again (`dvc repro -f test_runs`)")
 
 
 def tested_runs(cfg, root: Path) -> dict[str, dict[int, dict]]:
@@ -151,6 +177,7 @@ def tested_runs(cfg, root: Path) -> dict[str, dict[int, dict]]:
             raise RunsError(f"{root / s.runs_dir / TEST_GROUP / PLAN} plans no seeds for arm {a!r}: re-run the test "
                             f"stage (`dvc repro`)")
         runs[a] = load_runs(cfg, root, [arm.variant], seeds, group=testing_group(a), pair=False)[arm.variant]
+        check_planned_seeds(cfg, root / s.runs_dir / TEST_GROUP / PLAN, a, seeds)
         for seed, run in runs[a].items():
             check_arm_run(cfg, root, a, seed, run)
     check(runs, "the test runs", ignore=tuple(sorted(ignore)))

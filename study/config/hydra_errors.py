@@ -149,6 +149,11 @@ def _hydra_error(e: Exception, overrides: list[str], root: Path | None = None) -
         conf_file = _conf_file(text)
         if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
             key = getattr(cause, "full_key", None) or text
+            if conf_file and "_params_base" in conf_file:  # params.yaml, as load_config composes it under DVC
+                conf_file = "params.yaml"
+            if conf_file and str(key) in REMOVED_KEYS:
+                return ConfigError(f"unknown key {key!r} in {conf_file}: {_key_hint(str(key))}; delete it from the "
+                                   f"file")
             if conf_file:
                 return ConfigError(f"unknown key {key!r} in {conf_file} ({_first(cause)}): fix the spelling in the "
                                    f"file (the keys are the fields of study/config/schema.py)")

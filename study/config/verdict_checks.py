@@ -78,6 +78,9 @@ def validate_verdict(cfg: RunConfig) -> None:
         raise ConfigError(f"tune.tokens={tu.tokens} must be a positive multiple of train.batch_tokens="
                           f"{cfg.train.batch_tokens} (or null for train.tokens)")
     for name in used_arms(cfg):
+        if "/" in str(name) or "\\" in str(name) or str(name) in (".", ".."):  # an arm is a folder: runs/test/ARM
+            raise ConfigError(f"arm name {name!r} is not one folder name (its runs go to runs/test/ARM/ and its "
+                              f"metric to reports/metrics/ARM.json): rename it without '/' or '\\'")
         if name not in cfg.arms:
             raise ConfigError(f"arm {name!r} (named in tune.arms, study.arms, study.references or decomposition) is "
                               f"not defined: add arms.{name} (variant, overrides, lr) to conf/study.yaml, or choose "
