@@ -315,7 +315,6 @@ def more_seeds(c: dict, runs: dict[str, dict[int, dict]], jobs: int) -> dict | N
             "minutes": 2 * k * sum(walls) / len(walls) / max(1, int(jobs)) / 60 if walls else None}
 
 
-
 def decide_hint(cfg, more: dict) -> str:
     """How long the seeds ``more`` asks for take, and the command that runs them: `make decide` for the default
     study (runs/, task lm), ``study.max_seeds=N`` beside this study's own overrides for any other."""
