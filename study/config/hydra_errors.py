@@ -111,6 +111,18 @@ def _key_hint(key: str) -> str:
     return f"fix the spelling ({where})"
 
 
+def _unknown_key(key, conf_file: str | None, cause) -> ConfigError:
+    """An unknown key: in a file (conf/..., or params.yaml as load_config composes it under DVC) or an override."""
+    if conf_file and "_params_base" in conf_file:
+        conf_file = "params.yaml"
+    if conf_file and str(key) in REMOVED_KEYS:
+        return ConfigError(f"unknown key {key!r} in {conf_file}: {_key_hint(str(key))}; delete it from the file")
+    if conf_file:
+        return ConfigError(f"unknown key {key!r} in {conf_file} ({_first(cause)}): fix the spelling in the file (the "
+                           f"keys are the fields of study/config/schema.py)")
+    return ConfigError(f"unknown key {key!r} ({_first(cause)}): {_key_hint(str(key))}")
+
+
 def _hydra_error(e: Exception, overrides: list[str], root: Path | None = None) -> ConfigError:
     """One line for one of Hydra's (or OmegaConf's) composition errors: the problem and the fix.  The
     exception's chain (``__cause__``, ``__context__``) is followed to OmegaConf's own error, which names the key."""
@@ -148,16 +160,7 @@ def _hydra_error(e: Exception, overrides: list[str], root: Path | None = None) -
         text = _first(e)
         conf_file = _conf_file(text)
         if isinstance(cause, (ConfigAttributeError, ConfigKeyError)):
-            key = getattr(cause, "full_key", None) or text
-            if conf_file and "_params_base" in conf_file:  # params.yaml, as load_config composes it under DVC
-                conf_file = "params.yaml"
-            if conf_file and str(key) in REMOVED_KEYS:
-                return ConfigError(f"unknown key {key!r} in {conf_file}: {_key_hint(str(key))}; delete it from the "
-                                   f"file")
-            if conf_file:
-                return ConfigError(f"unknown key {key!r} in {conf_file} ({_first(cause)}): fix the spelling in the "
-                                   f"file (the keys are the fields of study/config/schema.py)")
-            return ConfigError(f"unknown key {key!r} ({_first(cause)}): {_key_hint(str(key))}")
+            return _unknown_key(getattr(cause, "full_key", None) or text, conf_file, cause)
         if isinstance(cause, ValidationError):
             if conf_file:
                 key = getattr(cause, "full_key", None)
