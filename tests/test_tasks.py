@@ -15,7 +15,8 @@ from omegaconf import OmegaConf
 from study.config import ConfigError, ModelConfig, VariantConfig, load_config
 from study.modeling.accounting import describe
 from study.modeling.model import GPT
-from study.tasks import IGNORE, get_task, scored
+from study.config import get_task
+from study.tasks import IGNORE, scored
 from study.tasks import mlm, mqar
 
 @pytest.fixture(scope="module")
@@ -303,13 +304,13 @@ def test_tasks_have_their_own_runs_experiment_and_lr():
     # each task at its own lr* (tuned.task.mlm, {} before mlm is tuned); lm's lr* never lent to another task
     assert dict(mlm_cfg.tuned.lr) == ((tuned.get("task") or {}).get("mlm") or {}).get("lr", {})
     assert dict(lm_cfg.tuned.lr) == tuned["lr"] and dict(mlm_cfg.tuned.lr) != dict(lm_cfg.tuned.lr)
-    from study.config import apply_task
+    from study.config import resolve_task
 
-    own = load_config(["task=mqar"])
-    OmegaConf.set_readonly(own, False)  # a composition is read-only; this one is changed to apply the task again
-    own.tuned.task = {"mqar": {"lr": {"baseline": 0.02}}, "mlm": {"lr": {"baseline": 0.5}}}
-    assert dict(apply_task(apply_task(own)).tuned.lr) == {"baseline": 0.02}
-    assert own.study.runs_dir == "runs/mqar" and own.study.name == "nonlinear-queries-mqar"  # idempotent
+    own = load_config(["task=mqar", "tuned.task={mqar: {lr: {baseline: 0.02}}, mlm: {lr: {baseline: 0.5}}}"])
+    assert own.tuned.lr.baseline == 0.02 and dict(own.tuned.lr) == dict(own.tuned.task.mqar.lr)  # mqar's, not mlm's
+    again = resolve_task(own)  # a resolved config (a run's config.json) resolves to itself; the given one is unchanged
+    assert again == own and again is not own
+    assert own.study.runs_dir == "runs/mqar" and own.study.name == "nonlinear-queries-mqar"
 
 
 def test_the_tuned_file_keeps_each_tasks_lr_apart(tmp_path):

@@ -3,17 +3,11 @@ the equivalence margin, and a warning where attention carries too little for the
 from __future__ import annotations
 
 from study.analysis.verdict import _f
+from study.config import get_task
 
 #: share / margin below which the report warns that the runs barely use their context (docs/verdict.md: the study's
 #: default carries 56 margins; the nano study's runs, 16 steps each, carry none)
 WEAK_SHARE = 10
-
-
-#: what the no-context arm can still do, per task (each position attends to itself only)
-NO_CONTEXT = {"lm": "a learned bigram with the baseline's parameters",
-              "mlm": ("a chosen token sees only itself: the mask token (80%), else its own token or a "
-                      "random one, which it can copy: below the unigram yardstick without context"),
-              "mqar": "no value can be recalled: at best chance"}
 
 
 def attention_lines(v: dict, task: str = "lm") -> list[str]:
@@ -24,7 +18,7 @@ def attention_lines(v: dict, task: str = "lm") -> list[str]:
                     "the no_context arm to measure what attention carries at this size).", ""]
     lines = ["", "## Attention's share", "",
              f"What attention carries at this size: the no-context arm (each position attends to itself only: "
-             f"{NO_CONTEXT.get(task, 'no context')}) minus the reference, paired by seed, against the equivalence "
+             f"{get_task(task).NO_CONTEXT}) minus the reference, paired by seed, against the equivalence "
              f"margin in nats.", "",
              "| no-context arm | reference | pairs | share (nats) | 95% CI | margin (nats) | share / margin |",
              "|---|---|---|---|---|---|---|"]

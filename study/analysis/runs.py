@@ -51,15 +51,14 @@ def _composed(overrides: list[str], root: Path):
     try:
         return load_config(overrides, root)
     except ConfigError:
-        from study.config.task import apply_task
+        from study.config import resolve_task
 
         cfg, choices = compose_conf(root / "conf", "study", overrides)
         name_groups(cfg, choices, root / "conf")
         try:
-            apply_task(cfg)  # the task's folders and positions, as a validated config has them
+            return resolve_task(cfg)  # the task's folders and positions, as a validated config has them
         except ConfigError:
-            pass
-        return cfg
+            return cfg
 
 
 def train_hint_overrides(cfg, root: Path, group: str = "") -> list[str]:

@@ -7,12 +7,8 @@ from __future__ import annotations
 
 import math
 
-from study.config import FIXED_VOCAB, run_name
-
-
-def fmt(x, spec=".4f") -> str:
-    """A number, or "n/a" for None/NaN/inf."""
-    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+from study.config import get_task, run_name
+from study.tasks.common import fmt
 
 
 def pct_ci(c: dict) -> str:
@@ -48,54 +44,18 @@ def header(summary: dict) -> list[str]:
         v = s.get(key)
         return "n/a" if v is None else (format(v, spec) if spec and isinstance(v, (int, float)) else str(v))
     first = " (Stein's first stage: each arm's seeds are in the decided verdict)" if summary.get("verdict") else ""
-    vocab = f"task.vocab_size {g('task.vocab_size')}" if summary.get("task") == "mqar" else \
-        f"{FIXED_VOCAB.get(s.get('data.tokenizer'), g('data.vocab_size'))} ids"
+    words = get_task(summary.get("task", "lm")).report_text(s)
     lines += [f"Settings as recorded by every run (`config.json`; the runs pair only because they agree on all of "
               f"these): model `{g('model.name')}` ({g('model.n_layer')} layers, {g('model.n_head')} heads, n_embd "
               f"{g('model.n_embd')}, block_size {g('model.block_size')}); data: "
-              f"tokenizer `{g('data.tokenizer')}` ({vocab}), corpora {g('data.corpora')}, prepared-data digest "
+              f"tokenizer `{g('data.tokenizer')}` ({words['ids']}), corpora {g('data.corpora')}, prepared-data digest "
               f"`{g('data_digest')}`; training: {g('train.tokens', ',')} tokens per run in steps of "
               f"{g('train.batch_tokens', ',')} tokens, warmup {g('train.warmup_tokens', ',')} tokens, weight decay "
               f"{g('train.weight_decay')}, betas ({g('train.beta1')}, {g('train.beta2')}), grad clip "
               f"{g('train.grad_clip')}, precision `{g('trainer.precision')}`; seeds {summary['seeds']}{first}. "
-              + (f"Losses are final validation cross-entropy in nats on the same {g('train.val_tokens', ',')} fixed "
-                 f"validation tokens for every run. " if summary.get("task", "lm") == "lm" else "")
+              + words["losses"]
               + "Each arm's peak lr is in the verdict's table; all recorded settings are listed at the end.", ""]
-    return lines + task_lines(summary)
-
-
-def task_lines(summary: dict) -> list[str]:
-    """What a task other than lm scores (its loss and accuracy); nothing for lm."""
-    s, t = summary.get("settings") or {}, summary.get("task", "lm")
-    if t == "mlm":
-        return [f"Task `mlm` (masked language modelling, bidirectional attention): the losses are the cross-entropy of "
-                f"the chosen tokens only, in nats (task.mask_fraction {s.get('task.mask_fraction')} of each of the "
-                f"same fixed validation windows, the same masks for every run and seed); accuracy is the share of "
-                f"them whose most likely token is the original (mean over seeds, Student-t 95% interval). The "
-                f"verdict is on the loss.", ""]
-    if t == "mqar":
-        return [f"Task `mqar` (multi-query associative recall): V {s.get('task.vocab_size')}, "
-                f"{s.get('task.num_kv_pairs')} key-value pairs in {s.get('task.seq_len') or s.get('model.block_size')} "
-                f"tokens; every run is scored on the same fixed test set of {s.get('task.test_examples')} examples "
-                f"(task.test_seed {s.get('task.test_seed')}), the losses (nats) at the query positions only; "
-                f"accuracy is the share of queries whose most likely token is the value "
-                f"(mean over seeds, Student-t 95% interval). The verdict is on the loss.", ""]
-    return []
-
-
-def task_yardstick_text(y: dict) -> str:
-    """The yardstick of a task other than lm in one sentence (summary.json "yardsticks"), or why none is shown."""
-    if not y.get("available"):
-        return f"Yardstick: not shown ({y.get('note')})."
-    if y.get("task") == "mlm":
-        return (f"Yardstick: the unigram cross-entropy of the chosen validation tokens, {fmt(y.get('unigram'))} nats "
-                f"({y.get('method')}; {y.get('chosen_tokens')} tokens, {fmt(y.get('masked_share'), '.3f')} of them "
-                f"replaced by the mask token): a model below it uses the context around each chosen token.")
-    if y.get("task") == "mqar":
-        return (f"Yardstick: chance, a uniform guess among the V - V/2 values at each query, {fmt(y.get('chance'))} "
-                f"nats and accuracy {fmt(y.get('chance_accuracy'))}: a model below it in loss (above in accuracy) "
-                f"recalls values from its context.")
-    return f"Yardstick: {y}."
+    return lines + words["lines"]
 
 
 def corpus_table(summary: dict) -> list[str]:
@@ -106,7 +66,8 @@ def corpus_table(summary: dict) -> list[str]:
     if pc.get("note"):
         return ["", "## Per corpus", "", f"Not shown: {pc['note']}."]
     y = summary.get("yardsticks") or {}
-    marks = [k for k in ("unigram", "bigram") if y.get("available") and k in y and summary.get("task", "lm") == "lm"]
+    marks = [k for k in get_task(summary.get("task", "lm")).report_text(summary.get("settings") or {})["corpus_yardsticks"]
+             if y.get("available") and k in y]
     names, comps = list(pc["arms"]), list(pc["comparisons"])
     lines = ["", "## Per corpus", "",
              "Final validation loss (nats, mean over seeds) on each corpus's validation windows"
@@ -212,15 +173,9 @@ def diverged_section(summary: dict) -> list[str]:
 
 
 def yardstick_lines(summary: dict) -> list[str]:
-    """The yardsticks in one paragraph (the decided verdict's arms are compared with them in its table)."""
-    y = summary.get("yardsticks") or {}
-    if summary.get("task", "lm") != "lm":
-        return ["", task_yardstick_text(y)]
-    if not y.get("available"):
-        return [f"Yardsticks: not shown ({y.get('note')})."] if y else []
-    shown = [f"{k} {fmt(y[k].get('all'))} nats" for k in ("unigram", "bigram") if k in y]
-    return [f"Yardsticks on the same validation windows: {', '.join(shown)} (count models of the training tokens: "
-            f"{y.get('method', 'see meta.json')}); a model below the bigram uses its context."]
+    """The yardsticks in one paragraph, in the task's words (the decided verdict's arms are compared with them in its
+    table)."""
+    return get_task(summary.get("task", "lm")).yardstick_lines(summary.get("yardsticks") or {})
 
 
 def markdown(summary: dict, figures: list[str] = ()) -> str:

@@ -24,8 +24,9 @@ from .schema import (ACTIVATIONS, CONTEXTS, GROUPS, PRECISIONS, PROJECTION_MODES
                      ConfigError, DataConfig, ModelConfig, RunConfig, ScaleLadderConfig, StudyConfig, StudyError,
                      TrainConfig, TrainerConfig, VariantConfig, register)
 from .stage import run_stage
-from .schema import EXECUTORS, FIXED_VOCAB, LAUNCH_SECTIONS, TASKS, embedding_rows, tokenizer_vocab, ArmConfig, DecompositionConfig, LauncherConfig, TaskConfig, TuneConfig, TunedConfig
-from .task import apply_task, mqar_seq_len, mqar_spec, task_data_dir, validate_task
+from .schema import (EXECUTORS, FIXED_VOCAB, LAUNCH_SECTIONS, embedding_rows, tokenizer_vocab, ArmConfig,
+                     DecompositionConfig, LauncherConfig, TuneConfig, TunedConfig)
+from .task import get_task, resolve_task, task_data_dir, task_names
 from .validation import validate
 
 __all__ = [n for n in dir() if not n.startswith("_")]

@@ -39,7 +39,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .hydra_errors import _first, _hydra_error, _key_hint, _yaml_error, schema_keys
 from .schema import GROUPS, SCHEMA_NAME, ConfigError, RunConfig, register
-from .task import apply_task, validate_task
+from .task import check_task, resolve_task
 from .validation import validate, validate_paths
 from .verdict_checks import used_arms
 
@@ -347,17 +347,19 @@ def load_config(overrides: list[str] | None = None, root: Path | None = None,
         composed, choices = compose_conf(study.parent, study.stem, overrides)
         name_groups(composed, choices, study.parent)
         cfg = composed  # typed by the schema at the head of the defaults list
-    _check(cfg, root)
+    cfg = _check(cfg, root)
     OmegaConf.set_readonly(cfg, True)
     return cfg
 
 
-def _check(cfg: RunConfig, root: Path) -> None:
-    """:func:`validate`, and every variant and model that the study's lists name is a file of conf/ that
-    states its own name.  Interpolations (``${...}``) are resolved first: one that fails is refused in one line."""
+def _check(cfg: RunConfig, root: Path) -> RunConfig:
+    """``cfg`` resolved: its interpolations (one that fails is refused in one line) and its task
+    (:func:`study.config.task.resolve_task`: typed settings, its own folders and lr*), then checked: the task's checks,
+    :func:`validate`, and every variant and model that the study's lists name is a file of conf/ that states its own
+    name.  Returns the resolved copy."""
     _resolve_check(cfg)
-    apply_task(cfg)  # the task's own runs folder, experiment and lr* (idempotent: params.yaml may hold them)
-    validate_task(cfg)
+    cfg = resolve_task(cfg)
+    check_task(cfg)
     validate(cfg)
     validate_paths(cfg, root)
     for key, group, names in (("scale_ladder.variants", "variant", cfg.scale_ladder.variants),
@@ -368,6 +370,7 @@ def _check(cfg: RunConfig, root: Path) -> None:
             raise ConfigError(f"{key} lists unknown {unknown}: choose from {available(root, group)}")
         for name in names:
             _check_name(root / "conf", group, name)
+    return cfg
 
 
 def _raw_value(cfg: DictConfig, key: str) -> str | None:

@@ -96,8 +96,10 @@ def _key_hint(key: str) -> str:
     if key.lstrip("+") in REMOVED_KEYS:
         return f"it was removed: {REMOVED_KEYS[key.lstrip('+')]}"
 
+    parts = key.lstrip("+").split(".")
+    if len(parts) == 2 and parts[0] == "task":
+        return _task_key_hint(parts[1])
     keys = schema_keys()
-    parts = key.split(".")
     parents = {k.rsplit(".", 1)[0] if "." in k else "" for k in keys}
     parent = ".".join(parts[:-1])
     if parent and parent not in parents:  # a typo in the section: the closest section, same key
@@ -109,6 +111,22 @@ def _key_hint(key: str) -> str:
     if close:
         return f"did you mean {' or '.join(close)}? fix the spelling ({where})"
     return f"fix the spelling ({where})"
+
+
+def _task_key_hint(field: str) -> str:
+    """The fix for an unknown ``task.FIELD``: the task whose setting it is, else the closest settings of any task."""
+    import difflib
+
+    from .task import COMMON_FIELDS, task_fields, task_names
+
+    owners = [t for t in task_names() if field in (task_fields(t) or ())]
+    if owners:
+        return (f"it is a setting of task {' and '.join(owners)} (task={owners[0]}), not of this run's task (a task's "
+                f"settings are its module's Settings, study/tasks/NAME.py)")
+    known = sorted({f for t in task_names() for f in (task_fields(t) or ())} | set(COMMON_FIELDS))
+    close = [f"task.{m}" for m in difflib.get_close_matches(field, known, n=3, cutoff=0.6)]
+    return (f"{'did you mean ' + ' or '.join(close) + '? ' if close else ''}fix the spelling (a task's settings are "
+            f"its module's Settings, study/tasks/NAME.py; --cfg job prints this run's)")
 
 
 def _unknown_key(key, conf_file: str | None, cause) -> ConfigError:

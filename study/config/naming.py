@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from .schema import LAUNCH_SECTIONS, TASK_FIELDS, VERDICT_SECTIONS, RunConfig
+from .schema import LAUNCH_SECTIONS, VERDICT_SECTIONS, RunConfig
 
 
 def run_name(variant: str, seed: int) -> str:
@@ -114,10 +114,12 @@ def resume_config(cfg: RunConfig) -> dict[str, Any]:
 
 def own_task_fields(flat: dict[str, Any]) -> dict[str, Any]:
     """A flattened config without the ``task.*`` fields its task does not read
-    (:data:`study.config.schema.TASK_FIELDS`; an ``lm`` config, the task of every run made before tasks existed,
-    keeps none).  An unknown task keeps every field."""
+    (:func:`study.config.task.task_fields`: ``name`` and its module's ``Settings``; an ``lm`` config, the task of
+    every run made before tasks existed, keeps none).  An unknown task keeps every field."""
+    from .task import task_fields
+
     name = flat.get("task.name", "lm")
-    used = TASK_FIELDS.get(name) if isinstance(name, str) else None
+    used = task_fields(name) if isinstance(name, str) else None
     return {k: v for k, v in flat.items()
             if not k.startswith("task.") or used is None or k.split(".", 1)[1] in used}
 

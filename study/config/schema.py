@@ -17,7 +17,6 @@ from typing import Any, Dict, Optional
 
 SCHEMA_NAME = "run_config"  # the ConfigStore name of RunConfig, first in conf/study.yaml's defaults list
 GROUPS = ("model", "variant", "data", "trainer", "launcher", "task")
-TASKS = ("lm", "mlm", "mqar")  # conf/task/NAME.yaml, one module each in study/tasks/
 #: sections that say which runs exist and how they are judged, not how one run trains: left out of a run's
 #: config.json, its resume key and the settings runs pair on (like study and scale_ladder)
 VERDICT_SECTIONS = ("arms", "tune", "tuned", "decomposition")
@@ -78,7 +77,7 @@ class ModelConfig:
     norm: str = "layernorm"  # "layernorm" (the paper's) or "none" (the exact algebra of arXiv 2510.23912)
     max_block_size: Optional[int] = None  # largest context the positions table allows (None: block_size)
     position: Optional[str] = None  # "learned" (nanoGPT's table wpe), "rope" (rotary q and k, arXiv 2104.09864; no
-    # wpe) or None: the task's (task.position, set by study.config.task.apply_task)
+    # wpe) or None: the task's (task.position, set by study.config.task.resolve_task)
 
 
 @dataclass
@@ -152,48 +151,6 @@ class DataConfig:
     num_proc: Optional[int] = None  # tokenising processes for source "hf"; None = min(8, CPU count)
     dir: str = "data/tokens"
     chunk_bytes: str = "16MB"
-
-
-@dataclass
-class TaskConfig:
-    """What a run learns (conf/task/NAME.yaml; one module per task in ``study/tasks/``, resolved by
-    ``study.config.task.apply_task``).
-
-    ``lm``: next-token prediction on the prepared corpus (the study's default).  ``mlm``: masked language
-    modelling on the same windows with bidirectional attention (BERT, arXiv 1810.04805): ``mask_fraction`` of
-    each window's tokens chosen, each replaced by the mask token with probability ``mask_token_fraction``, by a
-    random token with ``random_token_fraction``, else kept; the loss on chosen tokens only.  ``mqar``:
-    multi-query associative recall (Zoology, arXiv 2312.04927), sizes below; loss and accuracy at the query
-    positions only.  The fields of the other tasks are unused.
-    """
-
-    name: str = "lm"
-    position: str = "learned"  # the positions of this task's models where model.position is None (mlm: rope)
-    mask_fraction: float = 0.15  # mlm: tokens chosen per window (round(fraction x block_size) of them)
-    mask_token_fraction: float = 0.8  # mlm: of the chosen, replaced by the mask token
-    random_token_fraction: float = 0.1  # mlm: of the chosen, replaced by a uniform random token (the rest kept)
-    vocab_size: int = 256  # mqar: token ids; keys from [1, V/2), values from [V/2, V); the model's vocabulary
-    seq_len: Optional[int] = None  # mqar: tokens per example (None: model.block_size)
-    num_kv_pairs: int = 4  # mqar: key-value pairs per example, each key queried once
-    power_a: float = 0.01  # mqar: query gaps ~ a g^(a-1) (Zoology's power law)
-    random_non_queries: bool = True  # mqar: the filler between queries is random tokens (Zoology's default)
-    train_examples: int = 20_000  # mqar: the training set, a function of the data seed
-    test_examples: int = 1_000  # mqar: the fixed test set (the validation of every run), kept with the data
-    test_seed: int = 0  # mqar: the test set's seed (its generator is keyed "test", the training set's "train")
-
-
-# The fields of TaskConfig each task reads (the rest are unused by it).  A run's resume key holds its own task's
-# fields only (study.config.naming.resume_part): an lm run's key has no task field at all, so a change to
-# mlm's or mqar's defaults never turns a finished lm run into "trained under other settings".
-TASK_FIELDS = {
-    "lm": (),
-    "mlm": ("name", "mask_fraction", "mask_token_fraction", "random_token_fraction"),
-    "mqar": ("name", "vocab_size", "seq_len", "num_kv_pairs", "power_a", "random_non_queries", "train_examples",
-             "test_examples", "test_seed"),
-}
-# The fields of TaskConfig resolved into another section by study.config.task.apply_task (task.position fills a null
-# model.position): a run's key holds their effect there, in the resolved model section, not the field itself.
-TASK_RESOLVED = ("position",)
 
 
 @dataclass
@@ -382,7 +339,9 @@ class RunConfig:
     tuned: TunedConfig = field(default_factory=TunedConfig)
     decomposition: DecompositionConfig = field(default_factory=DecompositionConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
-    task: TaskConfig = field(default_factory=TaskConfig)
+    # what a run learns (conf/task/NAME.yaml): name, position (its models' positions where model.position is None)
+    # and the task's own settings, typed by its module's Settings (study/tasks/NAME.py; study.config.task)
+    task: Dict[str, Any] = field(default_factory=lambda: {"name": "lm", "position": "learned"})
     seed: int = 1
 
 

@@ -1,7 +1,13 @@
-"""The task of a run, resolved in one place: where its runs, tracking and lr* live, and its own checks.
+"""The task of a run, resolved in one place: its module, its own settings, and where its runs, tracking and lr* live.
 
-``task=lm`` (the default) changes nothing.  Any other task ``T`` keeps its runs, tuning and verdict apart
-from every other task's, never pooled (:func:`apply_task`, idempotent):
+A task ``T`` is one module, ``study/tasks/T.py``, chosen by ``task.name`` (conf/task/T.yaml); the module is found by
+that name (:func:`get_task`, a plug-in lookup as Hydra's ``_target_`` is) and holds the task's settings
+(``Settings``, a dataclass), their checks (``check``), its data folder, loss, validation and report lines
+(``study.tasks`` lists the interface).  The config section ``task`` is ``name`` and ``position`` (every task's) plus
+the fields of the task's ``Settings``, typed by it (:func:`resolve_task`).
+
+``task=lm`` (the default) changes nothing else.  Any other task ``T`` keeps its runs, tuning and verdict apart from
+every other task's, never pooled:
 
 =====================  =============================  ==========================================
 key                    lm                             task T
@@ -12,7 +18,7 @@ study.reports_dir      reports                        reports/T (its verdict in 
 tune.runs_dir          runs_tune                      runs_tune/T
 tune.table_dir         conf/tuning                    conf/tuning/T
 tuned.lr, .recipe      tuned.lr, tuned.recipe         tuned.task.T.lr, tuned.task.T.recipe
-model.position         learned (task.position)        task.position (mlm: rope), where it is None
+model.position         task.position                  task.position, where it is None
 =====================  =============================  ==========================================
 
 ``model.position`` left at None takes the task's ``task.position`` (conf/task/T.yaml); a run that names its own
@@ -20,37 +26,120 @@ model.position         learned (task.position)        task.position (mlm: rope),
 """
 from __future__ import annotations
 
-from .schema import TASKS, ConfigError, RunConfig
+import dataclasses
+import importlib
+import importlib.util
+from pathlib import Path
+
+from omegaconf import OmegaConf, read_write
+from omegaconf.errors import OmegaConfBaseException
+
+from .schema import ConfigError, RunConfig
+
+#: the fields every task has; a task's own are its module's ``Settings``
+COMMON_FIELDS = ("name", "position")
 
 
-def _suffixed(value: str, suffix: str) -> str:
-    """``value`` + ``suffix``, unless it already ends with it (so that applying twice is applying once)."""
+def task_names() -> list[str]:
+    """The tasks there are: the modules of ``study/tasks/`` other than its helpers, sorted."""
+    folder = Path(__file__).resolve().parent.parent / "tasks"
+    return sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_") and p.stem != "common")
+
+
+def get_task(name: str):
+    """The module of task ``name``: ``study.tasks.NAME``.
+
+    Raises:
+        ConfigError: no such task (one line naming the choices).
+    """
+    if not isinstance(name, str) or not name.isidentifier() or name == "common" \
+            or importlib.util.find_spec(f"study.tasks.{name}") is None:
+        raise ConfigError(f"task.name={name!r} is not a task: choose one of {task_names()} (task=NAME; a new task is "
+                          f"a module study/tasks/NAME.py and conf/task/NAME.yaml, docs/tasks.md)")
+    return importlib.import_module(f"study.tasks.{name}")
+
+
+def task_fields(name: str) -> tuple[str, ...] | None:
+    """The ``task.*`` fields a run of task ``name`` reads, in its resume key and the settings runs pair on: ``name``
+    and the fields of its ``Settings``, or none at all when it has no settings of its own (``lm``: the key of an lm
+    run holds no task field, as before tasks existed).  None for an unknown task (every field counts)."""
+    try:
+        own = tuple(f.name for f in dataclasses.fields(get_task(name).Settings))
+    except ConfigError:
+        return None
+    return ("name", *own) if own else ()
+
+
+def own_settings(cfg: RunConfig) -> dict:
+    """The task's own settings of ``cfg`` (the section ``task`` less :data:`COMMON_FIELDS`), typed by its module's
+    ``Settings``: {field: value}.
+
+    Raises:
+        ConfigError: an unknown task; a field its ``Settings`` lacks, a value of the wrong type, or a field that
+            conf/task/NAME.yaml leaves unset (one line naming the key).
+    """
+    module = get_task(cfg.task.name)
+    given = {k: v for k, v in OmegaConf.to_container(cfg.task, resolve=True).items() if k not in COMMON_FIELDS}
+    try:
+        typed = OmegaConf.merge(OmegaConf.structured(module.Settings), given)
+        return OmegaConf.to_container(typed, throw_on_missing=True)
+    except OmegaConfBaseException as e:
+        key = f"task.{getattr(e, 'key', None) or getattr(e, 'full_key', '?')}"
+        fields = [f.name for f in dataclasses.fields(module.Settings)]
+        raise ConfigError(f"{key}: {str(e).splitlines()[0]} (task {cfg.task.name} has settings {fields}, typed by "
+                          f"study/tasks/{cfg.task.name}.py Settings; set them in conf/task/{cfg.task.name}.yaml)") from e
+
+
+def resolve_task(cfg: RunConfig) -> RunConfig:
+    """A copy of ``cfg`` with its task resolved (``cfg`` is unchanged): the task's settings typed, ``model.position``
+    the task's where it is None, and for a task other than ``lm`` its own runs folder, MLflow experiment, tuning
+    folders and lr* (the table above).  A config already resolved (a run's config.json) resolves to itself.
+
+    Raises:
+        ConfigError: an unknown task, its settings mistyped (:func:`own_settings`), ``task.position`` not
+            ``learned`` or ``rope``; one line.
+    """
+    t = cfg.task.name
+    own = own_settings(cfg)
+    if cfg.task.position not in ("learned", "rope"):
+        raise ConfigError(f"task.position={cfg.task.position!r}: choose 'learned' or 'rope' (a run may name its own "
+                          f"with model.position)")
+    derived: dict = {"task": own}
+    if cfg.model.position is None:  # the task's positions, unless the run names its own (model.position=...)
+        derived["model"] = {"position": cfg.task.position}
+    if t != "lm":
+        derived["study"] = {"runs_dir": _suffixed(cfg.study.runs_dir, f"/{t}"), "name": _suffixed(cfg.study.name, f"-{t}"),
+                            "reports_dir": _suffixed(cfg.study.reports_dir, f"/{t}")}
+        derived["tune"] = {"runs_dir": _suffixed(cfg.tune.runs_dir, f"/{t}"),
+                           "table_dir": _suffixed(cfg.tune.table_dir, f"/{t}")}
+        mine = cfg.tuned.task.get(t) or {}
+        derived["tuned"] = {"lr": dict(mine.get("lr") or {}), "recipe": dict(mine.get("recipe") or {})}
+    out = OmegaConf.merge(cfg, derived)
+    if t != "lm":  # replaced, not merged into the lm task's: in the fresh copy, before anything reads it
+        with read_write(out.tuned):
+            out.tuned.lr, out.tuned.recipe = derived["tuned"]["lr"], derived["tuned"]["recipe"]
+    return out  # type: ignore[return-value]
+
+
+def _suffixed(value, suffix: str) -> str:
+    """``value`` (a folder or a name) + ``suffix``, unless it already ends with it (a resolved config's)."""
+    value = str(value).rstrip("/")
     return value if value.endswith(suffix) else value + suffix
 
 
-def apply_task(cfg: RunConfig) -> RunConfig:
-    """Give a task other than ``lm`` its own runs folder, MLflow experiment, tuning folders and lr*, and every task
-    its positions where ``model.position`` is None (in place).
+def check_task(cfg: RunConfig) -> None:
+    """The task's own checks (its module's ``check(cfg)``: fractions in [0, 1], sizes its generator accepts ...).
 
     Raises:
-        ConfigError: an unknown ``task.name`` (one line naming the choices).
+        ConfigError: one line naming the key and the fix.
     """
-    t = cfg.task.name
-    if t not in TASKS:
-        raise ConfigError(f"task.name={t!r} is not a task: choose one of {list(TASKS)} (task=NAME)")
-    if cfg.model.position is None:  # the task's positions, unless the run names its own (model.position=...)
-        cfg.model.position = cfg.task.position
-    if t == "lm":
-        return cfg
-    cfg.study.runs_dir = _suffixed(str(cfg.study.runs_dir).rstrip("/"), f"/{t}")
-    cfg.study.name = _suffixed(cfg.study.name, f"-{t}")
-    cfg.study.reports_dir = _suffixed(str(cfg.study.reports_dir).rstrip("/"), f"/{t}")
-    cfg.tune.runs_dir = _suffixed(str(cfg.tune.runs_dir).rstrip("/"), f"/{t}")
-    cfg.tune.table_dir = _suffixed(str(cfg.tune.table_dir).rstrip("/"), f"/{t}")
-    own = cfg.tuned.task.get(t) or {}
-    cfg.tuned.lr = dict(own.get("lr") or {})
-    cfg.tuned.recipe = dict(own.get("recipe") or {})
-    return cfg
+    get_task(cfg.task.name).check(cfg)
+
+
+def task_data_dir(cfg: RunConfig, root) -> Path:
+    """The folder of the data a run of this task reads, whose meta.json is in its resume key: the task module's
+    ``data_dir(cfg, root)`` (lm, mlm: ``data.dir``, the prepared tokens; mqar: its kept test set)."""
+    return Path(get_task(cfg.task.name).data_dir(cfg, Path(root)))
 
 
 def tune_command(cfg: RunConfig) -> str:
@@ -71,79 +160,3 @@ def retune_hint(cfg: RunConfig, arm: str) -> str:
         return f"`make tune` with {arm} in tune.arms"
     return (f"`python -m study.tune --arm {arm} task={t}`, then `python -m study.tune --write task={t}`, with the "
             f"run's own overrides; `make tasks TASKS={t}` tunes every arm")
-
-
-def validate_task(cfg: RunConfig) -> None:
-    """The task's own settings: fractions in [0, 1], MQAR sizes Zoology's generator accepts.
-
-    Raises:
-        ConfigError: one line naming the key and the fix.
-    """
-    k = cfg.task
-    if k.name not in TASKS:
-        raise ConfigError(f"task.name={k.name!r} is not a task: choose one of {list(TASKS)} (task=NAME)")
-    if k.position not in ("learned", "rope"):
-        raise ConfigError(f"task.position={k.position!r}: choose 'learned' or 'rope' (a run may name its own with "
-                          f"model.position)")
-    if k.name == "mlm":
-        for key in ("mask_fraction", "mask_token_fraction", "random_token_fraction"):
-            if not 0.0 <= getattr(k, key) <= 1.0:
-                raise ConfigError(f"task.{key}={getattr(k, key)} must lie in [0, 1]")
-        if k.mask_token_fraction + k.random_token_fraction > 1.0:
-            raise ConfigError(f"task.mask_token_fraction + task.random_token_fraction = "
-                              f"{k.mask_token_fraction + k.random_token_fraction:g} > 1: lower one (BERT: 0.8 + 0.1)")
-        if round(k.mask_fraction * cfg.model.block_size) < 1:
-            raise ConfigError(f"task.mask_fraction={k.mask_fraction} chooses no token of a window of "
-                              f"model.block_size={cfg.model.block_size}: raise it")
-    if k.name == "mqar":
-        n = mqar_seq_len(cfg)
-        if n > cfg.model.block_size or n % 2 or n <= 0:
-            raise ConfigError(f"task.seq_len={n} must be even, positive and at most model.block_size="
-                              f"{cfg.model.block_size}")
-        if k.vocab_size <= n:
-            raise ConfigError(f"task.vocab_size={k.vocab_size} must exceed the sequence length {n} (Zoology's rule)")
-        if k.num_kv_pairs < 1 or 4 * k.num_kv_pairs > n:
-            raise ConfigError(f"task.num_kv_pairs={k.num_kv_pairs}: 4 x pairs must fit the sequence length {n} "
-                              f"(pairs, then as many query slots): choose 1..{n // 4}")
-        if k.num_kv_pairs >= k.vocab_size // 2 - 1:
-            raise ConfigError(f"task.num_kv_pairs={k.num_kv_pairs} needs more distinct keys than [1, "
-                              f"{k.vocab_size // 2}) holds: raise task.vocab_size")
-        if not k.power_a > 0:
-            raise ConfigError(f"task.power_a={k.power_a} must be > 0 (1.0: uniform gaps)")
-        for key in ("train_examples", "test_examples"):
-            if getattr(k, key) < 1:
-                raise ConfigError(f"task.{key}={getattr(k, key)} must be a positive integer")
-
-
-def mqar_seq_len(cfg: RunConfig) -> int:
-    """Tokens per MQAR example: ``task.seq_len``, or ``model.block_size`` when it is null."""
-    return int(cfg.task.seq_len) if cfg.task.seq_len is not None else int(cfg.model.block_size)
-
-
-#: the MQAR generator's version: part of its data folder's name, so a changed generator never reuses a test set
-MQAR_GENERATOR = "zoology-mqar-v1"
-
-
-def mqar_spec(cfg: RunConfig) -> dict:
-    """What fixes the MQAR test set: its sizes, generator and seed (the training set adds the data seed)."""
-    k = cfg.task
-    return {"generator": MQAR_GENERATOR, "vocab_size": int(k.vocab_size), "seq_len": mqar_seq_len(cfg),
-            "num_kv_pairs": int(k.num_kv_pairs), "power_a": float(k.power_a),
-            "random_non_queries": bool(k.random_non_queries), "test_examples": int(k.test_examples),
-            "test_seed": int(k.test_seed)}
-
-
-def task_data_dir(cfg: RunConfig, root):
-    """The folder of the data a run of this task reads, whose meta.json is in its resume key: ``data.dir`` (lm,
-    mlm: the prepared tokens), or, for mqar, ``data/mqar/V{vocab}-L{len}-P{pairs}-{sha}`` beside it, where the fixed
-    test set is kept (``study.tasks.mqar.check_data`` writes it once)."""
-    import hashlib
-    import json
-    from pathlib import Path
-
-    base = Path(root) / cfg.data.dir
-    if cfg.task.name != "mqar":
-        return base
-    spec = mqar_spec(cfg)
-    sha = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
-    return base.parent / "mqar" / f"V{spec['vocab_size']}-L{spec['seq_len']}-P{spec['num_kv_pairs']}-{sha}"

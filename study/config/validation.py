@@ -51,7 +51,7 @@ def _validate_model(cfg: RunConfig) -> None:
                           f"{m.max_block_size} that this model supports: lower block_size")
     if m.norm not in ("layernorm", "none"):
         raise ConfigError(f"model.norm={m.norm!r}: choose 'layernorm' or 'none'")
-    if m.position not in (None, "learned", "rope"):  # None: the task's (study.config.task.apply_task)
+    if m.position not in (None, "learned", "rope"):  # None: the task's (study.config.task.resolve_task)
         raise ConfigError(f"model.position={m.position!r}: choose 'learned' or 'rope' (or null: the task's)")
     if m.position == "rope" and (m.n_embd // m.n_head) % 2:
         raise ConfigError(f"model.position=rope rotates pairs of head_dim = {m.n_embd // m.n_head}, which is odd: "

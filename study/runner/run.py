@@ -109,8 +109,7 @@ def plan_run(cfg, root: Path) -> Plan:
     from study.config.numerics import check_numerics
     from study.runner.spec import run_spec
     from study.config.store import tracking_uri
-    from study.tasks import get_task
-    from study.tasks.common import val_count
+    from study.config import get_task
 
     check_multi_node(cfg.trainer)  # num_nodes > 1 without a launcher would hang in Lightning's start for ever
     spec = run_spec(cfg, root)  # derived settings (compute-matched tokens, a transferred lr*) resolved, frozen
@@ -123,7 +122,7 @@ def plan_run(cfg, root: Path) -> Plan:
     micro, accum = micro_batches(cfg, ws)
     # every rank runs a run; files are written by global rank 0 only (checkpoints: see ModelCheckpoint)
     rank_zero_only.rank = rank = launch_rank(cfg.trainer)  # MLflow: one run, created by rank 0 only
-    n_val = val_count(cfg)
+    n_val = task.val_examples(cfg)
     val_micro = min(cfg.train.val_micro_batch_size, n_val)
     while n_val % val_micro:
         val_micro -= 1
@@ -379,7 +378,7 @@ def result_of(plan: Plan, run: OpenRun, module, trainer, seconds: float) -> dict
         "config_hash": run.digest,
         "mlflow_run_id": run.state["mlflow_run_id"],
     }
-    if cfg.task.name != "lm":  # its metric beside the loss, and what chance or a count model scores
+    if "val_accuracy" in plan.task.METRICS:  # its metric beside the loss, and what chance or a count model scores
         acc = final.get("val_accuracy", float("nan")) if ok else float("nan")
         metrics.update(task=cfg.task.name, val_accuracy=acc if math.isfinite(acc) else None,
                        yardsticks=plan.task.yardsticks(cfg, plan.root, plan.meta))

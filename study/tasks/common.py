@@ -1,5 +1,8 @@
-"""What the tasks share: the target of an unscored position, per-token scoring, keyed generators."""
+"""What the tasks share: the target of an unscored position, per-token scoring, keyed generators, numbers in
+report text."""
 from __future__ import annotations
+
+import math
 
 #: the target of an unscored position (torch's cross_entropy ignore_index default)
 IGNORE = -100
@@ -22,7 +25,6 @@ def scored(logits, targets):
     return losses, mask, (logits.argmax(-1) == targets) & mask
 
 
-
 def keyed_generator(key: str):
     """A CPU ``torch.Generator`` seeded by sha256(``key``): the same stream wherever the key is the same."""
     import hashlib
@@ -33,9 +35,6 @@ def keyed_generator(key: str):
     return torch.Generator().manual_seed(seed)
 
 
-
-def val_count(cfg) -> int:
-    """Validation examples of a run: the fixed windows of ``train.val_tokens`` (lm, mlm) or the MQAR test set."""
-    if cfg.task.name == "mqar":
-        return int(cfg.task.test_examples)
-    return cfg.train.val_tokens // cfg.model.block_size
+def fmt(x, spec=".4f") -> str:
+    """A number for report text, or "n/a" for None/NaN/inf."""
+    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)

@@ -7,13 +7,31 @@ every position is scored.  Yardsticks: unigram and bigram cross-entropy of the f
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
-from study.config import embedding_rows, tokenizer_vocab
+from study.config import FIXED_VOCAB, embedding_rows, tokenizer_vocab
+from study.tasks.common import fmt
 
 CAUSAL = True
 LABELLED = False
 METRICS = ("val_loss",)
+#: what the no-context arm (each position attends to itself only) can still do
+NO_CONTEXT = "a learned bigram with the baseline's parameters"
+
+
+@dataclass
+class Settings:
+    """lm has no settings of its own: its data are ``data.*``, its windows ``model.block_size``."""
+
+
+def check(cfg) -> None:
+    """Nothing beyond the checks of every task."""
+
+
+def data_dir(cfg, root: Path) -> Path:
+    """The prepared tokens, ``data.dir``."""
+    return Path(root) / cfg.data.dir
 
 
 def check_data(cfg, root: Path) -> dict:
@@ -26,6 +44,11 @@ def check_data(cfg, root: Path) -> dict:
     meta = check_prepared(data_dir, cfg)
     check_train_windows(data_dir, cfg)
     return meta
+
+
+def val_examples(cfg) -> int:
+    """Validation examples of a run: the first ``train.val_tokens // model.block_size`` fixed windows."""
+    return cfg.train.val_tokens // cfg.model.block_size
 
 
 def config_ids(cfg) -> int:
@@ -62,3 +85,24 @@ def tokens(batch) -> int:
 def yardsticks(cfg, root: Path, meta: dict) -> dict:
     """The prepare stage's unigram and bigram cross-entropy (nats/token) of the fixed validation windows."""
     return dict(meta.get("yardsticks") or {})
+
+
+def report_text(settings: dict) -> dict:
+    """comparison.md's words for this task, from the runs' recorded settings (flat keys): ``ids`` (the vocabulary),
+    ``losses`` (what a loss is), ``lines`` (a paragraph of its own), ``corpus_yardsticks`` (per-corpus columns)."""
+    ids = FIXED_VOCAB.get(settings.get("data.tokenizer"), settings.get("data.vocab_size"))
+    val = settings.get("train.val_tokens")
+    return {"ids": f"{'n/a' if ids is None else ids} ids", "lines": [], "corpus_yardsticks": ("unigram", "bigram"),
+            "losses": f"Losses are final validation cross-entropy in nats on the same "
+                      f"{'n/a' if val is None else format(val, ',')} fixed validation tokens for every run. "}
+
+
+def yardstick_lines(y: dict) -> list[str]:
+    """The yardsticks (summary.json "yardsticks": the prepared data's count models) in one paragraph."""
+    if not y:
+        return []
+    if not y.get("available"):
+        return [f"Yardsticks: not shown ({y.get('note')})."]
+    shown = [f"{k} {fmt(y[k].get('all'))} nats" for k in ("unigram", "bigram") if k in y]
+    return [f"Yardsticks on the same validation windows: {', '.join(shown)} (count models of the training tokens: "
+            f"{y.get('method', 'see meta.json')}); a model below the bigram uses its context."]

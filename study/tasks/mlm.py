@@ -17,21 +17,50 @@ split) of the chosen validation tokens.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from study.config import embedding_rows
+from study.config import ConfigError, embedding_rows
 from study.data.datamodule import TokenDataModule
-from study.tasks.common import IGNORE, keyed_generator
+from study.tasks.common import IGNORE, fmt, keyed_generator
 from study.tasks import lm
 
 CAUSAL = False
 LABELLED = True
 METRICS = ("val_loss", "val_accuracy")
-check_data = lm.check_data
-config_ids = lm.config_ids
+#: what the no-context arm (each position attends to itself only) can still do
+NO_CONTEXT = ("a chosen token sees only itself: the mask token (80%), else its own token or a random one, which it "
+              "can copy: below the unigram yardstick without context")
+check_data, config_ids, data_dir, val_examples = lm.check_data, lm.config_ids, lm.data_dir, lm.val_examples
+
+
+@dataclass
+class Settings:
+    """BERT's masking (arXiv 1810.04805, appendix A.1: 0.15, 0.8, 0.1), values in conf/task/mlm.yaml."""
+    mask_fraction: float  # tokens chosen per window: round(fraction x block_size) of them
+    mask_token_fraction: float  # of the chosen, replaced by the mask token
+    random_token_fraction: float  # of the chosen, replaced by a uniform random token (the rest kept)
+
+
+def check(cfg) -> None:
+    """Fractions in [0, 1], the mask and random shares at most 1 together, at least one token chosen per window.
+
+    Raises:
+        ConfigError: one line naming the key and the fix.
+    """
+    k = cfg.task
+    for key in ("mask_fraction", "mask_token_fraction", "random_token_fraction"):
+        if not 0.0 <= k[key] <= 1.0:
+            raise ConfigError(f"task.{key}={k[key]} must lie in [0, 1]")
+    if k.mask_token_fraction + k.random_token_fraction > 1.0:
+        raise ConfigError(f"task.mask_token_fraction + task.random_token_fraction = "
+                          f"{k.mask_token_fraction + k.random_token_fraction:g} > 1: lower one (BERT: 0.8 + 0.1)")
+    if round(k.mask_fraction * cfg.model.block_size) < 1:
+        raise ConfigError(f"task.mask_fraction={k.mask_fraction} chooses no token of a window of "
+                          f"model.block_size={cfg.model.block_size}: raise it")
 
 
 def mask_id(meta: dict) -> int:
@@ -177,3 +206,21 @@ def yardsticks(cfg, root: Path, meta: dict) -> dict:
             "masked_share": round(float((inputs[chosen] == mask_id(meta)).float().mean()), 6),
             "chosen_tokens": int(chosen.sum()), "k": k,
             "method": "add-k unigram counts of the training split; mean cross-entropy of the chosen validation tokens"}
+
+
+def report_text(settings: dict) -> dict:
+    """comparison.md's words for this task (see :func:`study.tasks.lm.report_text`)."""
+    return {**lm.report_text(settings), "losses": "", "corpus_yardsticks": (), "lines": [
+        f"Task `mlm` (masked language modelling, bidirectional attention): the losses are the cross-entropy of the "
+        f"chosen tokens only, in nats (task.mask_fraction {settings.get('task.mask_fraction')} of each of the same "
+        f"fixed validation windows, the same masks for every run and seed); accuracy is the share of them whose most "
+        f"likely token is the original (mean over seeds, Student-t 95% interval). The verdict is on the loss.", ""]}
+
+
+def yardstick_lines(y: dict) -> list[str]:
+    """The yardstick the runs recorded (summary.json "yardsticks") in one paragraph, or why none is shown."""
+    if not y.get("available"):
+        return ["", f"Yardstick: not shown ({y.get('note')})."]
+    return ["", f"Yardstick: the unigram cross-entropy of the chosen validation tokens, {fmt(y.get('unigram'))} nats "
+                f"({y.get('method')}; {y.get('chosen_tokens')} tokens, {fmt(y.get('masked_share'), '.3f')} of them "
+                f"replaced by the mask token): a model below it uses the context around each chosen token."]

@@ -12,7 +12,7 @@ one ``numpy.random.Generator`` (keys and values: a uniform permutation's first P
 weighted sampling without replacement, the P largest u^(1/w)), vectorised over examples.
 
 The test set (``task.test_examples``, from ``task.test_seed``) is generated once and kept with the data
-(``study.config.task_data_dir``: test.npz and meta.json, its sha256 checked on every read); it is the validation
+(:func:`data_dir`: test.npz and meta.json, its sha256 checked on every read); it is the validation
 of every run.  The training set (``task.train_examples``) is a function of the data seed, read in the order of
 :class:`study.data.loader.WindowSampler` (a permutation per epoch, resumable).  Loss (nats) and accuracy
 (argmax = value) are means over the query positions.  Yardstick: chance among the values, ln(V - V/2) nats.
@@ -23,20 +23,91 @@ import hashlib
 import json
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 import torch
 import lightning.pytorch as pl
 
-from study.config import embedding_rows, mqar_spec, task_data_dir  # noqa: F401 (task_data_dir: where check_data writes)
+from study.config import ConfigError, embedding_rows
 from study.data import DataError
 from study.data.loader import ORDER_VERSION, WindowSampler
-from study.tasks.common import IGNORE
+from study.tasks.common import IGNORE, fmt
 
 CAUSAL = True
 LABELLED = True
 METRICS = ("val_loss", "val_accuracy")
+#: what the no-context arm (each position attends to itself only) can still do
+NO_CONTEXT = "no value can be recalled: at best chance"
+#: the generator's version: part of the data folder's name, so a changed generator never reuses a test set
+GENERATOR = "zoology-mqar-v1"
+
+
+@dataclass
+class Settings:
+    """Zoology's sizes (values in conf/task/mqar.yaml, chosen by measurement: docs/tasks.md)."""
+    vocab_size: int  # token ids; keys from [1, V/2), values from [V/2, V); the model's vocabulary
+    seq_len: Optional[int]  # tokens per example (None: model.block_size)
+    num_kv_pairs: int  # key-value pairs per example, each key queried once
+    power_a: float  # query gaps ~ a g^(a-1) (Zoology's power law)
+    random_non_queries: bool  # the filler between queries is random tokens (Zoology's default)
+    train_examples: int  # the training set, a function of the data seed
+    test_examples: int  # the fixed test set (the validation of every run), kept with the data
+    test_seed: int  # the test set's seed (its generator is keyed "test", the training set's "train")
+
+
+def seq_len(cfg) -> int:
+    """Tokens per example: ``task.seq_len``, or ``model.block_size`` when it is null."""
+    return int(cfg.task.seq_len) if cfg.task.seq_len is not None else int(cfg.model.block_size)
+
+
+def check(cfg) -> None:
+    """Sizes Zoology's generator accepts.
+
+    Raises:
+        ConfigError: one line naming the key and the fix.
+    """
+    k, n = cfg.task, seq_len(cfg)
+    if n > cfg.model.block_size or n % 2 or n <= 0:
+        raise ConfigError(f"task.seq_len={n} must be even, positive and at most model.block_size="
+                          f"{cfg.model.block_size}")
+    if k.vocab_size <= n:
+        raise ConfigError(f"task.vocab_size={k.vocab_size} must exceed the sequence length {n} (Zoology's rule)")
+    if k.num_kv_pairs < 1 or 4 * k.num_kv_pairs > n:
+        raise ConfigError(f"task.num_kv_pairs={k.num_kv_pairs}: 4 x pairs must fit the sequence length {n} "
+                          f"(pairs, then as many query slots): choose 1..{n // 4}")
+    if k.num_kv_pairs >= k.vocab_size // 2 - 1:
+        raise ConfigError(f"task.num_kv_pairs={k.num_kv_pairs} needs more distinct keys than [1, "
+                          f"{k.vocab_size // 2}) holds: raise task.vocab_size")
+    if not k.power_a > 0:
+        raise ConfigError(f"task.power_a={k.power_a} must be > 0 (1.0: uniform gaps)")
+    for key in ("train_examples", "test_examples"):
+        if k[key] < 1:
+            raise ConfigError(f"task.{key}={k[key]} must be a positive integer")
+
+
+def spec(cfg) -> dict:
+    """What fixes the test set: its sizes, generator and seed (the training set adds the data seed)."""
+    k = cfg.task
+    return {"generator": GENERATOR, "vocab_size": int(k.vocab_size), "seq_len": seq_len(cfg),
+            "num_kv_pairs": int(k.num_kv_pairs), "power_a": float(k.power_a),
+            "random_non_queries": bool(k.random_non_queries), "test_examples": int(k.test_examples),
+            "test_seed": int(k.test_seed)}
+
+
+def data_dir(cfg, root: Path) -> Path:
+    """``data/mqar/V{vocab}-L{len}-P{pairs}-{sha}`` beside ``data.dir``: where the fixed test set is kept
+    (:func:`check_data` writes it once); its meta.json is in the resume key."""
+    sp = spec(cfg)
+    sha = hashlib.sha256(json.dumps(sp, sort_keys=True).encode()).hexdigest()[:12]
+    return (Path(root) / cfg.data.dir).parent / "mqar" / f"V{sp['vocab_size']}-L{sp['seq_len']}-P{sp['num_kv_pairs']}-{sha}"
+
+
+def val_examples(cfg) -> int:
+    """Validation examples of a run: the kept test set."""
+    return int(cfg.task.test_examples)
 
 
 def rng(key: str) -> np.random.Generator:
@@ -82,19 +153,19 @@ def train_key(data_seed: int) -> str:
 
 
 def check_data(cfg, root: Path) -> dict:
-    """The fixed test set of ``cfg``'s sizes, written once into :func:`study.config.task_data_dir` (test.npz and
+    """The fixed test set of ``cfg``'s sizes, written once into :func:`data_dir` (test.npz and
     meta.json, atomically) and checked on every read against the sha256 in meta.json; returns meta.json.
 
     Raises:
         DataError: test.npz disagrees with its meta.json (corrupt: delete the folder to write it again).
     """
-    folder, spec = task_data_dir(cfg, root), mqar_spec(cfg)
+    folder, sp = data_dir(cfg, root), spec(cfg)
     if not (folder / "meta.json").is_file():
-        inputs, targets = _from_spec(spec, spec["test_examples"], test_key(spec))
+        inputs, targets = _from_spec(sp, sp["test_examples"], test_key(sp))
         tmp = folder.with_name(f".{folder.name}.{os.getpid()}")
         tmp.mkdir(parents=True, exist_ok=True)
         np.savez(tmp / "test.npz", inputs=inputs, targets=targets)
-        meta = {"tokenizer": "mqar", "vocab_size": spec["vocab_size"], "spec": spec,
+        meta = {"tokenizer": "mqar", "vocab_size": sp["vocab_size"], "spec": sp,
                 "test_sha256": hashlib.sha256((tmp / "test.npz").read_bytes()).hexdigest(),
                 "query_positions": int((targets != IGNORE).sum())}
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
@@ -165,7 +236,7 @@ class MQARDataModule(pl.LightningDataModule):
 
 def datamodule(cfg, root: Path, meta: dict, micro: int, data_seed: int, n_val: int, val_micro: int,
                global_batch: int) -> MQARDataModule:
-    return MQARDataModule(task_data_dir(cfg, root), mqar_spec(cfg), int(cfg.task.train_examples), micro, data_seed,
+    return MQARDataModule(data_dir(cfg, root), spec(cfg), int(cfg.task.train_examples), micro, data_seed,
                           val_micro, global_batch)
 
 
@@ -184,3 +255,24 @@ def yardsticks(cfg, root: Path, meta: dict) -> dict:
     n = int(cfg.task.vocab_size) - int(cfg.task.vocab_size) // 2
     return {"chance": round(math.log(n), 6), "chance_accuracy": round(1.0 / n, 6),
             "method": "a uniform guess among the values at each query position"}
+
+
+def report_text(settings: dict) -> dict:
+    """comparison.md's words for this task (see :func:`study.tasks.lm.report_text`)."""
+    s = settings
+    return {"ids": f"task.vocab_size {s.get('task.vocab_size', 'n/a')}", "losses": "", "corpus_yardsticks": (),
+            "lines": [f"Task `mqar` (multi-query associative recall): V {s.get('task.vocab_size')}, "
+                      f"{s.get('task.num_kv_pairs')} key-value pairs in {s.get('task.seq_len') or s.get('model.block_size')} "
+                      f"tokens; every run is scored on the same fixed test set of {s.get('task.test_examples')} examples "
+                      f"(task.test_seed {s.get('task.test_seed')}), the losses (nats) at the query positions only; "
+                      f"accuracy is the share of queries whose most likely token is the value "
+                      f"(mean over seeds, Student-t 95% interval). The verdict is on the loss.", ""]}
+
+
+def yardstick_lines(y: dict) -> list[str]:
+    """The yardstick the runs recorded (summary.json "yardsticks") in one paragraph, or why none is shown."""
+    if not y.get("available"):
+        return ["", f"Yardstick: not shown ({y.get('note')})."]
+    return ["", f"Yardstick: chance, a uniform guess among the V - V/2 values at each query, {fmt(y.get('chance'))} "
+                f"nats and accuracy {fmt(y.get('chance_accuracy'))}: a model below it in loss (above in accuracy) "
+                f"recalls values from its context."]
