@@ -142,7 +142,8 @@ def test_the_configuration_page_lists_every_key_of_the_schema():
     top-level keys), so a key added to study/config/schema.py without its line there fails here."""
     import dataclasses
 
-    from study.config import schema
+    from study.config import schema, task_names
+    from study.config.task import COMMON_FIELDS, task_fields
 
     text = (ROOT / "docs" / "configuration.md").read_text()
     keys = []
@@ -150,6 +151,9 @@ def test_the_configuration_page_lists_every_key_of_the_schema():
         sub = f.default_factory if f.default_factory is not dataclasses.MISSING else None
         if sub is not None and dataclasses.is_dataclass(sub):
             keys += [f"{f.name}.{g.name}" for g in dataclasses.fields(sub)]
+        elif f.name == "task":  # every task's common fields and each task's own (its module's Settings)
+            keys += [f"task.{k}" for k in dict.fromkeys([*COMMON_FIELDS, *(x for t in task_names()
+                                                                           for x in task_fields(t))])]
         else:
             keys.append(f.name)
     assert len(keys) > 80
@@ -157,15 +161,22 @@ def test_the_configuration_page_lists_every_key_of_the_schema():
 
 
 def test_the_configuration_pages_defaults_are_params_yamls_value_by_value():
-    """Every value the "Every key" table shows (backquoted, not cut with ...) is the value params.yaml composes; the
-    tuned.* maps say where they come from (conf/tuned.yaml).  A default changed in conf/ without its line fails."""
+    """Every value the "Every key" table shows (backquoted, not cut with ...) is the value params.yaml composes (a
+    task's own setting: its conf/task file's); the tuned.* maps say where they come from (conf/tuned.yaml).  A default
+    changed in conf/ without its line fails."""
     import re
 
     import yaml
 
+    from study.config import task_names
+    from study.config.task import task_fields
+
     text = (ROOT / "docs" / "configuration.md").read_text()
     section = text[text.index("## Every key"):]
     params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    for t in task_names():  # the lm task is composed; the others' settings are their files' values
+        own = yaml.safe_load((ROOT / "conf" / "task" / f"{t}.yaml").read_text())
+        params["task"] = {**{k: own[k] for k in task_fields(t) if k != "name"}, **params["task"]}
     missing = object()
 
     def composed(key: str):

@@ -212,6 +212,10 @@ def test_the_code_digests_are_the_source_digests_of_the_training_files():
 
     digests = code_digests()
     assert list(digests) == code_files() and "modeling/model.py" in digests
+    # a run's key holds its own task's module, the ones it imports and the package's shared ones, no other task's
+    assert [f for f in code_files("lm") if f.startswith("tasks/")] == ["tasks/__init__.py", "tasks/common.py", "tasks/lm.py"]
+    assert [f for f in code_files("mlm") if f.startswith("tasks/")][-2:] == ["tasks/lm.py", "tasks/mlm.py"]
+    assert "tasks/lm.py" not in code_files("mqar") and "tasks/mqar.py" in code_files("mqar")
     assert digests["modeling/model.py"] == source_digest(MODEL) and MODEL == STUDY / "modeling/model.py"
 
 

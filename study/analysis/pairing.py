@@ -142,9 +142,8 @@ def check_code(flat: list[tuple], where: str) -> None:
     """
     from study.runfolder import code_digest
 
-    now = code_digest()
     for _, _, r in flat:
-        recorded = r["settings"].get("code_digest")
+        recorded, now = r["settings"].get("code_digest"), code_digest(r["settings"].get("task.name", "lm"))
         if recorded is not None and recorded != now:
             raise PairingError(f"{where} do not pair: {r['name']} was trained by other training code (code digest "
                                f"{recorded}, this checkout's {now}: study/modeling, data or tasks changed), so the test "

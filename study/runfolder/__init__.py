@@ -70,14 +70,22 @@ def split_result(result: dict) -> tuple[dict, dict]:
 STUDY = Path(__file__).resolve().parent.parent  # the study package
 
 
-def code_files() -> list[str]:
-    """The training code a run's numbers depend on, relative to study/: modeling/model.py, modeling/accounting.py
-    (the parameter and FLOP counts a run records), modeling/lit_module.py, modeling/lr_schedule.py,
-    modeling/diagnostics.py (what curve.csv's diagnostics mean) and every module of the data and tasks packages
-    (``data/*.py``, ``tasks/*.py``, sorted), so that the digests are the same on every machine."""
+def code_files(task: str = "lm") -> list[str]:
+    """The training code the numbers of a run of ``task`` depend on, relative to study/: modeling/model.py,
+    modeling/accounting.py (the parameter and FLOP counts a run records), modeling/lit_module.py,
+    modeling/lr_schedule.py, modeling/diagnostics.py (what curve.csv's diagnostics mean), every module of the data
+    package, and of the tasks package its own module, the modules of the package it imports (mlm: lm's) and the
+    package's shared ones (``__init__.py``, ``common.py``), sorted, so that the digests are the same on every machine
+    and a task added, or another task's module edited, leaves the run's key as it is."""
+    tasks = STUDY / "tasks"
+    own = {f"{task}.py", "__init__.py", "common.py"}
+    if (tasks / f"{task}.py").is_file():
+        for node in ast.walk(ast.parse((tasks / f"{task}.py").read_bytes())):
+            if isinstance(node, ast.ImportFrom) and node.module == "study.tasks":
+                own |= {f"{a.name}.py" for a in node.names if (tasks / f"{a.name}.py").is_file()}
     return ["modeling/model.py", "modeling/accounting.py", "modeling/lit_module.py", "modeling/lr_schedule.py",
-            "modeling/diagnostics.py",
-            *sorted(p.relative_to(STUDY).as_posix() for pkg in ("data", "tasks") for p in (STUDY / pkg).glob("*.py"))]
+            "modeling/diagnostics.py", *sorted(p.relative_to(STUDY).as_posix() for p in (STUDY / "data").glob("*.py")),
+            *sorted(f"tasks/{n}" for n in own if (tasks / n).is_file())]
 
 
 def source_digest(path: Path) -> str:
@@ -118,22 +126,22 @@ def _tree_digest(name: str, mtime_ns: int, size: int) -> str:
     return hashlib.sha256(dumped.encode()).hexdigest()[:16]
 
 
-def code_digests() -> dict[str, str]:
-    """{file of :func:`code_files`: :func:`source_digest` of it}: the code part of the resume key, which changes
-    when the code that computes changes and not when a docstring, a comment or the layout does.
+def code_digests(task: str = "lm") -> dict[str, str]:
+    """{file of :func:`code_files` (``task``'s): :func:`source_digest` of it}: the code part of the resume key, which
+    changes when the code that computes changes and not when a docstring, a comment or the layout does.
 
     Raises:
         OSError: a file cannot be read.
         StudyError: a file is not valid Python (:func:`source_digest`).
     """
-    return {n: source_digest(STUDY / n) for n in code_files()}
+    return {n: source_digest(STUDY / n) for n in code_files(task)}
 
 
-def code_digest() -> str:
+def code_digest(task: str = "lm") -> str:
     """One sha256 (16 hex digits) over :func:`code_digests` (the code the files compute, not their docstrings,
     comments or layout): config.json's ``code_digest``, which compare checks against this checkout's as the test
     stage's reuse does (a run trained by other code counts for neither)."""
-    return hashlib.sha256(json.dumps(code_digests(), sort_keys=True).encode()).hexdigest()[:16]
+    return hashlib.sha256(json.dumps(code_digests(task), sort_keys=True).encode()).hexdigest()[:16]
 
 
 #: sections of the resolved config that say which runs exist, not how one run trained: left out of config.json
@@ -149,7 +157,8 @@ def recorded_config(cfg, data_digest: str) -> dict:
     from study.config.numerics import run_numerics
 
     d = {k: v for k, v in to_dict(cfg).items() if k not in NOT_SETTINGS}
-    return {**d, "numerics": run_numerics(cfg.trainer), "code_digest": code_digest(), "data_digest": data_digest}
+    return {**d, "numerics": run_numerics(cfg.trainer), "code_digest": code_digest(cfg.task.name),
+            "data_digest": data_digest}
 
 
 def settings_of(config: dict) -> dict:

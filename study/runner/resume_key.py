@@ -24,7 +24,7 @@ def resume_record(cfg, data_dir: Path) -> dict:
 
     rec = dict(resume_config(cfg))
     rec.update({f"numerics:{k}": v for k, v in run_numerics(cfg.trainer).items()})  # the kernels, torch, threads
-    rec.update({f"code:study/{n}": digest for n, digest in code_digests().items()})
+    rec.update({f"code:study/{n}": digest for n, digest in code_digests(cfg.task.name).items()})
     rec["data:meta.json"] = data_digest(data_dir)
     return json.loads(json.dumps(rec))  # as run.json will hold it (lists, floats)
 

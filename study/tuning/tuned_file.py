@@ -35,7 +35,7 @@ def tuned_yaml(table: dict, size: dict | None = None, tasks: dict | None = None,
     at_size = {m: r for m, r in (size_recipe or {}).items() if r and m in (size or {})}
     if at_size:  # the settings each size's lr* was tuned at: a ladder run at other settings is refused
         lines += ["  size_recipe:"] + [f"    {m}: {json.dumps(at_size[m], sort_keys=True)}" for m in sorted(at_size)]
-    if tasks:  # the other tasks' lr*, never lent across tasks (study.config.task.apply_task reads them)
+    if tasks:  # the other tasks' lr*, never lent across tasks (study.config.task.resolve_task reads them)
         lines += ["  task:"] + [f"    {t}: {json.dumps(tasks[t], sort_keys=True)}" for t in sorted(tasks)]
     return "\n".join(lines) + "\n"
 
