@@ -44,7 +44,7 @@ def task_study(tmp_path, monkeypatch):
     """(run the test stage and compare for a task; returns its reports folder and params)."""
     import study.runner.arms
     from study.config import composed_params, run_dir
-    from study.config import get_task
+    from study.tasks import get_task
     from study.runfolder import recorded_config
 
     project = copy_project(tmp_path / "project")

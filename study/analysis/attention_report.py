@@ -3,7 +3,7 @@ the equivalence margin, and a warning where attention carries too little for the
 from __future__ import annotations
 
 from study.analysis.verdict import _f
-from study.config import get_task
+from study.tasks import get_task
 
 #: share / margin below which the report warns that the runs barely use their context (docs/verdict.md: the study's
 #: default carries 56 margins; the nano study's runs, 16 steps each, carry none)

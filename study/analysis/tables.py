@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import math
 
-from study.config import get_task, run_name
+from study.config import run_name
+from study.tasks import get_task
 from study.tasks.common import fmt
 
 

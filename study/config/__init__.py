@@ -26,7 +26,7 @@ from .schema import (ACTIVATIONS, CONTEXTS, GROUPS, PRECISIONS, PROJECTION_MODES
 from .stage import run_stage
 from .schema import (EXECUTORS, FIXED_VOCAB, LAUNCH_SECTIONS, embedding_rows, tokenizer_vocab, ArmConfig,
                      DecompositionConfig, LauncherConfig, TuneConfig, TunedConfig)
-from .task import get_task, resolve_task, task_data_dir, task_names
+from .task import resolve_task, task_fields, task_names
 from .validation import validate
 
 __all__ = [n for n in dir() if not n.startswith("_")]

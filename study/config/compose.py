@@ -39,7 +39,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from .hydra_errors import _first, _hydra_error, _key_hint, _yaml_error, schema_keys
 from .schema import GROUPS, SCHEMA_NAME, ConfigError, RunConfig, register
-from .task import check_task, resolve_task
+from .task import resolve_task
 from .validation import validate, validate_paths
 from .verdict_checks import used_arms
 
@@ -354,12 +354,10 @@ def load_config(overrides: list[str] | None = None, root: Path | None = None,
 
 def _check(cfg: RunConfig, root: Path) -> RunConfig:
     """``cfg`` resolved: its interpolations (one that fails is refused in one line) and its task
-    (:func:`study.config.task.resolve_task`: typed settings, its own folders and lr*), then checked: the task's checks,
-    :func:`validate`, and every variant and model that the study's lists name is a file of conf/ that states its own
+    (:func:`study.config.task.resolve_task`: its own folders and lr*), then checked: :func:`validate`, and every variant and model that the study's lists name is a file of conf/ that states its own
     name.  Returns the resolved copy."""
     _resolve_check(cfg)
     cfg = resolve_task(cfg)
-    check_task(cfg)
     validate(cfg)
     validate_paths(cfg, root)
     for key, group, names in (("scale_ladder.variants", "variant", cfg.scale_ladder.variants),

@@ -340,7 +340,7 @@ class RunConfig:
     decomposition: DecompositionConfig = field(default_factory=DecompositionConfig)
     launcher: LauncherConfig = field(default_factory=LauncherConfig)
     # what a run learns (conf/task/NAME.yaml): name, position (its models' positions where model.position is None)
-    # and the task's own settings, typed by its module's Settings (study/tasks/NAME.py; study.config.task)
+    # and the task's own settings, typed by its module's Settings (study/tasks/<NAME>.py; study.config.task)
     task: Dict[str, Any] = field(default_factory=lambda: {"name": "lm", "position": "learned"})
     seed: int = 1
 

@@ -1,13 +1,13 @@
-"""The task of a run, resolved in one place: its module, its own settings, and where its runs, tracking and lr* live.
+"""The task of a run, resolved in one place: where its runs, tracking and lr* live, and which of its settings count.
 
-A task ``T`` is one module, ``study/tasks/T.py``, chosen by ``task.name`` (conf/task/T.yaml); the module is found by
-that name (:func:`get_task`, a plug-in lookup as Hydra's ``_target_`` is) and holds the task's settings
-(``Settings``, a dataclass), their checks (``check``), its data folder, loss, validation and report lines
-(``study.tasks`` lists the interface).  The config section ``task`` is ``name`` and ``position`` (every task's) plus
-the fields of the task's ``Settings``, typed by it (:func:`resolve_task`).
+A task ``T`` is one module, ``study/tasks/<T>.py`` (its settings typed by its ``Settings`` dataclass, their checks, its
+data, loss, validation and report words: ``study.tasks``), and one file, ``conf/task/T.yaml``, that sets ``name``,
+``position`` and a value for each of those settings.  The config package reads the file only: the section ``task``
+is what it composes, and :func:`task_fields` (the settings a run's key and pairing hold) are its keys; the task's
+module types and checks them when a run is specified (``study.tasks.check_task``).
 
 ``task=lm`` (the default) changes nothing else.  Any other task ``T`` keeps its runs, tuning and verdict apart from
-every other task's, never pooled:
+every other task's, never pooled (:func:`resolve_task`):
 
 =====================  =============================  ==========================================
 key                    lm                             task T
@@ -26,85 +26,59 @@ model.position         task.position                  task.position, where it is
 """
 from __future__ import annotations
 
-import dataclasses
-import importlib
-import importlib.util
+import functools
 from pathlib import Path
 
+import yaml
 from omegaconf import OmegaConf, read_write
-from omegaconf.errors import OmegaConfBaseException
 
 from .schema import ConfigError, RunConfig
 
-#: the fields every task has; a task's own are its module's ``Settings``
+#: the fields every task has; the others of its conf/task file are its own settings
 COMMON_FIELDS = ("name", "position")
+#: the task files (the package's own project: every copy of the project has its conf/ beside study/)
+TASK_DIR = Path(__file__).resolve().parent.parent.parent / "conf" / "task"
 
 
 def task_names() -> list[str]:
-    """The tasks there are: the modules of ``study/tasks/`` other than its helpers, sorted."""
-    folder = Path(__file__).resolve().parent.parent / "tasks"
-    return sorted(p.stem for p in folder.glob("*.py") if not p.stem.startswith("_") and p.stem != "common")
+    """The tasks there are: the files conf/task/*.yaml, sorted."""
+    return sorted(p.stem for p in TASK_DIR.glob("*.yaml"))
 
 
-def get_task(name: str):
-    """The module of task ``name``: ``study.tasks.NAME``.
-
-    Raises:
-        ConfigError: no such task (one line naming the choices).
-    """
-    if not isinstance(name, str) or not name.isidentifier() or name == "common" \
-            or importlib.util.find_spec(f"study.tasks.{name}") is None:
-        raise ConfigError(f"task.name={name!r} is not a task: choose one of {task_names()} (task=NAME; a new task is "
-                          f"a module study/tasks/NAME.py and conf/task/NAME.yaml, docs/tasks.md)")
-    return importlib.import_module(f"study.tasks.{name}")
+@functools.lru_cache(maxsize=None)
+def _file_keys(path: Path, mtime_ns: int) -> tuple[str, ...]:
+    data = yaml.safe_load(path.read_text()) or {}
+    return tuple(k for k in data if k not in COMMON_FIELDS) if isinstance(data, dict) else ()
 
 
 def task_fields(name: str) -> tuple[str, ...] | None:
     """The ``task.*`` fields a run of task ``name`` reads, in its resume key and the settings runs pair on: ``name``
-    and the fields of its ``Settings``, or none at all when it has no settings of its own (``lm``: the key of an lm
-    run holds no task field, as before tasks existed).  None for an unknown task (every field counts)."""
-    try:
-        own = tuple(f.name for f in dataclasses.fields(get_task(name).Settings))
-    except ConfigError:
+    and the task's own settings (the other keys of conf/task/NAME.yaml), or none at all when it has no settings
+    (``lm``: the key of an lm run holds no task field, as before tasks existed).  None for an unknown task (every
+    field counts)."""
+    path = TASK_DIR / f"{name}.yaml"
+    if not isinstance(name, str) or not path.is_file():
         return None
+    own = _file_keys(path, path.stat().st_mtime_ns)
     return ("name", *own) if own else ()
 
 
-def own_settings(cfg: RunConfig) -> dict:
-    """The task's own settings of ``cfg`` (the section ``task`` less :data:`COMMON_FIELDS`), typed by its module's
-    ``Settings``: {field: value}.
-
-    Raises:
-        ConfigError: an unknown task; a field its ``Settings`` lacks, a value of the wrong type, or a field that
-            conf/task/NAME.yaml leaves unset (one line naming the key).
-    """
-    module = get_task(cfg.task.name)
-    given = {k: v for k, v in OmegaConf.to_container(cfg.task, resolve=True).items() if k not in COMMON_FIELDS}
-    try:
-        typed = OmegaConf.merge(OmegaConf.structured(module.Settings), given)
-        return OmegaConf.to_container(typed, throw_on_missing=True)
-    except OmegaConfBaseException as e:
-        key = f"task.{getattr(e, 'key', None) or getattr(e, 'full_key', '?')}"
-        fields = [f.name for f in dataclasses.fields(module.Settings)]
-        raise ConfigError(f"{key}: {str(e).splitlines()[0]} (task {cfg.task.name} has settings {fields}, typed by "
-                          f"study/tasks/{cfg.task.name}.py Settings; set them in conf/task/{cfg.task.name}.yaml)") from e
-
-
 def resolve_task(cfg: RunConfig) -> RunConfig:
-    """A copy of ``cfg`` with its task resolved (``cfg`` is unchanged): the task's settings typed, ``model.position``
-    the task's where it is None, and for a task other than ``lm`` its own runs folder, MLflow experiment, tuning
-    folders and lr* (the table above).  A config already resolved (a run's config.json) resolves to itself.
+    """A copy of ``cfg`` with its task resolved (``cfg`` is unchanged): ``model.position`` the task's where it is
+    None, and for a task other than ``lm`` its own runs folder, MLflow experiment, tuning folders and lr* (the table
+    above).  A config already resolved (a run's config.json) resolves to itself.
 
     Raises:
-        ConfigError: an unknown task, its settings mistyped (:func:`own_settings`), ``task.position`` not
-            ``learned`` or ``rope``; one line.
+        ConfigError: ``task.name`` without a conf/task file, ``task.position`` not ``learned`` or ``rope``; one line.
     """
     t = cfg.task.name
-    own = own_settings(cfg)
+    if task_fields(t) is None:
+        raise ConfigError(f"task.name={t!r} is not a task: choose one of {task_names()} (task=NAME; a new task is a "
+                          f"module study/tasks/<NAME>.py and conf/task/NAME.yaml, docs/tasks.md)")
     if cfg.task.position not in ("learned", "rope"):
         raise ConfigError(f"task.position={cfg.task.position!r}: choose 'learned' or 'rope' (a run may name its own "
                           f"with model.position)")
-    derived: dict = {"task": own}
+    derived: dict = {}
     if cfg.model.position is None:  # the task's positions, unless the run names its own (model.position=...)
         derived["model"] = {"position": cfg.task.position}
     if t != "lm":
@@ -125,21 +99,6 @@ def _suffixed(value, suffix: str) -> str:
     """``value`` (a folder or a name) + ``suffix``, unless it already ends with it (a resolved config's)."""
     value = str(value).rstrip("/")
     return value if value.endswith(suffix) else value + suffix
-
-
-def check_task(cfg: RunConfig) -> None:
-    """The task's own checks (its module's ``check(cfg)``: fractions in [0, 1], sizes its generator accepts ...).
-
-    Raises:
-        ConfigError: one line naming the key and the fix.
-    """
-    get_task(cfg.task.name).check(cfg)
-
-
-def task_data_dir(cfg: RunConfig, root) -> Path:
-    """The folder of the data a run of this task reads, whose meta.json is in its resume key: the task module's
-    ``data_dir(cfg, root)`` (lm, mlm: ``data.dir``, the prepared tokens; mqar: its kept test set)."""
-    return Path(get_task(cfg.task.name).data_dir(cfg, Path(root)))
 
 
 def tune_command(cfg: RunConfig) -> str:

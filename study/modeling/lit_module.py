@@ -29,8 +29,7 @@ from study.modeling.diagnostics import curve_diagnostics, diagnostics
 from study.modeling.accounting import flops_per_token, param_counts
 from study.modeling.lr_schedule import lr_at
 from study.modeling.model import GPT
-from study.config import get_task
-from study.tasks import configured_rows
+from study.tasks import configured_rows, get_task
 from study.tasks.common import scored
 
 

@@ -109,7 +109,7 @@ def plan_run(cfg, root: Path) -> Plan:
     from study.config.numerics import check_numerics
     from study.runner.spec import run_spec
     from study.config.store import tracking_uri
-    from study.config import get_task
+    from study.tasks import get_task
 
     check_multi_node(cfg.trainer)  # num_nodes > 1 without a launcher would hang in Lightning's start for ever
     spec = run_spec(cfg, root)  # derived settings (compute-matched tokens, a transferred lr*) resolved, frozen
