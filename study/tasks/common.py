@@ -38,3 +38,9 @@ def keyed_generator(key: str):
 def fmt(x, spec=".4f") -> str:
     """A number for report text, or "n/a" for None/NaN/inf."""
     return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
+
+
+def yardstick_paragraph(y: dict, sentence: str) -> list[str]:
+    """comparison.md's yardstick paragraph of a task whose runs record their yardstick (summary.json "yardsticks"):
+    ``sentence``, or why none is shown."""
+    return ["", sentence if y.get("available") else f"Yardstick: not shown ({y.get('note')})."]

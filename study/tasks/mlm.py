@@ -25,7 +25,7 @@ import torch
 
 from study.config import ConfigError, embedding_rows
 from study.data.datamodule import TokenDataModule
-from study.tasks.common import IGNORE, fmt, keyed_generator
+from study.tasks.common import IGNORE, fmt, keyed_generator, yardstick_paragraph
 from study.tasks import lm
 
 CAUSAL = False
@@ -219,8 +219,7 @@ def report_text(settings: dict) -> dict:
 
 def yardstick_lines(y: dict) -> list[str]:
     """The yardstick the runs recorded (summary.json "yardsticks") in one paragraph, or why none is shown."""
-    if not y.get("available"):
-        return ["", f"Yardstick: not shown ({y.get('note')})."]
-    return ["", f"Yardstick: the unigram cross-entropy of the chosen validation tokens, {fmt(y.get('unigram'))} nats "
-                f"({y.get('method')}; {y.get('chosen_tokens')} tokens, {fmt(y.get('masked_share'), '.3f')} of them "
-                f"replaced by the mask token): a model below it uses the context around each chosen token."]
+    return yardstick_paragraph(y, f"Yardstick: the unigram cross-entropy of the chosen validation tokens, "
+                                  f"{fmt(y.get('unigram'))} nats ({y.get('method')}; {y.get('chosen_tokens')} tokens, "
+                                  f"{fmt(y.get('masked_share'), '.3f')} of them replaced by the mask token): a model "
+                                  f"below it uses the context around each chosen token.")

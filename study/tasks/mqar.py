@@ -34,7 +34,7 @@ import lightning.pytorch as pl
 from study.config import ConfigError, embedding_rows
 from study.data import DataError
 from study.data.loader import ORDER_VERSION, WindowSampler
-from study.tasks.common import IGNORE, fmt
+from study.tasks.common import IGNORE, fmt, yardstick_paragraph
 
 CAUSAL = True
 LABELLED = True
@@ -271,8 +271,6 @@ def report_text(settings: dict) -> dict:
 
 def yardstick_lines(y: dict) -> list[str]:
     """The yardstick the runs recorded (summary.json "yardsticks") in one paragraph, or why none is shown."""
-    if not y.get("available"):
-        return ["", f"Yardstick: not shown ({y.get('note')})."]
-    return ["", f"Yardstick: chance, a uniform guess among the V - V/2 values at each query, {fmt(y.get('chance'))} "
-                f"nats and accuracy {fmt(y.get('chance_accuracy'))}: a model below it in loss (above in accuracy) "
-                f"recalls values from its context."]
+    return yardstick_paragraph(y, f"Yardstick: chance, a uniform guess among the V - V/2 values at each query, "
+                                  f"{fmt(y.get('chance'))} nats and accuracy {fmt(y.get('chance_accuracy'))}: a model "
+                                  f"below it in loss (above in accuracy) recalls values from its context.")
