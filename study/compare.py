@@ -26,7 +26,7 @@ from pathlib import Path
 
 from study.analysis.report import verdict_lines, write_report
 from study.config import ConfigError, run_stage
-from study.config.store import tracking_uri
+from study.runfolder.store import tracking_uri
 from study.runner.tracking import log_verdict
 
 

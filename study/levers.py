@@ -68,6 +68,7 @@ def data_dir_of(cfg) -> str:
 def _prepare(overrides: list[str], root: Path, params: str | None) -> None:
     """Prepare a row's data unless its folder already holds data prepared with these settings."""
     from study.data.build import build
+    from study.runner.signals import terminate_as_exception
 
     cfg = load_config(overrides, root, params=params)
     try:
@@ -76,7 +77,8 @@ def _prepare(overrides: list[str], root: Path, params: str | None) -> None:
     except DataError:
         pass
     print(f"levers: preparing {cfg.data.dir}", flush=True)
-    build(cfg, root)
+    with terminate_as_exception():  # SIGTERM: the build's temporary folder is removed
+        build(cfg, root)
 
 
 def _row(cfg, root: Path, spec: dict, name: str) -> dict:

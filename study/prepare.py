@@ -31,10 +31,12 @@ from pathlib import Path
 
 from study.config import run_stage
 from study.data.build import build
+from study.runner.signals import terminate_as_exception
 
 
 def _report(cfg, root: Path) -> int:
-    meta = build(cfg, root)
+    with terminate_as_exception():  # SIGTERM: the build's temporary folder is removed, the data before are kept
+        meta = build(cfg, root)
     print(f"prepared {meta['tokens']['train']:,} train and {meta['tokens']['val']:,} val tokens "
           f"({meta['documents']['train']} + {meta['documents']['val']} documents, tokenizer {meta['tokenizer']}, "
           f"vocab {meta['vocab_size']}) in {meta['seconds']} s")

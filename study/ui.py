@@ -29,7 +29,7 @@ from study.config import ConfigError, load_config, project_root
 from study.config.stage import StageParser
 from study.mlflow_ui.browser_check import CHROMIUM, check, chromium
 from study.mlflow_ui.server import HOST, experiment_id, runs_url, start, stop, study_runs
-from study.config.store import tracking_uri
+from study.runfolder.store import tracking_uri
 from study.runner.tracking import artifact_root
 
 

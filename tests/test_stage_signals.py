@@ -138,7 +138,7 @@ def test_a_sigterm_inside_the_tracking_store_is_raised_once_the_store_code_has_l
     trainings killed together then waited minutes on each other): it is delivered again after that code returns."""
     import os
 
-    from study.config.signals import REDELIVER_S, Killed, terminate_as_exception
+    from study.runner.signals import REDELIVER_S, Killed, terminate_as_exception
 
     shielded = {"__name__": "sqlalchemy.engine.fake", "time": time, "os": os, "signal": signal}  # a shielded frame
     exec("def busy(s):\n    os.kill(os.getpid(), signal.SIGTERM)\n    t = time.time()\n"
@@ -159,7 +159,7 @@ def test_a_held_back_sigterm_is_raised_as_the_block_ends_and_nothing_outlives_th
     not delivered later under the default action); after Killed, a second SIGTERM is ignored inside the block."""
     import os
 
-    from study.config.signals import REDELIVER_S, Killed, terminate_as_exception
+    from study.runner.signals import REDELIVER_S, Killed, terminate_as_exception
 
     shielded = {"__name__": "mlflow.fake", "os": os, "signal": signal}
     exec("def term():\n    os.kill(os.getpid(), signal.SIGTERM)\n", shielded)

@@ -186,7 +186,7 @@ def test_unusable_tracking_db_is_refused_before_the_run_starts(nano_project, tmp
 # -- MLFLOW_TRACKING_URI --------------------------------------------------------------------------
 def test_tracking_uri_honours_mlflow_stores_or_refuses(nano_project, tmp_path, monkeypatch, capsys):
     from study.config import ConfigError, load_config
-    from study.config.store import tracking_uri
+    from study.runfolder.store import tracking_uri
     from study.train import main
 
     study = load_config([], nano_project).study

@@ -217,7 +217,7 @@ def load_mlflow(cfg, root: Path, group: str = "main", pair: bool = True) -> dict
     """
     from mlflow import MlflowClient
 
-    from study.config.store import tracking_uri
+    from study.runfolder.store import tracking_uri
 
     client = MlflowClient(tracking_uri=tracking_uri(root, cfg.study))
     exp = client.get_experiment_by_name(cfg.study.name)

@@ -9,11 +9,9 @@ The YAML stays plain data; this package gives it types, defaults and checks:
     validation.py  the checks beyond types (one-line ConfigError naming the key and the fix)
     schedule.py    seeds, micro-batches, step budget and peak lr of a run (the schedule per step: modeling)
     naming.py      run names and folders, the flattened config and the resume key
-    signals.py     SIGTERM as an exception (Killed), for training and prepare
-    store.py       where the MLflow store is (MLFLOW_TRACKING_URI or study.tracking_db), checked
+    task.py        a task's folders, experiment and lr* resolved into a copy; the task fields that count
 
-Everything callers use is re-exported here (``from study.config import load_config, RunConfig``); signals.py and
-store.py are imported by their module name.
+Everything callers use is re-exported here (``from study.config import load_config, RunConfig``).
 """
 from .compose import NAMED_GROUPS, PARAMS_FILE, available, composed_params, load_config, project_root, sweep
 from .hydra_errors import GRAMMAR

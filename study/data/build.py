@@ -122,10 +122,7 @@ def build(cfg, root: Path) -> dict:
     Raises:
         DataError / ConfigError: bad source files or settings (nothing is left at the output path).
     """
-    from study.config.signals import terminate_as_exception
-
-    with terminate_as_exception():
-        return _build(cfg, root)
+    return _build(cfg, root)
 
 
 def _tokenize_hf(cfg, ds, src, tmp: Path) -> tuple:

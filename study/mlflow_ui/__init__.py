@@ -4,5 +4,5 @@
   server.py         the ``mlflow server`` process, the study's shared runs view, the runs the store holds
   browser_check.py  the runs table loaded in headless Chromium (Playwright) and compared with the store
 
-Above the runner (it reads the store's place from study.config.store and study.runner.tracking), below the stages.
+Above the runner (it reads the store's place from study.runfolder.store and study.runner.tracking), below the stages.
 """

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from study.config.store import tracking_uri
+from study.runfolder.store import tracking_uri
 from study.mlflow_ui.server import (HOST, VIEW_FILTER, VIEW_TAGS, experiment_id, free_port, runs_url, start, stop,
                                     study_runs)
 

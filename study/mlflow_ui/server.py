@@ -17,7 +17,7 @@ import urllib.request
 from pathlib import Path
 
 from study.config import load_config, project_root
-from study.config.store import tracking_uri
+from study.runfolder.store import tracking_uri
 from study.runner.tracking import artifact_root
 
 HOST = "127.0.0.1"

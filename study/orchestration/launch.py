@@ -32,7 +32,7 @@ from pathlib import Path
 
 from study.config import StudyError
 from study.config.launcher import gpu_slots, resolve_launcher
-from study.config.signals import Killed
+from study.runner.signals import Killed
 from study.orchestration.arrays import ACTIVE, check_commands, drop_if_ended, squeue_tasks, write_record
 from study.orchestration.job import TrainJob, log_path, train_argv
 from study.orchestration.live_line import StageLine, queue_words, run_outcome
@@ -119,7 +119,7 @@ class LocalLauncher:
         return f"local: {len(self.live)} running, {waiting} waiting ({self.jobs} at once)"
 
     def run(self, todo: list[tuple[Path, list[str]]], line: StageLine) -> list[str]:
-        from study.config.signals import terminate_as_exception
+        from study.runner.signals import terminate_as_exception
 
         failed = []
         pool = ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="study-train")
@@ -183,7 +183,7 @@ def sacct_state(job_id: str) -> str:
 
 @contextlib.contextmanager
 def hangup_as_exception():
-    """SIGHUP (the stage's terminal closed, a login session lost) raises :class:`study.config.signals.Killed` in the
+    """SIGHUP (the stage's terminal closed, a login session lost) raises :class:`study.runner.signals.Killed` in the
     block, as SIGTERM does, so that the stage stops its trainings (cancels its array) before it exits.  Not where
     SIGHUP is ignored (``nohup``) or off the main thread."""
     if threading.current_thread() is not threading.main_thread() or \
@@ -243,7 +243,7 @@ class SlurmLauncher:
         """Submit the runs of ``todo`` that no task of ``earlier`` ({folder: task}, study.orchestration.arrays.
         earlier_tasks) trains, wait for all; Ctrl-C, SIGTERM or SIGHUP cancels them (the new array and the earlier
         tasks).  Returns the failures (see :func:`launch`)."""
-        from study.config.signals import terminate_as_exception
+        from study.runner.signals import terminate_as_exception
 
         earlier = dict(earlier or {})
         jobs_of = {d: (t["job"], Path(t["log_folder"]) / f"{t['job']}_0_log.err") for d, t in earlier.items()}

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from study.config import max_steps, micro_batches, run_seeds
-from study.config.signals import Killed, terminate_as_exception
+from study.runner.signals import Killed, terminate_as_exception
 from study.data import DataError
 from study.data.records import data_digest as prepared_data_digest
 from study.runfolder import (CHECKPOINTS, CONFIG_FILE, CURVE_FILE, LAST_CKPT, LOGGED_FILES, METRICS_FILE,
@@ -108,7 +108,7 @@ def plan_run(cfg, root: Path) -> Plan:
 
     from study.config.numerics import check_numerics
     from study.runner.spec import run_spec
-    from study.config.store import tracking_uri
+    from study.runfolder.store import tracking_uri
     from study.tasks import get_task
 
     check_multi_node(cfg.trainer)  # num_nodes > 1 without a launcher would hang in Lightning's start for ever

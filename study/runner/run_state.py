@@ -4,7 +4,7 @@
 ``checkpoints/last.ckpt`` only under the same resume key (:func:`open_run_folder`; the key:
 study.runner.resume_key) and never replaces a finished run with other settings silently (:class:`Replaced`: the last
 run's outputs set aside until this one succeeds); it ends its MLflow run FAILED or KILLED (:func:`end_status`;
-SIGTERM becomes :class:`study.config.signals.Killed`, :func:`study.config.signals.terminate_as_exception`).
+SIGTERM becomes :class:`study.runner.signals.Killed`, :func:`study.runner.signals.terminate_as_exception`).
 Lightning's loop state across a resume is study.runner.loop_state; the MLflow runs a dead process left RUNNING are
 settled by study.runner.tracking.
 """
@@ -16,7 +16,7 @@ import shutil
 from pathlib import Path
 
 from study.config import ConfigError, StudyError, diff_keys
-from study.config.signals import Killed
+from study.runner.signals import Killed
 from study.runfolder import (CHECKPOINTS, METRICS_FILE, RECORD_FILE, REPLACED, RUN_JSON, RUN_OUTPUTS, LAST_CKPT,
                              read_result, recorded_settings)
 from study.runner.resume_key import canonical_key, config_part, resume_record, run_digest, same_key

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from study.config import StudyConfig
-from study.config.store import tracking_uri
+from study.runfolder.store import tracking_uri
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.setdefault("DO_NOT_TRACK", "true")

@@ -1,5 +1,5 @@
 """SIGTERM as an exception: what every long-running stage (training, prepare) needs to end cleanly when it is
-stopped, at the lowest layer so that the data package and the runner both use it."""
+stopped: the runner's trainings, the launcher that waits on them, and the prepare stage around its build."""
 from __future__ import annotations
 
 import signal

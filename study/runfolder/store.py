@@ -1,6 +1,6 @@
 """Where the project's MLflow store is: ``MLFLOW_TRACKING_URI`` or the SQLite file ``study.tracking_db``, checked
-before anything is written.  At the lowest layer so that the runner (which writes the store) and analysis (which
-reads finished runs from it, study.analysis.runs.load_mlflow) name it the same way."""
+before anything is written.  With the run folder's contract, below both the runner (which writes the store) and
+analysis (which reads finished runs from it, study.analysis.runs.load_mlflow), so that they name it the same way."""
 from __future__ import annotations
 
 import os
