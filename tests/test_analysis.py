@@ -422,26 +422,39 @@ HAND_EDITED = [  # (id, file of runs/test/nonlinear_q/nonlinear_q-s2, new conten
 ]
 
 
+@pytest.fixture(scope="module")
+def reported(nano_project, tmp_path_factory):
+    """A study of two arms compared once: (its folder, compare's arguments, its report files with their bytes and
+    mtimes).  Each case below edits one file, compares, and restores the file, so the report is written once."""
+    root = tmp_path_factory.mktemp("reported")
+    _arms(root, {"baseline": BASE, "nonlinear_q": {s: x - 0.03 for s, x in BASE.items()}})
+    args = _study(root)
+    with pytest.MonkeyPatch.context() as mp:
+        assert _compare(nano_project, mp, args) == 0
+    reports = sorted(p for p in (root / "reports").rglob("*") if p.is_file())
+    return root, args, {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in reports}
+
+
 @pytest.mark.parametrize("case,name,content,words", HAND_EDITED, ids=[c[0] for c in HAND_EDITED])
-def test_hand_edited_run_files_are_refused_in_one_line_and_the_reports_kept(nano_project, tmp_path, monkeypatch,
+def test_hand_edited_run_files_are_refused_in_one_line_and_the_reports_kept(nano_project, reported, monkeypatch,
                                                                             capsys, case, name, content, words):
-    _arms(tmp_path, {"baseline": BASE, "nonlinear_q": {s: x - 0.03 for s, x in BASE.items()}})
-    args = _study(tmp_path)
-    assert _compare(nano_project, monkeypatch, args) == 0
-    reports = sorted(p for p in (tmp_path / "reports").rglob("*") if p.is_file())
-    before = {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in reports}
-    path = arm_run(tmp_path / "runs", "nonlinear_q", 2) / name
+    root, args, before = reported
+    path = arm_run(root / "runs", "nonlinear_q", 2) / name
+    original = path.read_bytes()
     path.write_text(content(path.read_text()) if callable(content)
                     else content if isinstance(content, str) else json.dumps(content))
     capsys.readouterr()
-    assert _compare(nano_project, monkeypatch, args) == 2
+    try:
+        assert _compare(nano_project, monkeypatch, args) == 2
+    finally:
+        path.write_bytes(original)
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and len(err.splitlines()) == 1, err
     assert str(path) in err and "python -m study.train variant=nonlinear_q seed=2" in err and "restore" in err, err
     for w in words:
         assert w in err, (w, err)
-    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in reports} == before  # nothing overwritten
-    assert sorted(p for p in (tmp_path / "reports").rglob("*") if p.is_file()) == reports
+    assert {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in before} == before  # nothing overwritten
+    assert sorted(p for p in (root / "reports").rglob("*") if p.is_file()) == sorted(before)
 
 
 def test_a_run_folder_copied_onto_another_runs_name_is_refused(nano_project, tmp_path, monkeypatch, capsys):

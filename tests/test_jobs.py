@@ -86,10 +86,7 @@ def test_an_arm_named_twice_is_refused(monkeypatch):
     ("[[nonlinear_q,baseline],[nonlinear_q,baseline]]", r"lists \[nonlinear_q, baseline\] more than once"),
 ])
 def test_study_pairs_are_checked(monkeypatch, pairs, message):
-    """Each entry of study.pairs is [arm of study.arms, reference of study.references], once; the default pairs
-    each nonlinear query with the linear one of its recipe, and [] compares every other arm with each reference."""
-    from study.analysis.verdict import comparisons_of
-
+    """Each entry of study.pairs is [arm of study.arms, reference of study.references], once."""
     root = ROOT
     monkeypatch.chdir(root)
     with pytest.raises(ConfigError, match=message):
@@ -97,6 +94,15 @@ def test_study_pairs_are_checked(monkeypatch, pairs, message):
     if "must be" in message:  # the shape is checked even while the verdict is off (study.arms=[])
         with pytest.raises(ConfigError, match=message):
             load_config(["study.arms=[]", f"study.pairs={pairs}"], root)
+
+
+def test_the_default_pairs_and_every_pair(monkeypatch):
+    """The default pairs each nonlinear query with the linear one of its recipe, and [] compares every other arm
+    with each reference."""
+    from study.analysis.verdict import comparisons_of
+
+    root = ROOT
+    monkeypatch.chdir(root)
     assert comparisons_of(load_config([], root)) == [("nonlinear_q", "baseline"), ("nonlinear_q_ph", "baseline_qknorm")]
     assert comparisons_of(load_config(["study.pairs=[]"], root)) == [
         ("nonlinear_q", "baseline"), ("nonlinear_q", "baseline_qknorm"),

@@ -65,8 +65,7 @@ def _files(folder: Path) -> dict:
     return {p: (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-@pytest.mark.parametrize("bad, shown", [(7.5, "7.5"), ("abc", '"abc"'), (-0.1, "-0.1"), (True, "true")])
-def test_a_val_accuracy_that_is_not_a_share_is_refused_naming_the_file(tmp_path, monkeypatch, capsys, bad, shown):
+def test_a_val_accuracy_that_is_not_a_share_is_refused_naming_the_file(tmp_path, monkeypatch, capsys):
     """7.5 in an mlm run's metrics.json used to be reported as a mean accuracy of 2.78 (rc 0); "abc" ended in a
     traceback.  Now one line names the file, the value and the range, and the last report stays as it was."""
     _task_runs(tmp_path, "mlm")
@@ -75,15 +74,16 @@ def test_a_val_accuracy_that_is_not_a_share_is_refused_naming_the_file(tmp_path,
     md = (tmp_path / "reports/mlm/comparison.md").read_text()
     assert "| baseline |" in md and "| 0.4300 |" in md  # the mean of 0.41 ... 0.45
     before = _files(tmp_path / "reports")
-    (d,) = _task_runs(tmp_path, "mlm", seeds=(2,), accuracy={("baseline", 2): bad}, arms=("baseline",))
-    capsys.readouterr()
-    assert _compare(monkeypatch, args) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and len(err.splitlines()) == 1, err
-    assert f"{d / 'metrics.json'}: 'val_accuracy' is {shown}, expected a share in [0, 1]" in err, err
-    assert "`python -m study.train variant=baseline seed=2 task=mlm" in err, err  # the re-train command keeps the task
-    assert "arm.lr=0.003 study.group=test/baseline`" in err, err  # ... and the arm's lr and folder
-    assert _files(tmp_path / "reports") == before
+    for bad, shown in [(7.5, "7.5"), ("abc", '"abc"'), (-0.1, "-0.1"), (True, "true")]:
+        (d,) = _task_runs(tmp_path, "mlm", seeds=(2,), accuracy={("baseline", 2): bad}, arms=("baseline",))
+        capsys.readouterr()
+        assert _compare(monkeypatch, args) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("error: ") and len(err.splitlines()) == 1, err
+        assert f"{d / 'metrics.json'}: 'val_accuracy' is {shown}, expected a share in [0, 1]" in err, err
+        assert "`python -m study.train variant=baseline seed=2 task=mlm" in err, err  # the re-train command keeps the task
+        assert "arm.lr=0.003 study.group=test/baseline`" in err, err  # ... and the arm's lr and folder
+        assert _files(tmp_path / "reports") == before
 
 
 def test_compare_for_lm_refuses_mlm_runs_naming_both_tasks_and_the_command(tmp_path, monkeypatch, capsys):
