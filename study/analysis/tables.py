@@ -67,8 +67,8 @@ def corpus_table(summary: dict) -> list[str]:
     if pc.get("note"):
         return ["", "## Per corpus", "", f"Not shown: {pc['note']}."]
     y = summary.get("yardsticks") or {}
-    marks = [k for k in get_task(summary.get("task", "lm")).report_text(summary.get("settings") or {})["corpus_yardsticks"]
-             if y.get("available") and k in y]
+    words = get_task(summary.get("task", "lm")).report_text(summary.get("settings") or {})
+    marks = [k for k in words["corpus_yardsticks"] if y.get("available") and k in y]
     names, comps = list(pc["arms"]), list(pc["comparisons"])
     lines = ["", "## Per corpus", "",
              "Final validation loss (nats, mean over seeds) on each corpus's validation windows"

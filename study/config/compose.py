@@ -354,8 +354,8 @@ def load_config(overrides: list[str] | None = None, root: Path | None = None,
 
 def _check(cfg: RunConfig, root: Path) -> RunConfig:
     """``cfg`` resolved: its interpolations (one that fails is refused in one line) and its task
-    (:func:`study.config.task.resolve_task`: its own folders and lr*), then checked: :func:`validate`, and every variant and model that the study's lists name is a file of conf/ that states its own
-    name.  Returns the resolved copy."""
+    (:func:`study.config.task.resolve_task`: its own folders and lr*), then checked (:func:`validate`; every variant
+    and model that the study's lists name is a file of conf/ that states its own name).  Returns the resolved copy."""
     _resolve_check(cfg)
     cfg = resolve_task(cfg)
     validate(cfg)

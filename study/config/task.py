@@ -46,7 +46,7 @@ def task_names() -> list[str]:
 
 
 @functools.lru_cache(maxsize=None)
-def _file_keys(path: Path, mtime_ns: int) -> tuple[str, ...]:
+def _file_keys(path: Path, mtime_ns: int) -> tuple[str, ...]:  # mtime_ns: read again once the file changes
     data = yaml.safe_load(path.read_text()) or {}
     return tuple(k for k in data if k not in COMMON_FIELDS) if isinstance(data, dict) else ()
 
@@ -82,7 +82,8 @@ def resolve_task(cfg: RunConfig) -> RunConfig:
     if cfg.model.position is None:  # the task's positions, unless the run names its own (model.position=...)
         derived["model"] = {"position": cfg.task.position}
     if t != "lm":
-        derived["study"] = {"runs_dir": _suffixed(cfg.study.runs_dir, f"/{t}"), "name": _suffixed(cfg.study.name, f"-{t}"),
+        derived["study"] = {"runs_dir": _suffixed(cfg.study.runs_dir, f"/{t}"),
+                            "name": _suffixed(cfg.study.name, f"-{t}"),
                             "reports_dir": _suffixed(cfg.study.reports_dir, f"/{t}")}
         derived["tune"] = {"runs_dir": _suffixed(cfg.tune.runs_dir, f"/{t}"),
                            "table_dir": _suffixed(cfg.tune.table_dir, f"/{t}")}

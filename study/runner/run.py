@@ -234,7 +234,7 @@ def start_tracking(plan: Plan, run: OpenRun) -> None:
     # the numerics are params (they pair runs); what the run ran on is tags (open_run: machine_tags)
     run.logger.log_hyperparams({**run_params(cfg), **{f"numerics.{k}": v for k, v in run_numerics(cfg.trainer).items()},
                                 **{f"spec.{k}": v for k, v in plan.spec.record().items()},
-                                "code_digest": code_digest(cfg.task.name)})  # the MLflow reader pairs on both, as compare does
+                                "code_digest": code_digest(cfg.task.name)})  # the MLflow reader pairs on both
     if plan.rank == 0:
         from omegaconf import OmegaConf
         log_text(plan.root, cfg.study, run.run_id, OmegaConf.to_yaml(cfg, resolve=True), "config.yaml")

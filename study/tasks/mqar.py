@@ -102,7 +102,8 @@ def data_dir(cfg, root: Path) -> Path:
     (:func:`check_data` writes it once); its meta.json is in the resume key."""
     sp = spec(cfg)
     sha = hashlib.sha256(json.dumps(sp, sort_keys=True).encode()).hexdigest()[:12]
-    return (Path(root) / cfg.data.dir).parent / "mqar" / f"V{sp['vocab_size']}-L{sp['seq_len']}-P{sp['num_kv_pairs']}-{sha}"
+    name = f"V{sp['vocab_size']}-L{sp['seq_len']}-P{sp['num_kv_pairs']}-{sha}"
+    return (Path(root) / cfg.data.dir).parent / "mqar" / name
 
 
 def val_examples(cfg) -> int:
@@ -262,8 +263,9 @@ def report_text(settings: dict) -> dict:
     s = settings
     return {"ids": f"task.vocab_size {s.get('task.vocab_size', 'n/a')}", "losses": "", "corpus_yardsticks": (),
             "lines": [f"Task `mqar` (multi-query associative recall): V {s.get('task.vocab_size')}, "
-                      f"{s.get('task.num_kv_pairs')} key-value pairs in {s.get('task.seq_len') or s.get('model.block_size')} "
-                      f"tokens; every run is scored on the same fixed test set of {s.get('task.test_examples')} examples "
+                      f"{s.get('task.num_kv_pairs')} key-value pairs in "
+                      f"{s.get('task.seq_len') or s.get('model.block_size')} tokens; every run is scored on the same "
+                      f"fixed test set of {s.get('task.test_examples')} examples "
                       f"(task.test_seed {s.get('task.test_seed')}), the losses (nats) at the query positions only; "
                       f"accuracy is the share of queries whose most likely token is the value "
                       f"(mean over seeds, Student-t 95% interval). The verdict is on the loss.", ""]}
