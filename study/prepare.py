@@ -31,7 +31,7 @@ from pathlib import Path
 
 from study.config import run_stage
 from study.data.build import build
-from study.runner.signals import terminate_as_exception
+from study.runner.signals import Killed, terminate_as_exception
 
 
 def _report(cfg, root: Path) -> int:
@@ -53,6 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         print("error: prepare interrupted (Ctrl-C): the data folder is as it was before; run "
               "`python -m study.prepare` again to prepare it", file=sys.stderr)
         return 130
+    except Killed as e:  # SIGTERM, likewise
+        print("error: prepare stopped (SIGTERM): the data folder is as it was before; run "
+              "`python -m study.prepare` again to prepare it", file=sys.stderr)
+        return int(e.code)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,9 @@ def stage_code(root: Path = ROOT) -> dict[str, tuple[list[str], list[str]]]:
     """{stage: (the files of its command's import closure, its study/ dependencies in dvc.yaml)}."""
     mods = study_modules(root)
     graph = {m: imports_of(m, p, mods) for m, p in mods.items()}
-    # study.tasks.get_task imports a task's module by its name: the package reaches every task module at run time
+    # the task plug-ins (tests/test_layout.py PLUGIN_LOOKUPS): every composition hands its config to study.tasks, which
+    # imports a task's module by its name, so every stage reaches every task module at run time
+    graph["study.config.compose"] |= {"study.tasks"}
     graph["study.tasks"] |= {m for m in mods if m.startswith("study.tasks.")}
     out = {}
     for name, stage in yaml.safe_load((root / "dvc.yaml").read_text())["stages"].items():

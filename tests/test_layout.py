@@ -167,6 +167,22 @@ def test_imports_flow_one_way_through_the_layers():
     assert found == set(), f"imports against the layers: {sorted(found)}"
 
 
+#: the imports by name in study/ (``importlib.import_module``), each a plug-in lookup the layers allow: the composition
+#: hands a config to the tasks package to type and check the task's own settings (as Hydra instantiates a ``_target_``),
+#: and the tasks package finds a task's module by its name.  tests/test_dvc_deps.py counts both as imports.
+PLUGIN_LOOKUPS = {"study.config.compose": "'study.tasks'", "study.tasks": "f'study.tasks.{name}'"}
+
+
+def test_the_only_imports_by_name_are_the_task_plugins():
+    found = {}
+    for m, path in study_modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in ("importlib.import_module", "import_module",
+                                                                         "__import__"):
+                found[m] = ast.unparse(node.args[0])
+    assert found == PLUGIN_LOOKUPS
+
+
 def test_a_layer_breach_is_found(tmp_path):
     pkg = tmp_path / "study"
     for sub in ("config", "runner"):

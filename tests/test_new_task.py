@@ -146,7 +146,7 @@ def test_a_toy_task_added_as_one_module_trains_reports_and_leaves_other_runs_reu
 
     for bad, words in (("task.lag=0", "task.lag=0 must lie in [1, model.block_size=64)"),
                        ("task.lag=two", "task.lag: Value 'two' of type 'str' could not be converted to Integer"),
-                       ("task.lags=2", "did you mean task.lag?")):
+                       ("task.lags=2", "did you mean task.lag (task=copy)?")):
         r = train("task=copy", bad)
         assert r.returncode == 2 and words in r.stderr and r.stderr.count("\n") == 1, r.stderr[-2000:]
     toy = train("task=copy")
@@ -156,6 +156,19 @@ def test_a_toy_task_added_as_one_module_trains_reports_and_leaves_other_runs_reu
     assert result["yardsticks"] == {"chance": round(math.log(32), 6)}
     config = json.loads((tmp_path / "runs/copy/baseline-s1/config.json").read_text())
     assert {k: v for k, v in config["task"].items()} == {"name": "copy", "position": "learned", "vocab_size": 32, "lag": 2}
+
+    for (name, text), words in (
+            (("conf/task/copy.yaml", COPY_CONF.replace("lag: 2\n", "")),
+             "conf/task/copy.yaml sets ['vocab_size'] but study/tasks/copy.py Settings has"),
+            (("study/tasks/copy.py", COPY_MODULE + "\ndef (:\n"), "cannot be imported (SyntaxError"),
+            (("study/tasks/copy.py", COPY_MODULE.replace("def check(", "def checks(")),
+             "study/tasks/copy.py lacks ['check']")):
+        path = project / name
+        kept = path.read_text()
+        path.write_text(text)
+        r = train("task=copy")
+        path.write_text(kept)
+        assert r.returncode == 2 and words in r.stderr and r.stderr.count("\n") == 1, r.stderr[-2000:]
 
     again = train()  # the lm run: the new module is not in its key
     assert "holds this run finished (same settings, code, data and numerics): reused" in again.stdout, again.stdout

@@ -173,7 +173,7 @@ def test_a_short_run_gives_the_pinned_float_and_records_its_machine(run_in, tmp_
     (run,) = [x for x in mlflow_runs(tmp_path / "mlruns.db")[1] if x.info.run_name == "nonlinear_q-s1"]
     assert run.data.params["numerics.cpu_capability"] == "AVX2" and run.data.params["numerics.threads"] == "1"
     assert run.data.tags["cpu"] == machine["cpu"]["model"] and "avx2" in run.data.tags["cpu_flags"].split()
-    from study.runfolder import code_digest
+    from study.runfolder.digests import code_digest
     assert run.data.params["code_digest"] == code_digest() == json.loads((d / "config.json").read_text())["code_digest"]
 
 
@@ -183,7 +183,8 @@ def test_a_run_of_other_training_code_is_refused_by_compare_as_the_test_stage_re
     from synthetic_runs import write_run
 
     from study.analysis.pairing import PairingError, check
-    from study.runfolder import code_digest, read_run
+    from study.runfolder import read_run
+    from study.runfolder.digests import code_digest
 
     runs = {}
     for variant in ("baseline", "nonlinear_q"):

@@ -239,6 +239,7 @@ def test_signalled_prepare_removes_its_tmp(nano_project, tmp_path, sig):
     assert proc.returncode != 0, "the prepare ended before the signal: the test did not interrupt it"
     if sig == signal.SIGTERM:
         assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+        assert err.strip().splitlines()[-1].startswith("error: prepare stopped (SIGTERM)"), err[-2000:]
     assert _tmp_folders(tmp_path) == [], err[-2000:]
     assert not (out / "meta.json").exists()
 

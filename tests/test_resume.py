@@ -169,7 +169,7 @@ def _edited(tmp_path: Path, name: str, old: str, new: str) -> Path:
 
 
 def test_a_docstring_comment_or_layout_edit_keeps_the_code_digest(tmp_path):
-    from study.runfolder import source_digest
+    from study.runfolder.digests import source_digest
 
     base = source_digest(MODEL)
     assert source_digest(Path(shutil.copy(MODEL, tmp_path / "copy.py"))) == base  # elsewhere, unedited
@@ -187,7 +187,7 @@ def test_a_docstring_comment_or_layout_edit_keeps_the_code_digest(tmp_path):
 
 
 def test_a_constant_operator_or_name_edit_changes_the_code_digest(tmp_path):
-    from study.runfolder import source_digest
+    from study.runfolder.digests import source_digest
 
     base = source_digest(MODEL)
     changes = {
@@ -208,7 +208,7 @@ def test_a_constant_operator_or_name_edit_changes_the_code_digest(tmp_path):
 
 
 def test_the_code_digests_are_the_source_digests_of_the_training_files():
-    from study.runfolder import STUDY, code_digests, code_files, source_digest
+    from study.runfolder.digests import STUDY, code_digests, code_files, source_digest
 
     digests = code_digests()
     assert list(digests) == code_files() and "modeling/model.py" in digests
@@ -508,7 +508,7 @@ def test_the_code_digest_reads_a_file_as_python_does_and_names_one_it_cannot(tmp
     """A byte-order mark changes nothing (Python imports such a file alike); a file that is not Python (a syntax
     error, a null byte, bytes that are not UTF-8) is refused in one line naming it, not with a traceback."""
     from study.config import StudyError
-    from study.runfolder import source_digest
+    from study.runfolder.digests import source_digest
 
     (tmp_path / "bom.py").write_bytes(b"\xef\xbb\xbfX = 1\n")
     (tmp_path / "plain.py").write_bytes(b"X = 1\n")

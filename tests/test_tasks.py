@@ -334,10 +334,16 @@ def test_a_wrong_task_is_one_line_naming_the_choices():
     with pytest.raises(ConfigError) as e:
         load_config(["task=bert"])
     assert "\n" not in str(e.value) and all(t in str(e.value) for t in ("lm", "mlm", "mqar"))
-    from study.tasks import check_task
+    with pytest.raises(ConfigError, match="num_kv_pairs"):  # the task module's own check, in every composition
+        load_config(["task=mqar", "task.num_kv_pairs=40"])
+    from study.config import config_hash
 
-    with pytest.raises(ConfigError, match="num_kv_pairs"):  # the task's own check, when a run is specified
-        check_task(load_config(["task=mqar", "task.num_kv_pairs=40"]))
+    typed = load_config(["task=mqar", "task.power_a='1'"])  # typed by mqar's Settings before its check reads it
+    assert typed.task.power_a == 1.0 and isinstance(typed.task.power_a, float)
+    assert config_hash(typed) == config_hash(load_config(["task=mqar", "task.power_a=1.0"]))
+    for name, why in (("common", "is the package's own module, not a task"), ("nope", "is not a task")):
+        with pytest.raises(ConfigError, match=why):
+            get_task(name)
     with pytest.raises(ConfigError):
         get_task("nope")
 

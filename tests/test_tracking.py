@@ -62,7 +62,7 @@ def test_run_logs_its_files_shaping_params_and_steps_of_the_curve(run_in, nano_p
     spec = {k.split(".", 1)[1]: v for k, v in params.items() if k.startswith("spec.")}  # the run's specification
     assert (spec["arm"], spec["lr_source"], spec["lr"], spec["seed"]) == ("nonlinear_q", "train.lr", params["train.lr"], "2")
     assert len(spec) == 11
-    from study.runfolder import code_digest
+    from study.runfolder.digests import code_digest
     assert params["code_digest"] == code_digest() and params["numerics.cpu_capability"] == "AVX2"
     assert "trainer.progress_bar" not in params and "data.num_proc" not in params and "train.overwrite" not in params
     assert params["variant.query"] == "nonlinear" and params["train.tokens"] == "20480" and params["seed"] == "2"

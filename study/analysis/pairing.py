@@ -133,14 +133,14 @@ def check_numerics_agree(keys: list[str], settings: dict, ref: dict, name: str, 
 
 def check_code(flat: list[tuple], where: str) -> None:
     """Refuse a run whose config.json records another training code than this checkout's
-    (:func:`study.runfolder.code_digest`): the test stage would train it again, so compare does not count it either
+    (:func:`study.runfolder.digests.code_digest`): the test stage would train it again, so compare does not count it either
     (one rule for both).  A run recorded without a code digest (before it was recorded) is not checked here; it has
     no recorded numerics either, so it never pairs with a run that has.
 
     Raises:
         PairingError: one line naming the run, both digests and the fix.
     """
-    from study.runfolder import code_digest
+    from study.runfolder.digests import code_digest
 
     for _, _, r in flat:
         recorded, now = r["settings"].get("code_digest"), code_digest(r["settings"].get("task.name", "lm"))

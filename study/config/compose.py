@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import importlib
 import os
 from pathlib import Path
 
@@ -354,10 +355,13 @@ def load_config(overrides: list[str] | None = None, root: Path | None = None,
 
 def _check(cfg: RunConfig, root: Path) -> RunConfig:
     """``cfg`` resolved: its interpolations (one that fails is refused in one line) and its task
-    (:func:`study.config.task.resolve_task`: its own folders and lr*), then checked (:func:`validate`; every variant
+    (:func:`study.config.task.resolve_task`: its own folders and lr*; ``study.tasks.typed_task``: its settings typed
+    and checked by its module), then checked (:func:`validate`; every variant
     and model that the study's lists name is a file of conf/ that states its own name).  Returns the resolved copy."""
     _resolve_check(cfg)
     cfg = resolve_task(cfg)
+    # the task's module types and checks its own settings: found by name (a plug-in, as Hydra's _target_ classes are)
+    cfg = importlib.import_module("study.tasks").typed_task(cfg)
     validate(cfg)
     validate_paths(cfg, root)
     for key, group, names in (("scale_ladder.variants", "variant", cfg.scale_ladder.variants),

@@ -124,7 +124,10 @@ def _task_key_hint(field: str) -> str:
         return (f"it is a setting of task {' and '.join(owners)} (task={owners[0]}), not of this run's task (a task's "
                 f"settings are its module's Settings, study/tasks/<NAME>.py)")
     known = sorted({f for t in task_names() for f in (task_fields(t) or ())} | set(COMMON_FIELDS))
-    close = [f"task.{m}" for m in difflib.get_close_matches(field, known, n=3, cutoff=0.6)]
+    owner = {f: t for t in task_names() for f in (task_fields(t) or ())[1:]}  # a task's own setting: which task's
+
+    close = [f"task.{m}" + (f" (task={owner[m]})" if m in owner else "")
+             for m in difflib.get_close_matches(field, known, n=3, cutoff=0.6)]
     return (f"{'did you mean ' + ' or '.join(close) + '? ' if close else ''}fix the spelling (a task's settings are "
             f"its module's Settings, study/tasks/<NAME>.py; --cfg job prints this run's)")
 

@@ -2,9 +2,10 @@
 
 A task ``T`` is one module, ``study/tasks/<T>.py`` (its settings typed by its ``Settings`` dataclass, their checks, its
 data, loss, validation and report words: ``study.tasks``), and one file, ``conf/task/T.yaml``, that sets ``name``,
-``position`` and a value for each of those settings.  The config package reads the file only: the section ``task``
-is what it composes, and :func:`task_fields` (the settings a run's key and pairing hold) are its keys; the task's
-module types and checks them when a run is specified (``study.tasks.check_task``).
+``position`` and a value for each of those settings.  The section ``task`` is what Hydra composes from the file;
+:func:`task_fields` (the settings a run's key and pairing hold) are the file's keys; the task's module types and
+checks them in every composition (``study.tasks.typed_task``, which ``load_config`` finds by name: the task modules
+are plug-ins of the composition, as Hydra's ``_target_`` classes are).
 
 ``task=lm`` (the default) changes nothing else.  Any other task ``T`` keeps its runs, tuning and verdict apart from
 every other task's, never pooled (:func:`resolve_task`):
@@ -41,8 +42,11 @@ TASK_DIR = Path(__file__).resolve().parent.parent.parent / "conf" / "task"
 
 
 def task_names() -> list[str]:
-    """The tasks there are: the files conf/task/*.yaml, sorted."""
-    return sorted(p.stem for p in TASK_DIR.glob("*.yaml"))
+    """The tasks there are, sorted: each file conf/task/NAME.yaml with its module study/tasks/<NAME>.py (NAME a Python
+    name, not one of the package's own modules)."""
+    modules = TASK_DIR.parent.parent / "study" / "tasks"
+    return sorted(p.stem for p in TASK_DIR.glob("*.yaml") if p.stem.isidentifier()
+                  and p.stem not in ("common", "__init__") and (modules / f"{p.stem}.py").is_file())
 
 
 @functools.lru_cache(maxsize=None)

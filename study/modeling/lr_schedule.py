@@ -1,6 +1,6 @@
 """The learning-rate schedule of a run, per optimizer step: linear warmup, then ``train.schedule`` (cosine decay to
 min_lr, linear decay to zero, or warmup-stable-decay).  Training code: part of a run's resume key
-(study.runfolder.code_files), so a change here retrains every finished run."""
+(study.runfolder.digests.code_files), so a change here retrains every finished run."""
 from __future__ import annotations
 
 import math

@@ -13,7 +13,7 @@ A run folder (``runs/[GROUP/]VARIANT-sSEED/``, :func:`study.config.run_dir`) hol
                  evaluation (:func:`write_positions`, :func:`read_positions`)
   config.json    (:data:`CONFIG_FILE`) the resolved config the run trained with, without :data:`NOT_SETTINGS`, plus
                  the numerics it computed under (``numerics``: CPU kernels, torch, threads), the training code's
-                 digest (``code_digest``: its syntax trees without docstrings, :func:`code_digests`) and the
+                 digest (``code_digest``: its syntax trees without docstrings, :mod:`study.runfolder.digests`) and the
                  prepared data's digest (:func:`recorded_config`, :func:`settings_of`, :func:`recorded_settings`)
   checkpoints/   (:data:`CHECKPOINTS`) last.ckpt (resumable) and run.json (the resume key and the settings it
                  covers, the MLflow run id): study.runner.run_state; the folder's lock: study.runfolder.lock
@@ -27,17 +27,15 @@ config and data only: analysis, runner and orchestration all import it.
 """
 from __future__ import annotations
 
-import ast
 import csv
-import functools
-import hashlib
 import json
 import math
 from pathlib import Path
 
-from study.config import LAUNCH_SECTIONS, VERDICT_SECTIONS, StudyError, flatten, resume_part, to_dict
+from study.config import LAUNCH_SECTIONS, VERDICT_SECTIONS, flatten, resume_part, to_dict
 from study.data import DataError
 from study.data.records import MISSING, json_kind
+from study.runfolder.digests import code_digest
 
 # -- the names ------------------------------------------------------------------------------------
 METRICS_FILE, RECORD_FILE, CURVE_FILE, POSITIONS_FILE, CONFIG_FILE = (
@@ -67,83 +65,6 @@ def split_result(result: dict) -> tuple[dict, dict]:
     return metrics, {k: v for k, v in result.items() if k not in keys}
 
 
-STUDY = Path(__file__).resolve().parent.parent  # the study package
-
-
-def code_files(task: str = "lm") -> list[str]:
-    """The training code the numbers of a run of ``task`` depend on, relative to study/: modeling/model.py,
-    modeling/accounting.py (the parameter and FLOP counts a run records), modeling/lit_module.py,
-    modeling/lr_schedule.py, modeling/diagnostics.py (what curve.csv's diagnostics mean), every module of the data
-    package, and of the tasks package its own module, the modules of the package it imports (mlm: lm's) and the
-    package's shared ones (``__init__.py``, ``common.py``), sorted, so that the digests are the same on every machine
-    and a task added, or another task's module edited, leaves the run's key as it is."""
-    tasks = STUDY / "tasks"
-    own = {f"{task}.py", "__init__.py", "common.py"}
-    if (tasks / f"{task}.py").is_file():
-        for node in ast.walk(ast.parse((tasks / f"{task}.py").read_bytes())):
-            if isinstance(node, ast.ImportFrom) and node.module == "study.tasks":
-                own |= {f"{a.name}.py" for a in node.names if (tasks / f"{a.name}.py").is_file()}
-    return ["modeling/model.py", "modeling/accounting.py", "modeling/lit_module.py", "modeling/lr_schedule.py",
-            "modeling/diagnostics.py", *sorted(p.relative_to(STUDY).as_posix() for p in (STUDY / "data").glob("*.py")),
-            *sorted(f"tasks/{n}" for n in own if (tasks / n).is_file())]
-
-
-def source_digest(path: Path) -> str:
-    """sha256 (16 hex digits) of the code a Python file computes: its syntax tree without docstrings (the first
-    statement of a module, class or function body when it is a string constant), dumped by ``ast.dump`` without
-    line and column numbers.  Comments and formatting are not in the tree, so an edit of a docstring, a comment or
-    the layout leaves the digest equal; a changed constant, operator or name changes it.  ``ast.dump`` rather than
-    ``ast.unparse``: it is the tree itself, field by field, with no regenerated source (quotes, parentheses) between
-    the tree and the digest.  The tree's form is Python's own, so the digest is tied to the Python minor version
-    (the environment pins 3.11): another minor version may give other digests for the same file.
-
-    Raises:
-        OSError: ``path`` cannot be read.
-        StudyError: ``path`` is not valid Python (one line naming the file and the line), as Python reads it: bytes,
-            with their encoding declaration or UTF-8 (a byte-order mark included).
-    """
-    st = path.stat()  # each file parsed once per process while it stays as it is (a run's resume key, every reuse)
-    return _tree_digest(str(path), st.st_mtime_ns, st.st_size)
-
-
-@functools.lru_cache(maxsize=256)
-def _tree_digest(name: str, mtime_ns: int, size: int) -> str:
-    """:func:`source_digest` of the file ``name`` as it is at (``mtime_ns``, ``size``)."""
-    path = Path(name)
-    try:
-        tree = ast.parse(path.read_bytes(), filename=str(path))
-    except (SyntaxError, ValueError) as e:  # ValueError: null bytes; UnicodeDecodeError is a ValueError
-        where = f" line {e.lineno}" if getattr(e, "lineno", None) else ""
-        raise StudyError(f"{path}{where} is not valid Python ({getattr(e, 'msg', None) or e}): the resume key digests "
-                         f"every module of study/data and study/tasks; fix or remove that file") from None
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
-            first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
-                    and isinstance(first.value.value, str):
-                node.body = node.body[1:]
-    dumped = ast.dump(tree, annotate_fields=True, include_attributes=False)
-    return hashlib.sha256(dumped.encode()).hexdigest()[:16]
-
-
-def code_digests(task: str = "lm") -> dict[str, str]:
-    """{file of :func:`code_files` (``task``'s): :func:`source_digest` of it}: the code part of the resume key, which
-    changes when the code that computes changes and not when a docstring, a comment or the layout does.
-
-    Raises:
-        OSError: a file cannot be read.
-        StudyError: a file is not valid Python (:func:`source_digest`).
-    """
-    return {n: source_digest(STUDY / n) for n in code_files(task)}
-
-
-def code_digest(task: str = "lm") -> str:
-    """One sha256 (16 hex digits) over :func:`code_digests` (the code the files compute, not their docstrings,
-    comments or layout): config.json's ``code_digest``, which compare checks against this checkout's as the test
-    stage's reuse does (a run trained by other code counts for neither)."""
-    return hashlib.sha256(json.dumps(code_digests(task), sort_keys=True).encode()).hexdigest()[:16]
-
-
 #: sections of the resolved config that say which runs exist, not how one run trained: left out of config.json
 #: and of a run's settings
 NOT_SETTINGS = ("study", "scale_ladder", "defaults", *VERDICT_SECTIONS, *LAUNCH_SECTIONS)
@@ -152,7 +73,7 @@ NOT_SETTINGS = ("study", "scale_ladder", "defaults", *VERDICT_SECTIONS, *LAUNCH_
 def recorded_config(cfg, data_digest: str) -> dict:
     """config.json of a run: the resolved config it trained with (without :data:`NOT_SETTINGS`, which say which
     runs exist), the numerics it computed under (:func:`study.config.numerics.run_numerics`: kernels, torch,
-    threads), the training code's digest (:func:`code_digest`) and the prepared data's digest; compare pairs only runs
+    threads), the training code's digest (``study.runfolder.digests.code_digest``) and the prepared data's digest; compare pairs only runs
     whose config.json agree on everything but the variant."""
     from study.config.numerics import run_numerics
 

@@ -1,5 +1,5 @@
 """A run's resume key: the settings that change its numbers (study.config.resume_config), the numerics it computes
-with, the training code (study.runfolder.code_digests: the code, not its docstrings or layout) and the prepared data
+with, the training code (study.runfolder.digests.code_digests: the code, not its docstrings or layout) and the prepared data
 (its digest).  A checkpoint resumes, and a finished run is reused, only under the same key, on any world size."""
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ from pathlib import Path
 
 from study.config import resume_config, resume_part
 from study.data.records import data_digest
-from study.runfolder import CHECKPOINTS, RUN_JSON, code_digests
+from study.runfolder import CHECKPOINTS, RUN_JSON
+from study.runfolder.digests import code_digests
 
 
 def resume_record(cfg, data_dir: Path) -> dict:
@@ -18,7 +19,7 @@ def resume_record(cfg, data_dir: Path) -> dict:
     under (``numerics:cpu_capability``, ``numerics:torch``, ``numerics:threads`` ...:
     :func:`study.config.numerics.run_numerics`), the digest of the code each training file computes (its syntax
     tree without docstrings: a docstring, comment or layout edit keeps the key; ``code:study/modeling/model.py``,
-    ``code:study/data/loader.py`` ...: :func:`study.runfolder.code_digests`)
+    ``code:study/data/loader.py`` ...: :func:`study.runfolder.digests.code_digests`)
     and ``data:meta.json`` (:func:`study.data.records.data_digest`)."""
     from study.config.numerics import run_numerics
 

@@ -228,7 +228,7 @@ def start_tracking(plan: Plan, run: OpenRun) -> None:
     if run.state.get("mlflow_run_id"):
         return
     from study.config.numerics import run_numerics
-    from study.runfolder import code_digest
+    from study.runfolder.digests import code_digest
 
     cfg = plan.cfg
     # the numerics are params (they pair runs); what the run ran on is tags (open_run: machine_tags)

@@ -6,7 +6,6 @@ paired or trained:
 - ``train.tokens_per_param`` (the scale ladder's budget rule) sets ``train.tokens`` = tokens_per_param x the
   non-embedding parameters of the *baseline* at this model size, rounded down to whole steps of
   ``train.batch_tokens`` (at least one): every variant of one size trains on the same tokens;
-- the task's own settings are typed by its module's ``Settings`` and checked (``study.tasks.check_task``);
 - ``train.lr_from_tuned`` sets the run's peak lr ``arm.lr`` to the lr* of the arm of the variant's name
   (``tuned.lr[VARIANT]``, or with ``train.lr_per_size`` the lr* tuned at this size, ``tuned.size[MODEL][VARIANT]``;
   :func:`study.config.transfer.transferred_lr`).
@@ -24,7 +23,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from study.config import RunConfig, load_config, peak_lr, run_dir, run_label
-from study.tasks import check_task, task_data_dir, task_settings
+from study.tasks import task_data_dir
 from study.config.naming import run_arm
 
 
@@ -104,12 +103,9 @@ def run_spec(cfg: RunConfig, root: Path) -> RunSpec:
     """The :class:`RunSpec` of a composed config (its derived settings resolved, :func:`derived_settings`).
 
     Raises:
-        ConfigError: the task's settings mistyped or out of range (``study.tasks.check_task``), or as
-            :func:`derived_settings`; one line.
+        ConfigError: as :func:`derived_settings`; one line.
     """
-    check_task(cfg)
     settings, source = derived_settings(cfg, root)
-    settings["task"] = task_settings(cfg)  # typed by the task's Settings (task.power_a=1 is 1.0, as the file's)
     c = frozen(cfg, settings)
     lr, min_lr = peak_lr(c)
     if source is None:

@@ -42,53 +42,70 @@ from pathlib import Path
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from study.config import ConfigError, task_names
+from study.config import ConfigError, task_fields, task_names
 from study.config.task import COMMON_FIELDS
 from study.tasks.common import IGNORE, keyed_generator, scored  # noqa: F401 (the interface's helpers)
+
+
+#: what every task module defines (the interface above); a module without one of them is refused by name
+INTERFACE = ("Settings", "check", "data_dir", "CAUSAL", "LABELLED", "METRICS", "check_data", "model_vocab",
+             "config_ids", "val_examples", "datamodule", "split", "tokens", "yardsticks", "NO_CONTEXT", "report_text",
+             "yardstick_lines")
 
 
 def get_task(name: str):
     """The module of task ``name``: ``study.tasks.<NAME>``, found by name.
 
     Raises:
-        ConfigError: no such module (one line naming the tasks).
+        ConfigError: ``name`` is no task (one line naming the tasks), or its module cannot be imported or lacks a
+            name of :data:`INTERFACE` (one line naming the module and the fix).
     """
-    if not isinstance(name, str) or not name.isidentifier() or name == "common" \
-            or importlib.util.find_spec(f"study.tasks.{name}") is None:
-        raise ConfigError(f"task.name={name!r} has no module study/tasks/{name}.py: choose one of {task_names()} "
-                          f"(a new task is a module study/tasks/<NAME>.py and conf/task/NAME.yaml, docs/tasks.md)")
-    return importlib.import_module(f"study.tasks.{name}")
+    if not isinstance(name, str) or name not in task_names():
+        why = ("is the package's own module, not a task" if name in ("common", "__init__") else
+               "is not a Python name (letters, digits, _)" if isinstance(name, str) and not name.isidentifier() else
+               "is not a task")
+        raise ConfigError(f"task.name={name!r} {why}: choose one of {task_names()} (a new task is a module "
+                          f"study/tasks/<NAME>.py and conf/task/NAME.yaml, docs/tasks.md)")
+    try:
+        module = importlib.import_module(f"study.tasks.{name}")
+    except Exception as e:  # noqa: BLE001  (a broken task module: one line, not its traceback)
+        where = f" line {e.lineno}" if isinstance(e, SyntaxError) and e.lineno else ""
+        raise ConfigError(f"study/tasks/{name}.py{where} cannot be imported ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''}): fix the module") from None
+    lacks = [n for n in INTERFACE if not hasattr(module, n)]
+    if lacks:
+        raise ConfigError(f"study/tasks/{name}.py lacks {lacks}: a task module defines the interface of "
+                          f"study/tasks/__init__.py (tests/test_new_task.py has a small one)")
+    return module
 
 
-def task_settings(cfg) -> dict:
-    """The task's own settings of ``cfg`` (the section ``task`` less ``name`` and ``position``), typed by its module's
-    ``Settings``: {field: value}.
+def typed_task(cfg):
+    """``cfg`` with its task's own settings (the section ``task`` less ``name`` and ``position``) typed by the task
+    module's ``Settings`` and checked by its ``check(cfg)`` (fractions in [0, 1], sizes its generator accepts ...): a
+    copy, ``cfg`` unchanged.  Every composition passes through here (``study.config.load_config``).
 
     Raises:
-        ConfigError: an unknown task; a setting its ``Settings`` lacks, a value of the wrong type, or a field of
-            ``Settings`` that conf/task/NAME.yaml leaves unset (one line naming the key).
+        ConfigError: an unknown or broken task; conf/task/NAME.yaml without a value for a field of ``Settings``, or
+            with a key ``Settings`` lacks; a value of the wrong type; a value ``check`` refuses (one line naming the
+            key and the fix).
     """
     module, name = get_task(cfg.task.name), cfg.task.name
+    fields = [f.name for f in dataclasses.fields(module.Settings)]
+    listed = list(task_fields(name) or ())[1:]
+    if sorted(listed) != sorted(fields):
+        raise ConfigError(f"conf/task/{name}.yaml sets {listed} but study/tasks/{name}.py Settings has {fields}: "
+                          f"give every field of Settings its value in the file, and nothing else")
     given = {k: v for k, v in OmegaConf.to_container(cfg.task, resolve=True).items() if k not in COMMON_FIELDS}
     try:
-        typed = OmegaConf.merge(OmegaConf.structured(module.Settings), given)
-        return OmegaConf.to_container(typed, throw_on_missing=True)
+        typed = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(module.Settings), given),
+                                       throw_on_missing=True)
     except OmegaConfBaseException as e:
         key = f"task.{getattr(e, 'key', None) or getattr(e, 'full_key', '?')}"
-        fields = [f.name for f in dataclasses.fields(module.Settings)]
         raise ConfigError(f"{key}: {str(e).splitlines()[0]} (task {name} has settings {fields}, typed by "
-                          f"study/tasks/{name}.py Settings; their values are conf/task/{name}.yaml's)") from e
-
-
-def check_task(cfg) -> None:
-    """The task's settings typed (:func:`task_settings`) and checked by its module (``check(cfg)``: fractions in
-    [0, 1], sizes its generator accepts ...); run when a run is specified (``study.runner.spec.run_spec``).
-
-    Raises:
-        ConfigError: one line naming the key and the fix.
-    """
-    task_settings(cfg)
-    get_task(cfg.task.name).check(cfg)
+                          f"study/tasks/{name}.py Settings; their values are conf/task/{name}.yaml's)") from None
+    out = OmegaConf.merge(cfg, {"task": typed})
+    module.check(out)
+    return out
 
 
 def task_data_dir(cfg, root) -> Path:
