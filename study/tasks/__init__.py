@@ -29,7 +29,9 @@ Each module holds (a new task is one more module, its conf/task/NAME.yaml and it
   yardsticks(cfg, root, meta)   what a count model or chance scores on the same validation targets
   NO_CONTEXT, report_text(settings), yardstick_lines(y)   comparison.md's words for the task
 
-``common.py`` holds what they share (the unscored target, the per-token scoring, keyed generators).
+Every composition (``study.config.load_config``) hands its config to :func:`typed_task`, which types the task's settings
+by its ``Settings`` and runs its ``check``.  ``common.py`` holds what the tasks share (the unscored target, the
+per-token scoring, keyed generators, report numbers).
 This layer sits between ``study.data`` (which it reads) and ``study.modeling`` (which calls it).
 """
 from __future__ import annotations
