@@ -2,8 +2,8 @@
 the equivalence margin, and a warning where attention carries too little for the query's verdict to mean much."""
 from __future__ import annotations
 
-from study.analysis.verdict import _f
 from study.tasks import get_task
+from study.tasks.common import fmt
 
 #: share / margin below which the report warns that the runs barely use their context (docs/verdict.md: the study's
 #: default carries 56 margins; the nano study's runs, 16 steps each, carry none)
@@ -23,15 +23,15 @@ def attention_lines(v: dict, task: str = "lm") -> list[str]:
              "| no-context arm | reference | pairs | share (nats) | 95% CI | margin (nats) | share / margin |",
              "|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['arm']} | {r['reference']} | {r['n_pairs']} | {_f(r['share'], '+.4f')} | "
-                     f"[{_f(r['ci95'][0], '+.4f')}, {_f(r['ci95'][1], '+.4f')}] | {_f(r['margin_nats'])} | "
-                     f"{_f(r['ratio'], '.1f')} |")
+        lines.append(f"| {r['arm']} | {r['reference']} | {r['n_pairs']} | {fmt(r['share'], '+.4f')} | "
+                     f"[{fmt(r['ci95'][0], '+.4f')}, {fmt(r['ci95'][1], '+.4f')}] | {fmt(r['margin_nats'])} | "
+                     f"{fmt(r['ratio'], '.1f')} |")
     drawn = any(r.get("position_loss") for r in (v.get("arms") or {}).values())  # lm: figures.position_loss
     left = [f"{a}'s curve is not drawn: {r['position_note']}: restore the file(s), or re-run the run(s)."
             for a, r in (v.get("arms") or {}).items() if drawn and not r.get("position_loss") and r.get("position_note")]
     weak = [r for r in rows if not r["ratio"] >= WEAK_SHARE]
     if weak:
-        lines += ["", f"**Attention carries little here** (share / margin {', '.join(_f(r['ratio'], '.1f') for r in weak)}, "
+        lines += ["", f"**Attention carries little here** (share / margin {', '.join(fmt(r['ratio'], '.1f') for r in weak)}, "
                       f"under {WEAK_SHARE}): the runs barely use their context, so the verdicts above say little about "
                       f"what the query changes; at this size and budget they exercise the pipeline, not the question."]
     return lines + (["", "![loss by position](figures/position_loss.png)", "", *left, *([""] if left else [])]

@@ -16,6 +16,7 @@ from study.analysis.pairing import check
 from study.analysis.runs import RunsError, final_losses, load_runs
 from study.analysis.stats import mean_ci
 from study.config.naming import TEST_GROUP, TUNING_TABLE, testing_group
+from study.tasks.common import fmt
 
 #: the test stage's plan, under runs_dir/test: which seeds each arm needs (Stein's N from the first stage)
 PLAN = "plan.json"
@@ -326,9 +327,6 @@ def decide_hint(cfg, more: dict) -> str:
     return f"{took} ({how})"
 
 
-def _f(x, spec=".4f") -> str:
-    return "n/a" if x is None or (isinstance(x, float) and not math.isfinite(x)) else format(x, spec)
-
 
 def lost(r: dict) -> str:
     """" (+k diverged)" after an arm's finished seeds, or nothing."""
@@ -351,7 +349,7 @@ def claim_words(c: dict) -> str:
     excluded = (c.get("claim") or {}).get("excluded")
     if excluded is None:
         return "n/a"
-    return f"{'excluded' if excluded else 'not excluded'} (p {_f(c['claim_p_bh'], '.3g')})"
+    return f"{'excluded' if excluded else 'not excluded'} (p {fmt(c['claim_p_bh'], '.3g')})"
 
 
 def verdict_section(v: dict) -> list[str]:
@@ -372,11 +370,11 @@ def verdict_section(v: dict) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|---|---|" + ("---|" if acc else "")]
     for a, r in v["arms"].items():
         lo, hi = r.get("val_accuracy_ci95") or (None, None)
-        lines.append(f"| {a} | {r['variant']} | {' '.join(r['overrides']) or '-'} | {_f(r['lr'], '.4g')} | "
-                     f"{r['lr_from']} | {r['tuning'] or ('-' if r['lr_from'] == 'fixed' else 'n/a')} | {r['n_seeds']}{lost(r)} | {_f(r['val_loss_mean'])} | "
-                     f"{_f(r['val_loss_sd'])} | [{_f(r['val_loss_ci95'][0])}, {_f(r['val_loss_ci95'][1])}] | "
-                     + (f"{_f(r.get('val_accuracy_mean'))} | [{_f(lo)}, {_f(hi)}] |" if acc
-                        else f"{_f(r.get('in_context_gain'))} |"))
+        lines.append(f"| {a} | {r['variant']} | {' '.join(r['overrides']) or '-'} | {fmt(r['lr'], '.4g')} | "
+                     f"{r['lr_from']} | {r['tuning'] or ('-' if r['lr_from'] == 'fixed' else 'n/a')} | {r['n_seeds']}{lost(r)} | {fmt(r['val_loss_mean'])} | "
+                     f"{fmt(r['val_loss_sd'])} | [{fmt(r['val_loss_ci95'][0])}, {fmt(r['val_loss_ci95'][1])}] | "
+                     + (f"{fmt(r.get('val_accuracy_mean'))} | [{fmt(lo)}, {fmt(hi)}] |" if acc
+                        else f"{fmt(r.get('in_context_gain'))} |"))
     lines += ["", "| comparison | verdict | pairs | mean diff (nats) | paired sd | % log-loss | 95% t CI (%) | "
               "Stein mean +- d (%) | Stein exact 95% (%) | Stein N | 90% CI (%) | p (t, BH) | p (TOST, BH) | "
               "the paper's -2.40% (p, BH) |",
@@ -385,14 +383,14 @@ def verdict_section(v: dict) -> list[str]:
         lines += ["| (none: every arm of study.arms is a reference; list another arm to compare it) | | | | | | | | | | | | | |"]
     for k, c in v["comparisons"].items():
         p, st = c["pct"], c["stein"]
-        lines.append(f"| {k} | **{c['word']}**{c['verdict'][len(c['word']):]} | {c['n_pairs']} | {_f(c['mean_diff'], '+.4f')} | "
-                     f"{_f(c['sd_diff'])} | {_f(p['mean'], '+.2f')} | [{_f(p['ci95'][0], '+.2f')}, "
-                     f"{_f(p['ci95'][1], '+.2f')}] | [{_f(p['stein'][0], '+.2f')}, {_f(p['stein'][1], '+.2f')}]"
+        lines.append(f"| {k} | **{c['word']}**{c['verdict'][len(c['word']):]} | {c['n_pairs']} | {fmt(c['mean_diff'], '+.4f')} | "
+                     f"{fmt(c['sd_diff'])} | {fmt(p['mean'], '+.2f')} | [{fmt(p['ci95'][0], '+.2f')}, "
+                     f"{fmt(p['ci95'][1], '+.2f')}] | [{fmt(p['stein'][0], '+.2f')}, {fmt(p['stein'][1], '+.2f')}]"
                      f"{' (>= 95%)' if st['n_needed'] is not None and c['n_pairs'] >= st['n_needed'] else ' (< N pairs)'} | "
-                     f"[{_f(p['stein_exact'][0], '+.2f')}, {_f(p['stein_exact'][1], '+.2f')}] | "
+                     f"[{fmt(p['stein_exact'][0], '+.2f')}, {fmt(p['stein_exact'][1], '+.2f')}] | "
                      f"{st['n_needed'] if st['n_needed'] is not None else 'n/a'} | "
-                     f"[{_f(p['ci90'][0], '+.2f')}, {_f(p['ci90'][1], '+.2f')}] | {_f(c['p_value_bh'], '.3g')} | "
-                     f"{_f(c['tost_p_bh'], '.3g')} | {claim_words(c)} |")
+                     f"[{fmt(p['ci90'][0], '+.2f')}, {fmt(p['ci90'][1], '+.2f')}] | {fmt(c['p_value_bh'], '.3g')} | "
+                     f"{fmt(c['tost_p_bh'], '.3g')} | {claim_words(c)} |")
     if v["comparisons"]:
         lines += ["", "The paper's claim (arXiv 2603.13381: -2.40% log-loss) is tested for each comparison by a one-sided "
                       "paired t test of \"the effect is at least as large as claimed\" (Benjamini-Hochberg over the "
@@ -402,11 +400,11 @@ def verdict_section(v: dict) -> list[str]:
         lines += ["", "### The recipe decomposition", "",
                   "| arm | seeds | val loss mean | sd | 95% CI |", "|---|---|---|---|---|"]
         for r in dec["rows"]:
-            lines.append(f"| {r['arm']} | {r['n_seeds']} | {_f(r['mean'])} | {_f(r['sd'])} | "
-                         f"[{_f(r['ci95'][0])}, {_f(r['ci95'][1])}] |")
+            lines.append(f"| {r['arm']} | {r['n_seeds']} | {fmt(r['mean'])} | {fmt(r['sd'])} | "
+                         f"[{fmt(r['ci95'][0])}, {fmt(r['ci95'][1])}] |")
         ci = dec.get("gap_ci95") or [None, None]
-        head = (f"Gap {dec['start']} -> {dec['end']}: {_f(dec['gap'], '+.4f')} nats (paired 95% interval "
-                f"[{_f(ci[0], '+.4f')}, {_f(ci[1], '+.4f')}])")
+        head = (f"Gap {dec['start']} -> {dec['end']}: {fmt(dec['gap'], '+.4f')} nats (paired 95% interval "
+                f"[{fmt(ci[0], '+.4f')}, {fmt(ci[1], '+.4f')}])")
         lines += ["", head + (f"; the linear recipe alone ({dec['linear']}) closes {100 * dec['share']:.0f}% of it"
                               if dec["share"] is not None else f"; {dec.get('note') or 'no share'}")
                   + " (the follow-up measured 88% at GPT-3 Large)."]
@@ -423,18 +421,18 @@ def frontier_lines(f: dict | None) -> list[str]:
              "its own N (above 1: worth more parameters than it has). 95% interval: Student t over the seeds' own "
              "log multipliers (each seed's own frontier and loss).", "",
              "| family arm | non-embedding params | seeds | val loss mean |", "|---|---|---|---|"]
-    lines += [f"| {r['arm']} | {r['non_embedding_params'] or 0:,} | {r['n_seeds']} | {_f(r['mean'])} |" for r in f["family"]]
+    lines += [f"| {r['arm']} | {r['non_embedding_params'] or 0:,} | {r['n_seeds']} | {fmt(r['mean'])} |" for r in f["family"]]
     if not f["fitted"]:
         return lines + ["", f"Frontier {f['reason']}."]
     lo, hi = f.get("slope_ci95") or (None, None)
-    lines += ["", f"Slope {f['slope']:+.4f} (log nats per log parameter), 95% interval [{_f(lo, '+.4f')}, "
-                  f"{_f(hi, '+.4f')}]" + ("." if f.get("falls") else
+    lines += ["", f"Slope {f['slope']:+.4f} (log nats per log parameter), 95% interval [{fmt(lo, '+.4f')}, "
+                  f"{fmt(hi, '+.4f')}]" + ("." if f.get("falls") else
                   ": the family's loss does not fall measurably with its size, so no arm's worth in parameters can "
                   "be read off it; the multipliers below are the line's arithmetic, not a measurement."), "",
               "| arm | non-embedding params | worth (params) | multiplier | 95% interval |", "|---|---|---|---|---|"]
     for a, w in f["worth"].items():
-        lines.append(f"| {a} | {w['non_embedding_params']:,} | {_f(w['equivalent_params'], ',.0f')} | "
-                     f"{_f(w['multiplier'], '.3f')} | [{_f(w['ci95'][0], '.3f')}, {_f(w['ci95'][1], '.3f')}]"
+        lines.append(f"| {a} | {w['non_embedding_params']:,} | {fmt(w['equivalent_params'], ',.0f')} | "
+                     f"{fmt(w['multiplier'], '.3f')} | [{fmt(w['ci95'][0], '.3f')}, {fmt(w['ci95'][1], '.3f')}]"
                      f"{' (' + w['ci_note'] + ')' if w.get('ci_note') else ''}"
                      f"{' (extrapolated: outside the family sizes)' if w.get('extrapolated') else ''} |")
     return lines

@@ -105,7 +105,7 @@ def typed_task(cfg):
         key = f"task.{getattr(e, 'key', None) or getattr(e, 'full_key', '?')}"
         raise ConfigError(f"{key}: {str(e).splitlines()[0]} (task {name} has settings {fields}, typed by "
                           f"study/tasks/{name}.py Settings; their values are conf/task/{name}.yaml's)") from None
-    out = OmegaConf.merge(cfg, {"task": typed})
+    out = OmegaConf.merge(cfg, {"task": typed}) if typed else cfg  # lm has no settings: nothing to type
     module.check(out)
     return out
 
