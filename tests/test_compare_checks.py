@@ -177,3 +177,25 @@ def test_a_run_whose_config_json_was_edited_is_not_reused(nano_project, tmp_path
     assert "the finished run there was trained under other settings, code or data: replacing it" in capsys.readouterr().out
     assert json.loads((d / "config.json").read_text())["train"]["tokens"] == 8192
     assert ensure_run(over, nano_project, params) == (d, True)
+
+
+def test_compare_refuses_a_run_trained_at_other_task_settings():
+    """A task's own settings are part of the arm's run: an mqar run trained at another key-value power law is not
+    the arm's run at the study's task settings, and compare says which setting differs."""
+    from conftest import ROOT
+    from study.analysis.runs import RunsError
+    from study.analysis.verdict import arm_settings, check_arm_run
+    from study.config import load_config
+
+    cfg = load_config(["task=mqar", "task.power_a=0.5"], ROOT)
+    want = arm_settings(cfg, "baseline")
+    assert want["task.power_a"] == 0.5 and want["task.num_kv_pairs"] == cfg.task.num_kv_pairs
+    assert "task.mask_fraction" not in want  # mlm's setting: not this task's
+    run = {"name": "runs/mqar/test/baseline/baseline-s1", "lr": want["lr"],
+           "settings": {"task.name": "mqar", "task.power_a": 0.01, "task.num_kv_pairs": cfg.task.num_kv_pairs}}
+    with pytest.raises(RunsError) as e:
+        check_arm_run(cfg, ROOT, "baseline", 1, run)
+    assert "\n" not in str(e.value)
+    assert str(e.value).startswith("runs/mqar/test/baseline/baseline-s1 was trained at task.power_a 0.01, but arm "
+                                   "'baseline' trains at 0.5: it is not the arm's run")
+    check_arm_run(cfg, ROOT, "baseline", 1, {**run, "settings": {**run["settings"], "task.power_a": 0.5}})

@@ -138,7 +138,8 @@ def test_help_lists_the_groups_and_their_options():
     import study.train
 
     assert out.splitlines()[0] == study.train.__doc__.strip().splitlines()[0]  # the stage's own docstring first
-    assert "  model: bytes-32, bytes-48, bytes-64, cpu, cpu-bpe2048, gpt3-small, ladder-128, ladder-64, ladder-96, nano" in out
+    assert ("  model: bytes-32, bytes-48, bytes-64, cpu, cpu-bpe2048, gpt3-small, ladder-128, ladder-64, ladder-96, nano, "
+            "rope-32, rope-48, rope-64") in out
     assert "  trainer: cpu, ddp, fsdp, gpu" in out and "nonlinear_q_relu2" in out
     assert "--cfg job" in out and "--multirun" in out and "model.n_layer=3" in out
 

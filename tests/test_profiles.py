@@ -52,7 +52,24 @@ def test_scale_ladder_report(nano_project, tmp_path, monkeypatch):
         assert abs(size["baseline_fit"]["residual"]) < 5e-3
     t = la["trend"]["nonlinear_q"]
     assert t["n_points"] == 9 and t["ci95"][0] <= t["slope_pct_per_decade"] <= t["ci95"][1]
+    # the line at the paper's size: its value is the fit's, and its interval widens with the distance
+    at = t["at"]
+    assert at["x"] == pytest.approx(np.log10(84_953_856)) and at["decades_beyond"] == pytest.approx(
+        np.log10(84_953_856 / 786_000))
+    xs, ys = [], []  # the per-seed effects, by hand
+    for model, (params, tokens) in sizes.items():
+        for o in (-0.01, 0.0, 0.01):
+            b, v = law(6 * params * tokens) + o, law(1.5 * 6 * params * tokens) + o
+            xs.append(np.log10(params))
+            ys.append(100 * (v - b) / b)
+    slope, intercept = np.polyfit(xs, ys, 1)
+    assert t["slope_pct_per_decade"] == pytest.approx(slope)
+    assert at["effect_pct"] == pytest.approx(intercept + slope * np.log10(84_953_856))
+    assert at["ci95"][0] < at["effect_pct"] < at["ci95"][1]
     md = (tmp_path / "reports/comparison.md").read_text()
+    assert (f"The line at the paper's size (84.95M non-embedding parameters, GPT-3 small, "
+            f"{at['decades_beyond']:.1f} decades beyond the largest size): nonlinear_q {at['effect_pct']:+.2f}% "
+            f"[{at['ci95'][0]:+.2f}, {at['ci95'][1]:+.2f}] (the paper: -2.40%)") in md
     assert "## Scale ladder: the effect against model size" in md and "| ladder-128 | 4 x 128 |" in md
     fit = la["sizes"][0]["baseline_fit"]
     assert (f"ladder-64 {fit['fitted']:.4f} / {fit['fitted'] + fit['residual']:.4f} (residual "

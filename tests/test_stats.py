@@ -78,3 +78,32 @@ def test_power_by_simulation(n):
     need = seeds_needed(sd, mde)
     assert need == n  # the detectable effect at n needs exactly n seeds
     assert seeds_needed(sd, 1e-6) is None  # beyond 100,000 seeds: no number is printed
+
+
+def test_the_trend_at_a_size_is_statsmodels_fitted_mean_with_its_interval():
+    import statsmodels.api as sm
+
+    from study.analysis.stats import effect_trend
+
+    pts = [(4.69, 0.8), (4.69, -1.2), (5.05, -1.7), (5.05, 0.4), (5.29, 0.5), (5.29, -0.3), (5.29, 1.1)]
+    x0 = math.log10(84_953_856)
+    t = effect_trend(pts, at=x0)
+    ols = sm.OLS([y for _, y in pts], sm.add_constant([x for x, _ in pts])).fit()
+    pred = ols.get_prediction(np.array([[1.0, x0]])).summary_frame(alpha=0.05)
+    assert t["slope_pct_per_decade"] == pytest.approx(ols.params[1])
+    assert t["at"]["effect_pct"] == pytest.approx(pred["mean"].iloc[0])
+    assert t["at"]["ci95"] == pytest.approx([pred["mean_ci_lower"].iloc[0], pred["mean_ci_upper"].iloc[0]])
+    assert t["at"]["decades_beyond"] == pytest.approx(x0 - 5.29)
+    # too few points: no line, so no value at the size either
+    assert math.isnan(effect_trend(pts[:2], at=x0)["at"]["effect_pct"])
+
+
+def test_the_papers_size_is_gpt3_smalls_non_embedding_parameters():
+    from study.analysis.stats import PAPER_NON_EMBEDDING_PARAMS
+    from study.config import load_config
+    from study.modeling.accounting import describe
+
+    from conftest import ROOT
+
+    cfg = load_config(["model=gpt3-small", "variant=baseline"], ROOT)
+    assert describe(cfg.model, cfg.variant, 50304)["non_embedding_params"] == PAPER_NON_EMBEDDING_PARAMS

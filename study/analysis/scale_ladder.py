@@ -11,7 +11,8 @@ from pathlib import Path
 
 from study.analysis.pairing import check
 from study.analysis.runs import RunsError, final_losses, load_runs, lost_points
-from study.analysis.stats import adjust, effect_trend, fit_power_law, mean_ci, not_fitted, paired, parameter_multiplier
+from study.analysis.stats import (PAPER_NON_EMBEDDING_PARAMS, adjust, effect_trend, fit_power_law, mean_ci, not_fitted,
+                                  paired, parameter_multiplier)
 
 LADDER = "scale_ladder"
 
@@ -31,7 +32,7 @@ def _trend(sizes: list[dict], variant: str, base: str) -> dict:
         ok = size["_ok"]
         for s in sorted(set(ok.get(variant, {})) & set(ok.get(base, {}))):
             pts.append((math.log10(size["non_embedding_params"]), 100.0 * (ok[variant][s] - ok[base][s]) / ok[base][s]))
-    return effect_trend(pts)
+    return effect_trend(pts, at=math.log10(PAPER_NON_EMBEDDING_PARAMS))
 
 
 def ladder_size(cfg, model: str, runs: dict[str, dict[int, dict]]) -> dict:
@@ -112,7 +113,8 @@ def ladder_report(cfg, root: Path) -> dict | None:
     over its finished seeds, nats: whether attention does the work at this size)}},
     "vs_baseline": paired verdicts with power, "compute_multiplier": {v: ...}}], "fits": {v: {"slope",
     "intercept"}} of log L = intercept + slope log C (C: training FLOPs; only over >= 3 sizes),
-    "fit_note" (why no fit), "trend": {v: effect_trend}}; with a baseline fit each size also has "baseline_fit":
+    "fit_note" (why no fit), "trend": {v: effect_trend, with "at": the line's effect at the paper's size,
+    :data:`study.analysis.stats.PAPER_NON_EMBEDDING_PARAMS`}}; with a baseline fit each size also has "baseline_fit":
     {"fitted": the fit's loss at the size's compute, "residual": the baseline's mean minus it (nats)}.  The compute multiplier of v at one size is
     C_base(L_v) / C_v, C_base(L) read off the baseline's fit over all sizes, with a t interval over
     per-seed multipliers (:func:`study.analysis.stats.parameter_multiplier`, compute in place of

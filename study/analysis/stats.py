@@ -16,6 +16,9 @@ from scipy import optimize, stats
 
 #: the paper's headline effect, percent change of the log-loss (arXiv 2603.13381, abstract)
 PAPER_PCT_LOG_LOSS = -2.40
+#: the paper's model size in non-embedding parameters: GPT-3 small, 84.95M (arXiv 2603.13381; conf/model/gpt3-small.yaml,
+#: whose count by the model's accounting tests/test_stats.py checks against this one)
+PAPER_NON_EMBEDDING_PARAMS = 84_953_856
 #: power and two-sided level of the power statements
 POWER, ALPHA = 0.80, 0.05
 #: a fit of loss against size (parameters or compute) needs this many distinct sizes: two points
@@ -272,19 +275,33 @@ def parameter_multiplier(family: dict[int, dict[int, float]], variant: dict[int,
     return out
 
 
-def effect_trend(points: list[tuple[float, float]]) -> dict:
+def effect_trend(points: list[tuple[float, float]], at: float | None = None) -> dict:
     """Trend of an effect with scale: least-squares slope of per-seed effects y (percent log-loss
     change) against x = log10 of the size, with its 95% t interval (scipy.stats.linregress; n - 2
     degrees of freedom, valid at small n under normal errors).
 
     Returns: {"slope_pct_per_decade", "ci95", "p_value", "n_points", "note"} (NaN, with the reason
-    in "note", with fewer than 3 points or 2 distinct sizes)."""
+    in "note", with fewer than 3 points or 2 distinct sizes); with ``at`` (a log10 size) also "at": {"x": at,
+    "decades_beyond" (at minus the largest size's x), "effect_pct", "ci95"}: the line's mean effect there with the
+    95% t interval of a fitted mean, s sqrt(1/n + (at - mean x)^2 / Sxx) (an extrapolation when at lies beyond the
+    sizes: valid only if the effect stays linear in log size that far)."""
     xs, ys = [x for x, _ in points], [y for _, y in points]
     nan = float("nan")
     if len(xs) < 3 or len(set(xs)) < 2:
-        return {"slope_pct_per_decade": nan, "ci95": [nan, nan], "p_value": nan, "n_points": len(xs),
-                "note": "fewer than 3 seed pairs or 2 sizes: no trend"}
+        out = {"slope_pct_per_decade": nan, "ci95": [nan, nan], "p_value": nan, "n_points": len(xs),
+               "note": "fewer than 3 seed pairs or 2 sizes: no trend"}
+        return out if at is None else {**out, "at": {"x": at, "decades_beyond": nan, "effect_pct": nan,
+                                                     "ci95": [nan, nan]}}
     fit = stats.linregress(xs, ys)
     t = stats.t.ppf(0.975, len(xs) - 2)
-    return {"slope_pct_per_decade": float(fit.slope), "ci95": [float(fit.slope - t * fit.stderr),
-            float(fit.slope + t * fit.stderr)], "p_value": float(fit.pvalue), "n_points": len(xs), "note": None}
+    out = {"slope_pct_per_decade": float(fit.slope), "ci95": [float(fit.slope - t * fit.stderr),
+           float(fit.slope + t * fit.stderr)], "p_value": float(fit.pvalue), "n_points": len(xs), "note": None}
+    if at is not None:
+        x = np.asarray(xs, dtype=float)
+        resid = np.asarray(ys, dtype=float) - (fit.intercept + fit.slope * x)
+        s = math.sqrt(float(resid @ resid) / (len(xs) - 2))
+        se = s * math.sqrt(1 / len(xs) + (at - x.mean()) ** 2 / float(((x - x.mean()) ** 2).sum()))
+        y0 = float(fit.intercept + fit.slope * at)
+        out["at"] = {"x": at, "decades_beyond": at - float(x.max()), "effect_pct": y0,
+                     "ci95": [y0 - t * se, y0 + t * se]}
+    return out

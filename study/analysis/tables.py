@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from study.analysis.stats import PAPER_PCT_LOG_LOSS
 from study.config import run_name
 from study.tasks import get_task
 from study.tasks.common import fmt
@@ -154,7 +155,20 @@ def ladder_section(la: dict, base: str) -> list[str]:
     lines += [f"- {v}: {fmt(t['slope_pct_per_decade'], '+.2f')} points per decade "
               f"[{fmt(t['ci95'][0], '+.2f')}, {fmt(t['ci95'][1], '+.2f')}], p {fmt(t['p_value'], '.3g')} "
               f"({t['n_points']} seed pairs){' - ' + t['note'] if t.get('note') else ''}" for v, t in la["trend"].items()]
-    return lines
+    return lines + _extrapolation(la["trend"])
+
+
+def _extrapolation(trend: dict) -> list[str]:
+    """The trend's line at the paper's size (GPT-3 small), said as the extrapolation it is."""
+    at = [(v, t["at"]) for v, t in trend.items() if t.get("at") and math.isfinite(t["at"]["effect_pct"])]
+    if not at:
+        return []
+    n = 10 ** at[0][1]["x"]
+    return ["", f"The line at the paper's size ({n / 1e6:.2f}M non-embedding parameters, GPT-3 small, "
+            f"{at[0][1]['decades_beyond']:.1f} decades beyond the largest size): " + "; ".join(
+                f"{v} {fmt(a['effect_pct'], '+.2f')}% [{fmt(a['ci95'][0], '+.2f')}, {fmt(a['ci95'][1], '+.2f')}]"
+                for v, a in at) + f" (the paper: {PAPER_PCT_LOG_LOSS:+.2f}%). An extrapolation: it holds only if "
+            "the effect stays linear in log size that far, which these sizes cannot show."]
 
 
 def diverged_section(summary: dict) -> list[str]:

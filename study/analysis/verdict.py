@@ -15,7 +15,8 @@ from study.analysis.decision import compare_pair, decide, decomposition, frontie
 from study.analysis.pairing import check
 from study.analysis.runs import RunsError, final_losses, load_runs
 from study.analysis.stats import mean_ci
-from study.config.naming import TEST_GROUP, TUNING_TABLE, testing_group
+from study.config.naming import RECIPE_KEYS, TEST_GROUP, TUNING_TABLE, testing_group
+from study.config.task import task_fields
 from study.tasks.common import fmt
 
 #: the test stage's plan, under runs_dir/test: which seeds each arm needs (Stein's N from the first stage)
@@ -200,12 +201,12 @@ def _same(a, b) -> bool:
 
 def arm_settings(cfg, name: str) -> dict:
     """{flat key: value} a test run of arm ``name`` must have recorded: ``lr`` (its peak lr: the arm's fixed lr, else
-    tuned.lr[NAME]; absent when it has neither), the recipe fields (``model.*``/``train.*`` of
-    :data:`study.config.naming.RECIPE_KEYS`, the study's values) and every key its overrides set (their values)."""
-    from study.config.naming import RECIPE_KEYS
-
+    tuned.lr[NAME]; absent when it has neither), the recipe fields (``model.*``/``data.*``/``train.*`` of
+    :data:`study.config.naming.RECIPE_KEYS`) and the task's own settings (``task.*``), at the study's values, and
+    every key its overrides set (their values)."""
     arm = cfg.arms[name]
     want = {k: cfg[k.split(".")[0]][k.split(".")[1]] for k in RECIPE_KEYS}
+    want.update({f"task.{k}": cfg.task[k] for k in task_fields(cfg.task.name) or ()})
     for o in arm.overrides:
         key, _, text = str(o).partition("=")
         key = key.lstrip("+~")

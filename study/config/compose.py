@@ -41,7 +41,7 @@ from omegaconf.errors import OmegaConfBaseException
 from .hydra_errors import _first, _hydra_error, _key_hint, _yaml_error, schema_keys
 from .schema import GROUPS, SCHEMA_NAME, ConfigError, RunConfig, register
 from .task import resolve_task
-from .validation import validate, validate_paths
+from .validation import check_ladder_lr, validate, validate_paths
 from .verdict_checks import used_arms
 
 NAMED_GROUPS = ("model", "variant", "trainer", "launcher", "task")  # groups whose section records its file as ``name``
@@ -111,18 +111,23 @@ def _check_schema_first(config_dir: Path, config_name: str) -> None:
                           f"conf/{config_name}.yaml restores it)")
 
 
-def _check_name(config_dir: Path, group: str, choice: str) -> None:
-    """A group file that states another name than its own (``name:`` in conf/GROUP/CHOICE.yaml) is refused."""
+def _stated(config_dir: Path, group: str, choice: str, key: str):
+    """The value conf/GROUP/CHOICE.yaml states for ``key`` (None where the file or the key is missing)."""
     import yaml
 
     path = config_dir / group / f"{choice}.yaml"
     if not path.is_file():
-        return
+        return None
     try:
         stated = OmegaConf.load(path)
     except yaml.YAMLError as e:
         raise _yaml_error(e, config_dir.parent) from e
-    stated = stated.get("name") if isinstance(stated, DictConfig) else None
+    return stated.get(key) if isinstance(stated, DictConfig) else None
+
+
+def _check_name(config_dir: Path, group: str, choice: str) -> None:
+    """A group file that states another name than its own (``name:`` in conf/GROUP/CHOICE.yaml) is refused."""
+    stated = _stated(config_dir, group, choice, "name")
     if stated is not None and stated != choice:
         raise ConfigError(f"conf/{group}/{choice}.yaml says name: {stated}: write name: {choice} "
                           f"(a group file's name is its file name)")
@@ -372,6 +377,9 @@ def _check(cfg: RunConfig, root: Path) -> RunConfig:
             raise ConfigError(f"{key} lists unknown {unknown}: choose from {available(root, group)}")
         for name in names:
             _check_name(root / "conf", group, name)
+    la = cfg.scale_ladder
+    if la.models and la.lr_from_tuned and la.lr_per_size:
+        check_ladder_lr(cfg, {m: _stated(root / "conf", "model", m, "position") for m in la.models})
     return cfg
 
 

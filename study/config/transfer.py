@@ -70,15 +70,17 @@ def transferred_lr(cfg: RunConfig, v: str, model: str | None = None) -> float | 
     return None if lr is None else float(lr)
 
 
-def size_recipe_now(cfg: RunConfig, size: str, ladder: bool, tokens: int | None = None) -> dict:
+def size_recipe_now(cfg: RunConfig, size: str, ladder: bool, tokens: int | None = None,
+                    position: str | None = None) -> dict:
     """The settings a run of size ``size`` trains at, as a recipe record plus ``train.tokens_per_param`` (what
     tuned.size_recipe records): a scale ladder run of this config (``ladder``: its model file's shape and its
-    tokens are not known here, only its name, positions, budget rule and warmup), or this run itself (its model
-    section, and ``tokens`` once resolved, or train.tokens without a budget rule)."""
+    tokens are not known here, only its name, its positions (``position``, the model file's own, else the task's),
+    budget rule and warmup), or this run itself (its model section, and ``tokens`` once resolved, or train.tokens
+    without a budget rule)."""
     out = {sec: {k: cfg[sec][k] for k in keys} for sec, keys in RECIPE.items()}
     out["train"]["tokens_per_param"] = cfg.train.tokens_per_param
     if ladder:
-        out["model"] = {"name": size, "position": cfg.task.position}
+        out["model"] = {"name": size, "position": position or cfg.task.position}
         out["train"].update(tokens_per_param=cfg.scale_ladder.tokens_per_param,
                             warmup_tokens=cfg.scale_ladder.warmup_tokens)
     if tokens is None and (ladder or cfg.train.tokens_per_param is not None):
@@ -111,11 +113,13 @@ def check_size_recipe(cfg: RunConfig, v: str, size: str, now: dict, what: str, o
                       f"or {off}")
 
 
-def check_transferable(cfg: RunConfig, v: str, what: str, off: str, model: str | None = None) -> None:
+def check_transferable(cfg: RunConfig, v: str, what: str, off: str, model: str | None = None,
+                       position: str | None = None) -> None:
     """Variant ``v`` may train at its arm's lr outside the test stage: the arm of its name is the plain variant (no
     recipe overrides, which a run of the variant would not apply) and has an lr* in conf/tuned.yaml (or a fixed lr);
     at size ``model`` (a scale ladder's size) or with train.lr_per_size (this run's size), the lr* tuned at that size
-    (tuned.size), tuned at the settings the run trains at (tuned.size_recipe).
+    (tuned.size), tuned at the settings the run trains at (tuned.size_recipe; ``position``: the size's model file's
+    own positions, None where it takes the task's).
 
     Raises:
         ConfigError: one line naming what is missing or differs and the command that tunes it.
@@ -137,7 +141,8 @@ def check_transferable(cfg: RunConfig, v: str, what: str, off: str, model: str |
                           f"{sorted(cfg.tuned.size.get(size) or {})}): tune that size (`make ladder-tune`, or "
                           f"`python -m study.tune --ladder {size}`), or {off}")
     if size is not None:
-        check_size_recipe(cfg, v, size, size_recipe_now(cfg, size, ladder=model is not None), what, off)
+        check_size_recipe(cfg, v, size, size_recipe_now(cfg, size, ladder=model is not None, position=position),
+                           what, off)
         return
     if arm.lr is None and v not in cfg.tuned.lr:
         raise ConfigError(f"{what} {v!r} has no lr* in conf/tuned.yaml (tuned.lr has {sorted(cfg.tuned.lr)}): tune "
