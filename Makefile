@@ -197,17 +197,15 @@ levers: params
 # ladder compares variants, each at the lr* tuned at its size (conf/tuned.yaml tuned.size: `make ladder-tune` first;
 # scale_ladder.lr_per_size=false: the default size's lr* transferred unchanged), and switches the decided verdict
 # off (study.arms=[]).
-# One training at a time (DVC runs the stages in turn), so each gets LADDER_THREADS cores.  The ladder's sizes are
-# rope-32, rope-48 and rope-64 (rotary positions, the lm default's, named in their model files, each size's lr* its
-# own: tuned.size.rope-N).  The ladder at learned positions, as measured on 2026-12-05, is
-# LADDER=[bytes-32,bytes-48,bytes-64] LADDER_POSITION=learned (those files take the task's positions).
+# One training at a time (DVC runs the stages in turn), so each gets LADDER_THREADS cores.  A size's model file names
+# its positions, and each size has its own lr* (tuned.size.MODEL): the ladder is rope-32/48/64 (rotary, the lm
+# default's); LADDER=[bytes-32,bytes-48,bytes-64] is the ladder at learned positions measured on 2026-12-05.
 PROFILE_VARIANTS ?= [baseline,nonlinear_q]
 LADDER ?= [rope-32,rope-48,rope-64]
-LADDER_POSITION ?= rope
 LADDER_THREADS ?= 2
 scale-ladder: $(STAMP)
 	.venv/bin/dvc exp run compare -S 'study.arms=[]' -S 'scale_ladder.variants=$(PROFILE_VARIANTS)' \
-	  -S 'scale_ladder.models=$(LADDER)' -S 'trainer.threads=$(LADDER_THREADS)' -S task.position=$(LADDER_POSITION)
+	  -S 'scale_ladder.models=$(LADDER)' -S 'trainer.threads=$(LADDER_THREADS)'
 
 # The ladder's lr transfer checked at one size: scale_ladder.variants tuned there by the same rule, on the ladder's
 # budget; the table and transfer.md (transferred lr against that size's lr*) go to conf/tuning/MODEL/ and that
@@ -215,8 +213,7 @@ scale-ladder: $(STAMP)
 LADDER_CHECK ?= rope-48
 ladder-check: params
 	.venv/bin/dvc repro prepare
-	$(PY) -m study.tune --ladder $(LADDER_CHECK) --params params.yaml 'scale_ladder.variants=$(PROFILE_VARIANTS)' \
-	  task.position=$(LADDER_POSITION)
+	$(PY) -m study.tune --ladder $(LADDER_CHECK) --params params.yaml 'scale_ladder.variants=$(PROFILE_VARIANTS)'
 	$(PY) -m study.config
 
 # The ladder tuned per size: every size of LADDER tuned by the same rule (as ladder-check does at one), each lr*
@@ -224,8 +221,7 @@ ladder-check: params
 ladder-tune: params
 	.venv/bin/dvc repro prepare
 	for m in $$(echo '$(LADDER)' | tr -d '[] ' | tr ',' ' '); do \
-	  $(PY) -m study.tune --ladder $$m --params params.yaml 'scale_ladder.variants=$(PROFILE_VARIANTS)' \
-	    task.position=$(LADDER_POSITION) || exit 1; \
+	  $(PY) -m study.tune --ladder $$m --params params.yaml 'scale_ladder.variants=$(PROFILE_VARIANTS)' || exit 1; \
 	  $(PY) -m study.config || exit 1; \
 	done
 

@@ -107,3 +107,11 @@ def test_the_papers_size_is_gpt3_smalls_non_embedding_parameters():
 
     cfg = load_config(["model=gpt3-small", "variant=baseline"], ROOT)
     assert describe(cfg.model, cfg.variant, 50304)["non_embedding_params"] == PAPER_NON_EMBEDDING_PARAMS
+
+
+def test_a_trend_over_a_non_finite_effect_says_why_it_has_none():
+    from study.analysis.stats import effect_trend
+
+    t = effect_trend([(4.7, 0.1), (5.0, float("nan")), (5.3, 0.2)], at=7.9)
+    assert math.isnan(t["slope_pct_per_decade"]) and math.isnan(t["at"]["effect_pct"])
+    assert t["note"] == "a non-finite effect or size"

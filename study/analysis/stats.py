@@ -287,9 +287,10 @@ def effect_trend(points: list[tuple[float, float]], at: float | None = None) -> 
     sizes: valid only if the effect stays linear in log size that far)."""
     xs, ys = [x for x, _ in points], [y for _, y in points]
     nan = float("nan")
-    if len(xs) < 3 or len(set(xs)) < 2:
+    finite = all(math.isfinite(v) for v in (*xs, *ys))
+    if len(xs) < 3 or len(set(xs)) < 2 or not finite:
         out = {"slope_pct_per_decade": nan, "ci95": [nan, nan], "p_value": nan, "n_points": len(xs),
-               "note": "fewer than 3 seed pairs or 2 sizes: no trend"}
+               "note": "fewer than 3 seed pairs or 2 sizes: no trend" if finite else "a non-finite effect or size"}
         return out if at is None else {**out, "at": {"x": at, "decades_beyond": nan, "effect_pct": nan,
                                                      "ci95": [nan, nan]}}
     fit = stats.linregress(xs, ys)
@@ -303,5 +304,5 @@ def effect_trend(points: list[tuple[float, float]], at: float | None = None) -> 
         se = s * math.sqrt(1 / len(xs) + (at - x.mean()) ** 2 / float(((x - x.mean()) ** 2).sum()))
         y0 = float(fit.intercept + fit.slope * at)
         out["at"] = {"x": at, "decades_beyond": at - float(x.max()), "effect_pct": y0,
-                     "ci95": [y0 - t * se, y0 + t * se]}
+                     "ci95": [float(y0 - t * se), float(y0 + t * se)]}
     return out

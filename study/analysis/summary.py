@@ -24,16 +24,16 @@ def recorded_settings(runs: dict[str, dict[int, dict]]) -> dict:
     return shared_settings(groups)
 
 
-def summarize(cfg, root: Path, runs: dict[str, dict[int, dict]], profiles_too: bool = True) -> dict:
+def summarize(cfg, root: Path, runs: dict[str, dict[int, dict]]) -> dict:
     """The content of summary.json over the test runs of study.arms (``runs``: {arm: {seed: run}},
     :func:`study.analysis.verdict.tested_runs`; {} while study.arms is empty).
 
     Returns: {"study", "task" (task.name), "baseline", "seeds", "settings" (what the runs recorded alike),
     "yardsticks" (:func:`study_yardsticks`), "per_corpus" (:func:`per_corpus`), "attn_logit_max" {arm:
     :func:`attn_logit_max`}, "diverged" {arm: {seed: {"step", "reason"}}} (the lost points: left out of every mean
-    and test, listed in the report), "scale_ladder" (the profile, read from its run folders; None while off or with
-    ``profiles_too=False``), "verdict" (the decided verdict of study.arms,
-    :func:`study.analysis.verdict.verdict_report`; None while study.arms is empty)}.
+    and test, listed in the report), "scale_ladder" (the profile, read from its run folders; None while off),
+    "verdict" (the decided verdict of study.arms, :func:`study.analysis.verdict.verdict_report`; None while
+    study.arms is empty)}.
     """
     settings = recorded_settings(runs)
     logits = {a: attn_logit_max(r) for a, r in runs.items()}
@@ -43,8 +43,8 @@ def summarize(cfg, root: Path, runs: dict[str, dict[int, dict]], profiles_too: b
             "per_corpus": per_corpus(runs, comparisons_of(cfg)) if runs else None,
             "attn_logit_max": {a: x for a, x in logits.items() if x},
             "diverged": {a: lost_points(r) for a, r in runs.items()},
-            "scale_ladder": scale_ladder.ladder_report(cfg, root) if profiles_too else None,
-            "verdict": decided(cfg, root, runs) if profiles_too and runs else None}
+            "scale_ladder": scale_ladder.ladder_report(cfg, root),
+            "verdict": decided(cfg, root, runs) if runs else None}
 
 
 def attn_logit_max(runs: dict[int, dict]) -> list[float] | None:

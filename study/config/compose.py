@@ -122,7 +122,9 @@ def _stated(config_dir: Path, group: str, choice: str, key: str):
         stated = OmegaConf.load(path)
     except yaml.YAMLError as e:
         raise _yaml_error(e, config_dir.parent) from e
-    return stated.get(key) if isinstance(stated, DictConfig) else None
+    if not isinstance(stated, DictConfig) or key not in stated:
+        return None
+    return OmegaConf.to_container(stated, resolve=False)[key]  # as written: an interpolation is not resolved here
 
 
 def _check_name(config_dir: Path, group: str, choice: str) -> None:
@@ -377,10 +379,32 @@ def _check(cfg: RunConfig, root: Path) -> RunConfig:
             raise ConfigError(f"{key} lists unknown {unknown}: choose from {available(root, group)}")
         for name in names:
             _check_name(root / "conf", group, name)
-    la = cfg.scale_ladder
-    if la.models and la.lr_from_tuned and la.lr_per_size:
-        check_ladder_lr(cfg, {m: _stated(root / "conf", "model", m, "position") for m in la.models})
+    if cfg.scale_ladder.models:
+        position = _ladder_position(cfg, root / "conf")
+        if cfg.scale_ladder.lr_from_tuned:
+            check_ladder_lr(cfg, position)
     return cfg
+
+
+def _ladder_position(cfg: RunConfig, config_dir: Path) -> str:
+    """The positions every size of the scale ladder trains at: each model file's own ``position`` (rope-N: rope,
+    bytes-N: learned), else the task's.
+
+    Raises:
+        ConfigError: a size's file states a position that is not a plain ``learned`` or ``rope``, or the sizes train
+            at different positions (the ladder compares sizes, not positions); one line.
+    """
+    own = {m: _stated(config_dir, "model", m, "position") for m in cfg.scale_ladder.models}
+    bad = {m: p for m, p in own.items() if p not in (None, "learned", "rope")}
+    if bad:
+        m, p = next(iter(bad.items()))
+        raise ConfigError(f"conf/model/{m}.yaml states position: {p}: a scale ladder size names learned or rope, or "
+                          f"leaves it out to take the task's (task.position)")
+    at = {m: p or cfg.task.position for m, p in own.items()}
+    if len(set(at.values())) > 1:
+        raise ConfigError(f"scale_ladder.models={list(at)} train at different positions ({', '.join(f'{m} {p}' for m, p in at.items())}): "
+                          f"choose sizes of one kind (rope-N: rotary, bytes-N: learned)")
+    return next(iter(at.values()))
 
 
 def _raw_value(cfg: DictConfig, key: str) -> str | None:

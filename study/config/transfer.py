@@ -10,6 +10,9 @@ from .naming import RECIPE
 from .schema import ConfigError, RunConfig
 from .task import retune_hint
 
+#: how a ladder (or a ladder size's run) trains at the positions an lr* was tuned at: choose the model files of those
+POSITION_FIX = ("train sizes whose model files name model.position={was} (rope-N: rope, bytes-N: learned; a size "
+                "without one takes task.position), without a model.position override")
 #: the ladder's keys whose value a ladder run takes from the scale_ladder section (its budget rule and warmup)
 LADDER_KEYS = {"train.tokens_per_param": "scale_ladder.tokens_per_param",
                "train.warmup_tokens": "scale_ladder.warmup_tokens"}
@@ -105,6 +108,10 @@ def check_size_recipe(cfg: RunConfig, v: str, size: str, now: dict, what: str, o
     if not diff:
         return
     show = (lambda r: ", ".join(f"{k}={recipe_value(r, k)}" for k in diff))  # noqa: E731
+    if "model.position" in diff:  # a size's positions are its model file's: re-tuning it there would not move them
+        raise ConfigError(f"{what} {v!r} at size {size}: its lr* (conf/tuned.yaml tuned.size.{size}) was tuned at "
+                          f"{show(at)}, but this run trains at {show(now)}: "
+                          f"{POSITION_FIX.format(was=recipe_value(at, 'model.position'))}, or {off}")
     sets = " ".join(f"{LADDER_KEYS.get(k, k)}={recipe_value(now, k)}" for k in diff
                     if not k.startswith("model.") and k != "train.tokens")
     raise ConfigError(f"{what} {v!r} at size {size}: its lr* (conf/tuned.yaml tuned.size.{size}) was tuned at "
@@ -148,9 +155,10 @@ def check_transferable(cfg: RunConfig, v: str, what: str, off: str, model: str |
         raise ConfigError(f"{what} {v!r} has no lr* in conf/tuned.yaml (tuned.lr has {sorted(cfg.tuned.lr)}): tune "
                           f"it ({retune_hint(cfg, v)}), or {off}")
     tuned_at = (cfg.tuned.recipe or {}).get(v)
+    now = position or cfg.model.position
     if arm.lr is None and tuned_at is not None:  # the positions an lr* was tuned at
         was = (tuned_at.get("model") or {}).get("position")
-        if was != cfg.model.position:
+        back = POSITION_FIX.format(was=was) if position else f"set model.position={was}"
+        if was != now:
             raise ConfigError(f"{what} {v!r}: its lr* was tuned at model.position={was}, but this run trains at "
-                              f"model.position={cfg.model.position}: re-tune it ({retune_hint(cfg, v)}) or "
-                              f"set model.position={was}, or {off}")
+                              f"model.position={now}: re-tune it ({retune_hint(cfg, v)}) or {back}, or {off}")

@@ -300,20 +300,20 @@ def _validate_hf(d: DataConfig) -> None:
         raise ConfigError(f"data.num_proc={d.num_proc} must be >= 1 (or null for min(8, CPU count))")
 
 
-def check_ladder_lr(cfg: RunConfig, positions: dict[str, str | None]) -> None:
-    """Every variant of the scale ladder has the lr* it trains at (scale_ladder.lr_from_tuned), at each size with
-    scale_ladder.lr_per_size, tuned at the recipe that size trains at (``positions``: {model: the positions its
-    model file names, None where it takes the task's}).
+def check_ladder_lr(cfg: RunConfig, position: str) -> None:
+    """Every variant of the scale ladder has the lr* it trains at (scale_ladder.lr_from_tuned): with
+    scale_ladder.lr_per_size the one tuned at each size, else the default size's, tuned at the recipe the ladder trains
+    at (``position``: the positions of its sizes, read from their model files by the composition).
 
     Raises:
-        ConfigError: one line naming the variant, the size and the tuning command (:func:`check_transferable`).
+        ConfigError: one line naming the variant, the size and the fix (:func:`check_transferable`).
     """
     la = cfg.scale_ladder
     for v in la.variants:
         for m in (la.models if la.lr_per_size else [None]):
             check_transferable(cfg, v, "scale_ladder.variants:", "set scale_ladder.lr_per_size=false (the "
                                "default size's lr*) or scale_ladder.lr_from_tuned=false (train.lr)", model=m,
-                               position=positions.get(m))
+                               position=position)
 
 
 def _validate_profiles(cfg: RunConfig) -> None:
@@ -327,8 +327,6 @@ def _validate_profiles(cfg: RunConfig) -> None:
         if not la.tokens_per_param > 0 or la.warmup_tokens < 0:
             raise ConfigError(f"scale_ladder.tokens_per_param={la.tokens_per_param} must be > 0 and "
                               f"scale_ladder.warmup_tokens={la.warmup_tokens} >= 0")
-        if la.lr_from_tuned and not la.lr_per_size:  # per size: check_ladder_lr, once the model files are read
-            check_ladder_lr(cfg, {})
     if cfg.train.lr_from_tuned:
         check_transferable(cfg, cfg.variant.name, "train.lr_from_tuned=true: variant", "set train.lr_from_tuned=false")
     if cfg.train.tokens_per_param is not None and not cfg.train.tokens_per_param > 0:

@@ -87,12 +87,13 @@ def tune_ladder(cfg, root: Path, model: str, params: str | None, base: list[str]
     if not cfg.scale_ladder.variants:
         raise ConfigError("scale_ladder.variants is empty: name the variants whose lr transfer to check, e.g. "
                           "'scale_ladder.variants=[baseline,nonlinear_q]' (the tables already written are kept)")
-    for v in cfg.scale_ladder.variants:
-        check_transferable(cfg, v, "scale_ladder.variants:", "leave it out of scale_ladder.variants")
-    tuned_file = root / TUNED_FILE if tuned_file is None else tuned_file
-    check_tuned_file(tuned_file)  # before any training
     over = [*base, *ladder_overrides(cfg, model)]
     sub = load_config(over, root, params=params)
+    for v in cfg.scale_ladder.variants:  # the default size's lr*, at the positions this size trains at
+        check_transferable(cfg, v, "scale_ladder.variants:", "leave it out of scale_ladder.variants",
+                           position=sub.model.position)
+    tuned_file = root / TUNED_FILE if tuned_file is None else tuned_file
+    check_tuned_file(tuned_file)  # before any training
     transferred = {v: transferred_lr(cfg, v) for v in sub.tune.arms}
     results = {v: tune_one(sub, root, v, params, over) for v in sub.tune.arms}
     write_table(sub, root, tuned_file=False)
