@@ -39,13 +39,14 @@ def test_the_committed_sizes_record_the_recipe_of_their_tuning_table():
             at, row = tuned["size_recipe"][m][v], table[v]
             assert lr == row["lr_star"] and at["train"]["tokens"] == row["tokens"] == row["recipe"]["train"]["tokens"]
             assert at["model"]["n_embd"] == row["recipe"]["model"]["n_embd"]
-            assert at["train"]["tokens_per_param"] == (10.64 if m.startswith("bytes-") else 1.0)
+            assert at["train"]["tokens_per_param"] == (1.0 if m.startswith("ladder-") else 10.64)
+            assert at["model"]["position"] == ("rope" if m.startswith("rope-") else "learned")
 
 
 def test_a_ladder_at_another_budget_is_refused_before_it_trains():
     assert load_config(LADDER, ROOT).scale_ladder.tokens_per_param == 10.64  # the budget the sizes were tuned at
-    assert ("tuned at model.position=learned, but this run trains at model.position=rope"
-            in refusal(LADDER[:-1]))  # the rotary default: each size needs its lr* there first
+    # the sizes' files name learned positions: the task's (rope) does not move them
+    assert load_config(LADDER[:-1], ROOT).scale_ladder.models == ["bytes-32", "bytes-48", "bytes-64"]
     msg = refusal([*LADDER, "scale_ladder.tokens_per_param=0.2"])
     assert msg.startswith("scale_ladder.variants: 'baseline' at size bytes-32: its lr* (conf/tuned.yaml "
                           "tuned.size.bytes-32) was tuned at train.tokens_per_param=10.64, but this run trains at "
@@ -78,6 +79,36 @@ def test_one_ladder_run_at_another_recipe_is_refused_once_its_tokens_are_known()
     assert "`python -m study.tune --ladder bytes-32`" in msg and msg.endswith("set train.lr_from_tuned=false")
 
 
+def test_a_rotary_size_is_checked_at_the_positions_its_model_file_names():
+    rope = ["study.arms=[]", "scale_ladder.models=[rope-32,rope-48,rope-64]"]
+    assert load_config(rope, ROOT).scale_ladder.models == ["rope-32", "rope-48", "rope-64"]  # `make scale-ladder`
+    # the task's positions do not move a size whose file names its own: its lr* still applies
+    assert load_config([*rope, "task.position=learned"], ROOT).task.position == "learned"
+    msg = refusal([*rope, "tuned.size_recipe.rope-48.nonlinear_q.model.position=learned"])
+    assert msg.startswith("scale_ladder.variants: 'nonlinear_q' at size rope-48: its lr* (conf/tuned.yaml "
+                          "tuned.size.rope-48) was tuned at model.position=learned, but this run trains at "
+                          "model.position=rope: train sizes whose model files name model.position=learned (rope-N: "
+                          "rope, bytes-N: learned; a size without one takes task.position), without a model.position "
+                          "override, or set scale_ladder.lr_per_size=false")
+    # one ladder compares sizes at one kind of positions
+    assert refusal(["study.arms=[]", "scale_ladder.models=[rope-32,bytes-48]"]) == (
+        "scale_ladder.models=['rope-32', 'bytes-48'] train at different positions (rope-32 rope, bytes-48 learned): "
+        "choose sizes of one kind (rope-N: rotary, bytes-N: learned)")
+    # the default size's lr* (tuned at rope) transferred to every size: the sizes' positions are the ladder's
+    assert load_config([*rope, "scale_ladder.lr_per_size=false", "task.position=learned"], ROOT)
+    msg = refusal(["study.arms=[]", "scale_ladder.models=[bytes-32,bytes-48]", "scale_ladder.lr_per_size=false"])
+    assert "its lr* was tuned at model.position=rope, but this run trains at model.position=learned" in msg
+    assert "train sizes whose model files name model.position=rope" in msg
+    # a hand-started run of a rotary size at other positions: the same words
+    msg = refusal(["model=rope-32", "model.position=learned", *RUN[2:]], resolved=True)
+    assert "tuned at model.position=rope, but this run trains at model.position=learned: train sizes" in msg
+    from study.runner.spec import run_spec
+
+    tuned = yaml.safe_load((ROOT / "conf" / "tuned.yaml").read_text())["tuned"]["size"]["rope-32"]
+    spec = run_spec(load_config(["model=rope-32", *RUN[2:]], ROOT), ROOT)
+    assert (spec.position, spec.lr, spec.lr_source) == ("rope", tuned["baseline"], "tuned.size.rope-32.baseline")
+
+
 @pytest.mark.parametrize("bad, shown", [("0", "0"), ("-0.01", "-0.01"), ("abc", "'abc'"), ("null", "null")])
 def test_a_corrupt_size_lr_is_refused_in_one_line_naming_the_entry(bad, shown):
     for overrides in ([*RUN, f"tuned.size.bytes-32.baseline={bad}"],
@@ -96,3 +127,13 @@ def test_the_tuned_file_keeps_each_size_recipe(tmp_path):
                             {"nano": {"baseline": at}, "gone": {"baseline": at}}))
     assert tuned_sizes(f) == {"nano": {"baseline": 4e-3}}
     assert tuned_size_recipes(f) == {"nano": {"baseline": at}}  # a recipe without its size's lr* is not kept
+
+
+def test_a_ladder_size_stating_no_plain_position_is_refused_in_one_line(nano_project):
+    conf = nano_project / "conf" / "model"
+    (conf / "odd-32.yaml").write_text((conf / "rope-32.yaml").read_text().replace("name: rope-32", "name: odd-32")
+                                      .replace("position: rope", "position: ${task.position}"))
+    with pytest.raises(ConfigError) as e:
+        load_config(["study.arms=[]", "scale_ladder.models=[rope-32,odd-32]"], nano_project)
+    assert str(e.value) == ("conf/model/odd-32.yaml states position: ${task.position}: a scale ladder size names "
+                            "learned or rope, or leaves it out to take the task's (task.position)")
