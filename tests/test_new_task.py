@@ -182,3 +182,21 @@ def test_a_toy_task_added_as_one_module_trains_reports_and_leaves_other_runs_reu
     assert report.returncode == 0, report.stderr[-2000:]
     assert "(task.vocab_size 32)" in report.stdout and "Task `copy`: recall the token task.lag 2 positions back." \
         in report.stdout and "Yardstick: chance, 3.4657 nats." in report.stdout
+
+
+def test_a_task_file_that_states_no_positions_is_refused_in_one_line(tmp_path, monkeypatch):
+    """Without ``position`` in its conf/task file a task's models would take the schema's default silently."""
+    import study.config.task as task
+    from study.config import ConfigError, load_config
+
+    files = shutil.copytree(task.TASK_DIR, tmp_path / "conf" / "task")
+    (tmp_path / "study").symlink_to(ROOT / "study")  # the task modules beside the files, as in the project
+    text = (files / "mlm.yaml").read_text()
+    assert "\nposition: rope\n" in text
+    (files / "mlm.yaml").write_text(text.replace("\nposition: rope\n", "\n"))
+    monkeypatch.setattr(task, "TASK_DIR", files)
+    with pytest.raises(ConfigError) as e:
+        load_config(["task=mlm"], ROOT)
+    assert str(e.value) == ("conf/task/mlm.yaml states no position: write position: rope or position: learned (where "
+                            "the task's models take their positions, docs/tasks.md)")
+    assert load_config(["task=mqar"], ROOT).model.position == "learned"  # the others as they were

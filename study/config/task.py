@@ -52,7 +52,7 @@ def task_names() -> list[str]:
 @functools.lru_cache(maxsize=None)
 def _file_keys(path: Path, mtime_ns: int) -> tuple[str, ...]:  # mtime_ns: read again once the file changes
     data = yaml.safe_load(path.read_text()) or {}
-    return tuple(k for k in data if k not in COMMON_FIELDS) if isinstance(data, dict) else ()
+    return tuple(data) if isinstance(data, dict) else ()
 
 
 def task_fields(name: str) -> tuple[str, ...] | None:
@@ -63,7 +63,7 @@ def task_fields(name: str) -> tuple[str, ...] | None:
     path = TASK_DIR / f"{name}.yaml"
     if not isinstance(name, str) or not path.is_file():
         return None
-    own = _file_keys(path, path.stat().st_mtime_ns)
+    own = tuple(k for k in _file_keys(path, path.stat().st_mtime_ns) if k not in COMMON_FIELDS)
     return ("name", *own) if own else ()
 
 
@@ -73,12 +73,17 @@ def resolve_task(cfg: RunConfig) -> RunConfig:
     above).  A config already resolved (a run's config.json) resolves to itself.
 
     Raises:
-        ConfigError: ``task.name`` without a conf/task file, ``task.position`` not ``learned`` or ``rope``; one line.
+        ConfigError: ``task.name`` without a conf/task file, a conf/task file that states no ``position``,
+            ``task.position`` not ``learned`` or ``rope``; one line.
     """
     t = cfg.task.name
     if task_fields(t) is None:
         raise ConfigError(f"task.name={t!r} is not a task: choose one of {task_names()} (task=NAME; a new task is a "
                           f"module study/tasks/<NAME>.py and conf/task/NAME.yaml, docs/tasks.md)")
+    path = TASK_DIR / f"{t}.yaml"
+    if "position" not in _file_keys(path, path.stat().st_mtime_ns):  # else the schema's default would stand silently
+        raise ConfigError(f"conf/task/{t}.yaml states no position: write position: rope or position: learned (where "
+                          f"the task's models take their positions, docs/tasks.md)")
     if cfg.task.position not in ("learned", "rope"):
         raise ConfigError(f"task.position={cfg.task.position!r}: choose 'learned' or 'rope' (a run may name its own "
                           f"with model.position)")
