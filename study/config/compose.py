@@ -38,7 +38,8 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from .hydra_errors import _first, _hydra_error, _key_hint, _yaml_error, schema_keys
+from .group_files import check_name, ladder_position
+from .hydra_errors import _first, _hydra_error, _key_hint, schema_keys
 from .schema import GROUPS, SCHEMA_NAME, ConfigError, RunConfig, register
 from .task import resolve_task
 from .validation import check_ladder_lr, validate, validate_paths
@@ -111,37 +112,13 @@ def _check_schema_first(config_dir: Path, config_name: str) -> None:
                           f"conf/{config_name}.yaml restores it)")
 
 
-def _stated(config_dir: Path, group: str, choice: str, key: str):
-    """The value conf/GROUP/CHOICE.yaml states for ``key`` (None where the file or the key is missing)."""
-    import yaml
-
-    path = config_dir / group / f"{choice}.yaml"
-    if not path.is_file():
-        return None
-    try:
-        stated = OmegaConf.load(path)
-    except yaml.YAMLError as e:
-        raise _yaml_error(e, config_dir.parent) from e
-    if not isinstance(stated, DictConfig) or key not in stated:
-        return None
-    return OmegaConf.to_container(stated, resolve=False)[key]  # as written: an interpolation is not resolved here
-
-
-def _check_name(config_dir: Path, group: str, choice: str) -> None:
-    """A group file that states another name than its own (``name:`` in conf/GROUP/CHOICE.yaml) is refused."""
-    stated = _stated(config_dir, group, choice, "name")
-    if stated is not None and stated != choice:
-        raise ConfigError(f"conf/{group}/{choice}.yaml says name: {stated}: write name: {choice} "
-                          f"(a group file's name is its file name)")
-
-
 def name_groups(cfg: DictConfig, choices: dict, config_dir: Path, groups=NAMED_GROUPS, set_names: bool = True) -> None:
     """Set ``GROUP.name`` to the chosen file's name; a file that states another name is refused."""
     for g in groups:
         choice = choices.get(g)
         if choice is None:
             continue
-        _check_name(config_dir, g, choice)
+        check_name(config_dir, g, choice)
         if set_names:
             cfg[g].name = choice
 
@@ -378,33 +355,12 @@ def _check(cfg: RunConfig, root: Path) -> RunConfig:
         if unknown:
             raise ConfigError(f"{key} lists unknown {unknown}: choose from {available(root, group)}")
         for name in names:
-            _check_name(root / "conf", group, name)
+            check_name(root / "conf", group, name)
     if cfg.scale_ladder.models:
-        position = _ladder_position(cfg, root / "conf")
+        position = ladder_position(cfg, root / "conf")
         if cfg.scale_ladder.lr_from_tuned:
             check_ladder_lr(cfg, position)
     return cfg
-
-
-def _ladder_position(cfg: RunConfig, config_dir: Path) -> str:
-    """The positions every size of the scale ladder trains at: each model file's own ``position`` (rope-N: rope,
-    bytes-N: learned), else the task's.
-
-    Raises:
-        ConfigError: a size's file states a position that is not a plain ``learned`` or ``rope``, or the sizes train
-            at different positions (the ladder compares sizes, not positions); one line.
-    """
-    own = {m: _stated(config_dir, "model", m, "position") for m in cfg.scale_ladder.models}
-    bad = {m: p for m, p in own.items() if p not in (None, "learned", "rope")}
-    if bad:
-        m, p = next(iter(bad.items()))
-        raise ConfigError(f"conf/model/{m}.yaml states position: {p}: a scale ladder size names learned or rope, or "
-                          f"leaves it out to take the task's (task.position)")
-    at = {m: p or cfg.task.position for m, p in own.items()}
-    if len(set(at.values())) > 1:
-        raise ConfigError(f"scale_ladder.models={list(at)} train at different positions ({', '.join(f'{m} {p}' for m, p in at.items())}): "
-                          f"choose sizes of one kind (rope-N: rotary, bytes-N: learned)")
-    return next(iter(at.values()))
 
 
 def _raw_value(cfg: DictConfig, key: str) -> str | None:
