@@ -99,6 +99,7 @@ def test_a_rotary_size_is_checked_at_the_positions_its_model_file_names():
     msg = refusal(["study.arms=[]", "scale_ladder.models=[bytes-32,bytes-48]", "scale_ladder.lr_per_size=false"])
     assert "its lr* was tuned at model.position=rope, but this run trains at model.position=learned" in msg
     assert "train sizes whose model files name model.position=rope" in msg
+    assert msg.endswith(", or set scale_ladder.lr_from_tuned=false (train.lr)")  # lr_per_size is false already
     # a hand-started run of a rotary size at other positions: the same words
     msg = refusal(["model=rope-32", "model.position=learned", *RUN[2:]], resolved=True)
     assert "tuned at model.position=rope, but this run trains at model.position=learned: train sizes" in msg

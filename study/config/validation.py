@@ -309,11 +309,11 @@ def check_ladder_lr(cfg: RunConfig, position: str) -> None:
         ConfigError: one line naming the variant, the size and the fix (:func:`check_transferable`).
     """
     la = cfg.scale_ladder
+    off = ("set scale_ladder.lr_per_size=false (the default size's lr*) or " if la.lr_per_size else "set ") + \
+        "scale_ladder.lr_from_tuned=false (train.lr)"
     for v in la.variants:
         for m in (la.models if la.lr_per_size else [None]):
-            check_transferable(cfg, v, "scale_ladder.variants:", "set scale_ladder.lr_per_size=false (the "
-                               "default size's lr*) or scale_ladder.lr_from_tuned=false (train.lr)", model=m,
-                               position=position)
+            check_transferable(cfg, v, "scale_ladder.variants:", off, model=m, position=position)
 
 
 def _validate_profiles(cfg: RunConfig) -> None:
