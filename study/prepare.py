@@ -26,6 +26,7 @@ meta.json have the layout of the other sources, so training is unchanged.
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -46,7 +47,13 @@ def _report(cfg, root: Path) -> int:
     return 0
 
 
+#: litdata's writer processes hold a semaphore; when Ctrl-C ends them, multiprocessing's resource tracker (a process of
+#: its own, started later with this environment) frees it and warns on stderr after the stage's one-line error
+QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
+
+
 def main(argv: list[str] | None = None) -> int:
+    os.environ["PYTHONWARNINGS"] = ",".join(x for x in (os.environ.get("PYTHONWARNINGS"), QUIET_TRACKER) if x)
     try:
         return run_stage(_report, argv)
     except KeyboardInterrupt:  # the build removed its temporary folder; the data there before are kept
