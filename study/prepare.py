@@ -53,7 +53,8 @@ QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ["PYTHONWARNINGS"] = ",".join(x for x in (os.environ.get("PYTHONWARNINGS"), QUIET_TRACKER) if x)
+    rules = [x for x in os.environ.get("PYTHONWARNINGS", "").split(",") if x]
+    os.environ["PYTHONWARNINGS"] = ",".join(rules + [QUIET_TRACKER] * (QUIET_TRACKER not in rules))
     try:
         return run_stage(_report, argv)
     except KeyboardInterrupt:  # the build removed its temporary folder; the data there before are kept

@@ -50,6 +50,7 @@ def ladder_position(cfg: RunConfig, config_dir: Path) -> str:
                           f"leaves it out to take the task's (task.position)")
     at = {m: p or cfg.task.position for m, p in own.items()}
     if len(set(at.values())) > 1:
-        raise ConfigError(f"scale_ladder.models={list(at)} train at different positions ({', '.join(f'{m} {p}' for m, p in at.items())}): "
-                          f"choose sizes of one kind (rope-N: rotary, bytes-N: learned)")
+        each = ", ".join(f"{m} {p}" for m, p in at.items())
+        raise ConfigError(f"scale_ladder.models={list(at)} train at different positions ({each}): choose sizes of one "
+                          f"kind (rope-N: rotary, bytes-N: learned)")
     return next(iter(at.values()))
