@@ -197,15 +197,18 @@ levers: params
 # ladder compares variants, each at the lr* tuned at its size (conf/tuned.yaml tuned.size: `make ladder-tune` first;
 # scale_ladder.lr_per_size=false: the default size's lr* transferred unchanged), and switches the decided verdict
 # off (study.arms=[]).
-# One training at a time (DVC runs the stages in turn), so each gets LADDER_THREADS cores.  A size's model file names
-# its positions, and each size has its own lr* (tuned.size.MODEL): the ladder is rope-32/48/64 (rotary, the lm
-# default's); LADDER=[bytes-32,bytes-48,bytes-64] is the ladder at learned positions measured on 2026-12-05.
+# The stage scale_ladder trains LADDER_JOBS runs at once on the study's launcher (local here; launcher=slurm: job
+# arrays), each on LADDER_THREADS cores: one two-thread run at a time, as the ladder of 2026-12-07 was measured.  A
+# size's model file names its positions, and each size has its own lr* (tuned.size.MODEL): the ladder is
+# rope-32/48/64 (rotary, the lm default's); LADDER=[bytes-32,bytes-48,bytes-64] is the ladder at learned positions
+# measured on 2026-12-05.
 PROFILE_VARIANTS ?= [baseline,nonlinear_q]
 LADDER ?= [rope-32,rope-48,rope-64]
 LADDER_THREADS ?= 2
+LADDER_JOBS ?= 1
 scale-ladder: $(STAMP)
 	.venv/bin/dvc exp run compare -S 'study.arms=[]' -S 'scale_ladder.variants=$(PROFILE_VARIANTS)' \
-	  -S 'scale_ladder.models=$(LADDER)' -S 'trainer.threads=$(LADDER_THREADS)'
+	  -S 'scale_ladder.models=$(LADDER)' -S 'trainer.threads=$(LADDER_THREADS)' -S 'study.jobs=$(LADDER_JOBS)'
 
 # The ladder's lr transfer checked at one size: scale_ladder.variants tuned there by the same rule, on the ladder's
 # budget; the table and transfer.md (transferred lr against that size's lr*) go to conf/tuning/MODEL/ and that

@@ -24,8 +24,6 @@ import json
 import sys
 from pathlib import Path
 
-import yaml
-
 from study.analysis.decision import seed_list, seeds_to_train
 from study.analysis.summary import finite_or_null
 from study.analysis.verdict import PLAN, all_seeds, compare_all, comparisons_of, comparison_name
@@ -34,6 +32,7 @@ from study.config.stage import stage_args
 from study.config.naming import TEST_GROUP, testing_group
 from study.runner.arms import arm_of, tuned_lr
 from study.orchestration.losses import arm_losses
+from study.orchestration.params_guard import check_params_unchanged, params_snapshot
 from study.tuning.tuned_file import check_tuned
 
 
@@ -97,39 +96,6 @@ def run_tests(cfg, root: Path, params: str | None, base: list[str] = (), dry: bo
     return plan
 
 
-def params_snapshot(params: str | None) -> dict | None:
-    """The content of ``params`` (params.yaml, parsed) as the stage starts; None without --params or when unreadable."""
-    if params is None:
-        return None
-    try:
-        return yaml.safe_load(Path(params).read_text())
-    except (OSError, yaml.YAMLError):
-        return None
-
-
-def check_params_unchanged(params: str | None, before: dict | None) -> None:
-    """Refuse to end well when ``params`` (params.yaml) no longer holds what it held when the stage started
-    (``before``, :func:`params_snapshot`): conf/ edited and `make params` run while the stage trained.  DVC writes
-    dvc.lock from the params it reads after the command, so a stage that ended well would record the new values for
-    runs trained at the old ones, and every later `dvc repro` would skip it.
-
-    Raises:
-        StudyError: one line naming the sections that changed and the command that trains at the new values.
-    """
-    if params is None or before is None:
-        return
-    after = params_snapshot(params)
-    if after == before:
-        return
-    keys = sorted(set(before) | set(after or {}), key=str)
-    changed = [k for k in keys if (after or {}).get(k) != before.get(k)] or ["its content"]
-    raise StudyError(f"{params} changed while the test stage ran ({', '.join(map(str, changed))}: conf/ edited and "
-                     f"`make params` run?): the test runs were trained at the values it held when the stage started, "
-                     f"so the stage fails rather than let dvc.lock record the new values for them; run `dvc repro -f "
-                     f"test_runs` (or `dvc repro`): it trains what the new values ask for, reusing every finished "
-                     f"run that still matches")
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     dry = "--dry-run" in argv
@@ -141,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     def body(cfg, root: Path) -> int:
         run_tests(cfg, root, params, base, dry=dry)
         if not dry:
-            check_params_unchanged(params, before)
+            check_params_unchanged(params, before, "test", "test_runs")
         return 0
     return run_stage(body, argv, interruptible="study.test_runs",  # Ctrl-C: each training stopped, marked KILLED
                      own=("--dry-run",))

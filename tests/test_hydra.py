@@ -209,7 +209,7 @@ def test_dvc_runs_hydra_mode_and_every_stage_reads_params_yaml():
     assert "vars" not in yaml.safe_load((ROOT / "dvc.yaml").read_text())  # params.yaml's values are DVC's default vars
     assert stages.pop("check_params")["cmd"] == "python -m study.config --check"
     for name, stage in stages.items():
-        assert stage["cmd"].startswith(f"python -m study.{'train' if name in ('train', 'scale_ladder') else name} "
+        assert stage["cmd"].startswith(f"python -m study.{'ladder_runs' if name == 'scale_ladder' else name} "
                                        "--params params.yaml"), (name, stage["cmd"])
         assert all(isinstance(p, str) for p in stage["params"])  # keys of params.yaml
 

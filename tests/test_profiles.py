@@ -215,3 +215,48 @@ def test_the_scale_ladder_through_dvc(tmp_path):
     # nothing to do on a second repro
     again = subprocess.run(["dvc", "status"], cwd=project, env=env, capture_output=True, text=True, timeout=600)
     assert "up to date" in again.stdout, again.stdout
+
+
+@pytest.mark.slow  # a stage end to end on faked trainings (8 compositions, twice)
+def test_the_ladder_stage_trains_every_size_through_the_launcher_and_reuses_them(nano_project, tmp_path, monkeypatch,
+                                                                                  capsys):
+    """study.ladder_runs: each variant x seed at each size, at the size's compute-matched tokens, in
+    runs/scale_ladder/MODEL/; a second start trains nothing (every run reused), and an empty ladder writes its plan."""
+    import study.runner.arms
+    from study.config import run_dir
+    from study.ladder_runs import main
+    from study.runfolder import recorded_config
+    from study.runner.resume_key import run_digest
+    from study.runner.spec import run_spec
+
+    trained = []
+
+    def train(cfg, root):  # what study.train writes, from the run's frozen specification
+        spec = run_spec(cfg, root)
+        c = spec.cfg
+        d = run_dir(root, c, c.variant.name, c.seed)
+        trained.append((c.study.group, c.variant.name, c.seed, c.train.tokens))
+        _write_run(d, c.variant.name, c.seed, 3.0, tokens=c.train.tokens, lr=spec.lr)
+        rec = json.loads((d / "record.json").read_text())
+        (d / "record.json").write_text(json.dumps({**rec, "config_hash": run_digest(c, spec.data_dir)}))
+        (d / "config.json").write_text(json.dumps(recorded_config(c, "0123456789abcdef")))
+    monkeypatch.setattr(study.runner.arms, "TRAIN", train)
+    monkeypatch.chdir(nano_project)
+    runs = tmp_path / "runs"
+    args = [f"study.runs_dir={runs}", "study.seeds=[1,2]", "study.jobs=1", "scale_ladder.models=[ladder-64,ladder-96]",
+            "scale_ladder.lr_from_tuned=false"]
+    assert main(args) == 0
+    assert [t[:3] for t in trained] == [(f"scale_ladder/{m}", v, s) for m in ("ladder-64", "ladder-96")
+                                        for v in ("baseline", "nonlinear_q") for s in (1, 2)]
+    tokens = {g: {t[3] for t in trained if t[0] == g} for g, *_ in trained}
+    assert all(len(t) == 1 for t in tokens.values())  # every variant of a size on the same tokens
+    assert min(tokens["scale_ladder/ladder-64"]) < min(tokens["scale_ladder/ladder-96"])  # compute-matched: grows
+    assert read_result(runs / "scale_ladder/ladder-96/nonlinear_q-s2")["tokens"] == min(tokens["scale_ladder/ladder-96"])
+    plan = json.loads((runs / "scale_ladder/plan.json").read_text())
+    assert plan == {"models": ["ladder-64", "ladder-96"], "variants": ["baseline", "nonlinear_q"], "seeds": [1, 2]}
+    assert main(args) == 0 and len(trained) == 8  # a second start: every run reused
+    capsys.readouterr()
+    assert main([*args, "--dry-run"]) == 0
+    assert "scale_ladder: would train 0 run(s) on this machine, 1 at once (8 finished, reused)" in capsys.readouterr().out
+    assert main([f"study.runs_dir={tmp_path / 'off'}"]) == 0 and len(trained) == 8  # the ladder off: no run
+    assert json.loads((tmp_path / "off/scale_ladder/plan.json").read_text())["models"] == []

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from study.analysis.pairing import check
 from study.config import flatten, run_dir
+from study.config.naming import LADDER_GROUP, ladder_overrides
 from study.runfolder import METRICS_FILE, NOT_SETTINGS, REPLACED, RunsError, read_run, train_command
 
 
@@ -91,12 +92,9 @@ def train_hint_overrides(cfg, root: Path, group: str = "") -> list[str]:
         arm = cfg.arms[name]
         lr = arm.lr if arm.lr is not None else cfg.tuned.lr.get(name)
         out += ([f"arm.lr={float(lr)!r}"] if lr is not None else []) + [str(o) for o in arm.overrides]
-    elif group.startswith("scale_ladder/"):
+    elif group.startswith(f"{LADDER_GROUP}/"):
         out = [o for o in out if not o.startswith("model=")]
-        out += [f"model={group.split('/', 1)[1]}", f"train.tokens_per_param={cfg.scale_ladder.tokens_per_param}",
-                f"train.warmup_tokens={cfg.scale_ladder.warmup_tokens}",
-                f"train.lr_from_tuned={str(cfg.scale_ladder.lr_from_tuned).lower()}",
-                f"train.lr_per_size={str(cfg.scale_ladder.lr_per_size).lower()}"]
+        out += [o for o in ladder_overrides(cfg, group.split("/", 1)[1]) if not o.startswith("study.group=")]
     return out
 
 

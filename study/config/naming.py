@@ -37,6 +37,21 @@ def testing_group(arm: str) -> str:
     return f"{TEST_GROUP}/{arm}"
 
 
+#: where the scale ladder's runs go, under study.runs_dir (``runs/scale_ladder/MODEL/VARIANT-sSEED``)
+LADDER_GROUP = "scale_ladder"
+
+
+def ladder_overrides(cfg: RunConfig, model: str) -> list[str]:
+    """The ``study.train`` overrides that make a run a run of the scale ladder at size ``model`` (a file of
+    conf/model/): the size, its compute-matched budget (``scale_ladder.tokens_per_param`` x the baseline's
+    non-embedding parameters, derived by study.runner.spec) and warmup, where its peak lr comes from, and its
+    group (``scale_ladder/MODEL``).  The ladder's stage (study.ladder_runs) adds ``variant=`` and ``seed=``."""
+    lad = cfg.scale_ladder
+    return [f"model={model}", f"train.tokens_per_param={lad.tokens_per_param}",
+            f"train.warmup_tokens={lad.warmup_tokens}", f"train.lr_from_tuned={str(lad.lr_from_tuned).lower()}",
+            f"train.lr_per_size={str(lad.lr_per_size).lower()}", f"study.group={LADDER_GROUP}/{model}"]
+
+
 def run_role(group: str) -> str:
     """The part a run plays, read from its ``study.group``: ``"test"`` (``test/ARM``, a test run of the verdict),
     ``"tune"`` (``ARM/lrLR``, a tuning run), ``"main"`` (no group) or the group's first folder (``scale_ladder``,
