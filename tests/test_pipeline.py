@@ -112,7 +112,9 @@ def test_repro_is_idempotent_and_selective(study):
     r = dvc(study, "repro")
     assert r.returncode == 0, (r.stdout + r.stderr)[-3000:]
     ran = sorted(line.split("'")[1] for line in r.stdout.splitlines() if line.startswith("Running stage"))
-    assert ran == ["compare", "test_runs"], r.stdout
+    # the stages that read conf/variant (the ladder's too: off here, it trains nothing) and compare; never prepare
+    assert ran == ["compare", "scale_ladder", "test_runs"], r.stdout
+    assert "scale_ladder.models is empty: no ladder" in r.stdout
     log = r.stdout + r.stderr
     assert log.count("test/nonlinear_q/nonlinear_q-s1: step 10/10") == 1, log  # the variant's arm trained again
     assert "test/baseline/baseline-s1: step" not in log, log  # the baseline's runs reused

@@ -27,7 +27,7 @@ from torchmetrics.aggregation import MeanMetric
 from study.config import RunConfig, peak_lr, run_seeds
 from study.modeling.diagnostics import curve_diagnostics, diagnostics
 from study.modeling.accounting import flops_per_token, param_counts
-from study.modeling.lr_schedule import lr_at
+from study.modeling.lr_schedule import schedule_of
 from study.modeling.model import GPT
 from study.tasks import configured_rows, get_task
 from study.tasks.common import scored
@@ -91,6 +91,10 @@ class GPTModule(pl.LightningModule):
         self.counts = {"total_params": counts["total"], "non_embedding_params": counts["non_embedding"],
                        "flops_per_token": flops_per_token(self.model)}
         self.lr, self.min_lr = peak_lr(cfg)
+        self._lr_of = schedule_of(cfg, self.lr, self.min_lr)  # the lr per optimizer step, the config read once
+        # read every step: plain numbers (an OmegaConf read costs ~1 us x its depth on a CPU, every step)
+        self._z_loss, self._log_every = cfg.train.z_loss, cfg.train.log_every
+        self._step_tokens = cfg.train.batch_tokens
         self.val_loss = MeanMetric(nan_strategy="disable")  # a NaN window makes val_loss NaN: a divergence
         self.val_accuracy = MeanMetric(nan_strategy="disable")  # LABELLED tasks: argmax = target, scored positions
         # per-corpus validation loss of the current evaluation: summed window losses and window counts,
@@ -128,7 +132,7 @@ class GPTModule(pl.LightningModule):
         inputs, targets = self.task.split(batch)  # lm: (B, block_size + 1) -> its first and last block_size
         model = self._compiled if self._compiled is not None else self.model
         logits, loss = model(inputs, targets)  # (B, T, V), scalar: the mean over the scored positions
-        z = self.cfg.train.z_loss
+        z = self._z_loss
         if not z:
             return loss, None
         return loss, z * torch.logsumexp(logits.float(), dim=-1).square().mean()
@@ -162,6 +166,13 @@ class GPTModule(pl.LightningModule):
         self._step_loss, self._step_micro = None, 0
         return total / count
 
+    def _logger_flushes(self) -> bool:
+        """Whether Lightning sends this optimizer step's logged values to the logger (every ``log_every_n_steps``
+        = ``train.log_every`` steps, its logger connector's own test, read so that the MLflow history keeps exactly
+        the steps it had when every step was logged); True where the trainer has no such connector."""
+        connector = getattr(self.trainer, "_logger_connector", None)
+        return True if connector is None else bool(connector.should_update_logs)
+
     def on_train_start(self) -> None:
         self._last_step, self._step_loss, self._step_micro = self.trainer.global_step, None, 0
 
@@ -172,18 +183,20 @@ class GPTModule(pl.LightningModule):
         self._last_step = step
         loss = self._step_train_loss()
         self._train_losses.append(loss)
-        self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=False)
+        if self._logger_flushes():  # self.log costs ~1 ms a call on a CPU: only at the steps the logger receives
+            self.log("train_loss", loss, prog_bar=True, on_step=True, on_epoch=False)
         if not math.isfinite(loss):
             self._diverge(step, f"non-finite train loss ({loss}) at step {step}")
             return
         now = time.perf_counter()
         if self._t_last is None:
             self._t_last, self._tokens_since = now, 0
-        elif step % self.cfg.train.log_every == 0 and (now - self._t_last) > 0:
+        elif step % self._log_every == 0 and (now - self._t_last) > 0:
             tokens_per_s = self._tokens_since / (now - self._t_last)
-            logs = {"tokens_per_s": tokens_per_s, "tokens": float(step * self.cfg.train.batch_tokens),
+            logs = {"tokens_per_s": tokens_per_s, "tokens": float(step * self._step_tokens),
                     "lr": self.lr_schedulers().get_last_lr()[0]}
-            self.log_dict(logs, on_step=True)
+            for logger in self.loggers:  # straight to the logger at this step (self.log costs ~1 ms a value on a CPU)
+                logger.log_metrics(logs, step=step)
             self._t_last, self._tokens_since = now, 0
 
     def _token_losses(self, batch: torch.Tensor) -> torch.Tensor:
@@ -320,8 +333,8 @@ class GPTModule(pl.LightningModule):
     # -- optimisation ------------------------------------------------------------------------------
     def lr_at(self, step: int) -> float:
         """Learning rate used at optimizer step ``step``: warmup, then ``train.schedule`` (cosine to
-        min_lr, d2z, wsd; :func:`study.modeling.lr_schedule.lr_at`), in steps."""
-        return lr_at(self.cfg, step, self.lr, self.min_lr)
+        min_lr, d2z, wsd; :func:`study.modeling.lr_schedule.schedule_of`), in steps."""
+        return self._lr_of(step)
 
     def configure_optimizers(self):
         decay = [p for p in self.model.parameters() if p.requires_grad and p.dim() >= 2]
