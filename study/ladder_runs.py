@@ -7,7 +7,7 @@ The runs go out as the test stage's do (study.orchestration.ensure.ensure_runs):
 settings, code and data is reused, the missing ones train ``study.jobs`` at once here or as one SLURM job array.
 Writes ``runs/scale_ladder/plan.json`` (byte-stable: the sizes, variants and seeds), also while the ladder is off
 (``scale_ladder.models: []``); ``compare`` reads the runs and reports the ladder.  Fails (one line) when
-params.yaml changed while it ran (study.orchestration.params_guard).
+params.yaml changed while it ran (study.orchestration.driver).
 """
 from __future__ import annotations
 
@@ -15,11 +15,9 @@ import json
 import sys
 from pathlib import Path
 
-from study.config import run_stage
 from study.config.naming import LADDER_GROUP, ladder_overrides
-from study.config.stage import stage_args
 from study.orchestration.ensure import dry_run, ensure_runs
-from study.orchestration.params_guard import check_params_unchanged, params_snapshot
+from study.orchestration.driver import driver_main
 
 PLAN = "plan.json"
 
@@ -59,18 +57,7 @@ def run_ladder(cfg, root: Path, params: str | None, base: list[str] = (), dry: b
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    dry = "--dry-run" in argv
-    argv = [a for a in argv if a != "--dry-run"]
-    params, base = stage_args(argv)
-    before = params_snapshot(params)  # the values the runs train at: params.yaml as the stage starts
-
-    def body(cfg, root: Path) -> int:
-        run_ladder(cfg, root, params, base, dry=dry)
-        if not dry:
-            check_params_unchanged(params, before, "scale ladder", "scale_ladder")
-        return 0
-    return run_stage(body, argv, interruptible="study.ladder_runs", own=("--dry-run",))
+    return driver_main(argv, run_ladder, "scale ladder", "scale_ladder", "study.ladder_runs")
 
 
 if __name__ == "__main__":

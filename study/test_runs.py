@@ -27,12 +27,10 @@ from pathlib import Path
 from study.analysis.decision import seed_list, seeds_to_train
 from study.analysis.summary import finite_or_null
 from study.analysis.verdict import PLAN, all_seeds, compare_all, comparisons_of, comparison_name
-from study.config import StudyError, run_stage
-from study.config.stage import stage_args
 from study.config.naming import TEST_GROUP, testing_group
 from study.runner.arms import arm_of, tuned_lr
 from study.orchestration.losses import arm_losses
-from study.orchestration.params_guard import check_params_unchanged, params_snapshot
+from study.orchestration.driver import driver_main
 from study.tuning.tuned_file import check_tuned
 
 
@@ -97,20 +95,7 @@ def run_tests(cfg, root: Path, params: str | None, base: list[str] = (), dry: bo
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    dry = "--dry-run" in argv
-    argv = [a for a in argv if a != "--dry-run"]
-    params, base = stage_args(argv)
-
-    before = params_snapshot(params)  # the values the runs train at: params.yaml as the stage starts
-
-    def body(cfg, root: Path) -> int:
-        run_tests(cfg, root, params, base, dry=dry)
-        if not dry:
-            check_params_unchanged(params, before, "test", "test_runs")
-        return 0
-    return run_stage(body, argv, interruptible="study.test_runs",  # Ctrl-C: each training stopped, marked KILLED
-                     own=("--dry-run",))
+    return driver_main(argv, run_tests, "test", "test_runs", "study.test_runs")
 
 
 if __name__ == "__main__":

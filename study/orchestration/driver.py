@@ -1,13 +1,37 @@
-"""The guard of a driver stage (study.test_runs, study.ladder_runs) against a params.yaml that changed while it trained:
-DVC writes dvc.lock from the params it reads after the command, so a stage that ended well would record new values for
-runs trained at the old ones."""
+"""A driver stage (study.test_runs, study.ladder_runs: one stage that decides its runs and trains them through the
+launcher): its command line (:func:`driver_main`) and its guard against a params.yaml that changed while it trained
+(DVC writes dvc.lock from the params it reads after the command, so a stage that ended well would record new values
+for runs trained at the old ones)."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import yaml
 
-from study.config import StudyError
+from study.config import StudyError, run_stage
+from study.config.stage import stage_args
+
+
+def driver_main(argv: list[str] | None, run, what: str, stage: str, module: str) -> int:
+    """The ``main()`` of a driver stage, ``python -m MODULE [--params params.yaml] [--dry-run] [overrides]``:
+    ``run(cfg, root, params, base, dry=)`` trains (or with ``--dry-run`` prints) its runs, then the stage fails in one
+    line when params.yaml changed meanwhile (:func:`check_params_unchanged`; ``what``: the stage in words, ``stage``:
+    its DVC name).  Ctrl-C stops each training and marks it KILLED (study.config.run_stage).
+
+    Returns: the exit status (0; 2 after a one-line error)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    dry = "--dry-run" in argv
+    argv = [a for a in argv if a != "--dry-run"]
+    params, base = stage_args(argv)
+    before = params_snapshot(params)  # the values the runs train at: params.yaml as the stage starts
+
+    def body(cfg, root: Path) -> int:
+        run(cfg, root, params, base, dry=dry)
+        if not dry:
+            check_params_unchanged(params, before, what, stage)
+        return 0
+    return run_stage(body, argv, interruptible=module, own=("--dry-run",))
 
 
 def params_snapshot(params: str | None) -> dict | None:
