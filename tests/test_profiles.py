@@ -260,3 +260,30 @@ def test_the_ladder_stage_trains_every_size_through_the_launcher_and_reuses_them
     assert "scale_ladder: would train 0 run(s) on this machine, 1 at once (8 finished, reused)" in capsys.readouterr().out
     assert main([f"study.runs_dir={tmp_path / 'off'}"]) == 0 and len(trained) == 8  # the ladder off: no run
     assert json.loads((tmp_path / "off/scale_ladder/plan.json").read_text())["models"] == []
+
+
+@pytest.mark.slow  # a stage on faked trainings: a few compositions
+def test_the_ladder_stage_refuses_before_any_run_trains(nano_project, tmp_path, monkeypatch, capsys):
+    """What the ladder sets for each run is refused as a stage override, a size listed twice is refused, -m is refused,
+    and a size the budget rule refuses (its warmup longer than its compute-matched tokens) stops the stage before
+    the sizes before it train: one line each, exit 2, nothing trained."""
+    import study.runner.arms
+    from study.ladder_runs import main
+
+    trained = []
+    monkeypatch.setattr(study.runner.arms, "TRAIN", lambda cfg, root: trained.append(cfg.model.name))
+    monkeypatch.chdir(nano_project)
+    args = [f"study.runs_dir={tmp_path / 'runs'}", "study.seeds=[1,2]", "study.arms=[]",
+            "scale_ladder.models=[ladder-64,ladder-96]", "scale_ladder.lr_from_tuned=false"]
+    cases = [([*args, "model=nano"], "model=nano: the scale ladder sets model for each of its runs, so this override "
+                                     "would be ignored: set scale_ladder.models instead"),
+             ([*args, "train.warmup_tokens=0"], "set scale_ladder.warmup_tokens instead"),
+             ([*args, "scale_ladder.models=[ladder-64,ladder-96,ladder-96]"], "names ['ladder-96'] more than once"),
+             (["-m", *args], "does not sweep (-m)"),
+             ([*args, "scale_ladder.warmup_tokens=2000000"], "train.warmup_tokens=2000000 is more than the run's ")]
+    for argv, words in cases:
+        capsys.readouterr()
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and words in err[0], (argv, err)
+    assert trained == [] and not (tmp_path / "runs/scale_ladder").exists()

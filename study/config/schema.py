@@ -218,7 +218,7 @@ class StudyConfig:
     target_halfwidth: float = 0.5  # Stein's half-width d of the interval, % log-loss of the reference
     max_seeds: int = 20  # most test seeds per arm; a comparison needing more is "undecided (N seeds needed)"
     equivalence_margin: float = 1.0  # +-delta of the equivalence test (TOST), % log-loss of the reference
-    jobs: int = 1  # trainings the tune and test_runs stages run at once, each its own process (needs trainer.threads)
+    jobs: int = 1  # trainings the tune, test_runs and scale_ladder stages run at once, each its own process (needs trainer.threads)
     pilot_seeds: list = field(default_factory=list)  # seeds the default was chosen on: never tuning or test seeds
 
 

@@ -322,6 +322,11 @@ def _validate_profiles(cfg: RunConfig) -> None:
         if len(set(la.models)) < 2:
             raise ConfigError(f"scale_ladder.models={list(la.models)} needs at least 2 distinct model sizes "
                               f"(3 or more for a trend), e.g. [ladder-64, ladder-96, ladder-128]")
+        for key, names in (("models", la.models), ("variants", la.variants)):
+            twice = sorted({n for n in names if list(names).count(n) > 1})
+            if twice:
+                raise ConfigError(f"scale_ladder.{key}={list(names)} names {twice} more than once: each is one set "
+                                  f"of runs (one folder each), list it once")
         if s.baseline not in la.variants:
             raise ConfigError(f"scale_ladder.variants={list(la.variants)} must include study.baseline={s.baseline!r}")
         if not la.tokens_per_param > 0 or la.warmup_tokens < 0:

@@ -96,7 +96,7 @@ def validate_verdict(cfg: RunConfig) -> None:
         if not lr > 0:
             raise ConfigError(f"tuned.lr.{name}={lr} in conf/tuned.yaml must be > 0: re-run `make tune`")
     if not s.jobs >= 1:
-        raise ConfigError(f"study.jobs={s.jobs} must be >= 1 (trainings the tune and test_runs stages run at once)")
+        raise ConfigError(f"study.jobs={s.jobs} must be >= 1 (trainings the tune, test_runs and scale_ladder stages run at once)")
     if s.jobs > 1 and not cfg.trainer.threads:
         raise ConfigError(f"study.jobs={s.jobs} runs {s.jobs} trainings at once: set trainer.threads (e.g. "
                           f"trainer.threads=1) so that each has its own cores and the numbers do not depend on jobs")

@@ -21,6 +21,10 @@ def driver_main(argv: list[str] | None, run, what: str, stage: str, module: str)
 
     Returns: the exit status (0; 2 after a one-line error)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-m", "--multirun") for a in argv):
+        print(f"error: {module} does not sweep (-m): it decides and trains its own set of runs; run it once per "
+              f"value (under DVC: one `dvc exp run -S KEY=VALUE` each)", file=sys.stderr)
+        return 2
     dry = "--dry-run" in argv
     argv = [a for a in argv if a != "--dry-run"]
     params, base = stage_args(argv)

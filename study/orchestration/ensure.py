@@ -13,6 +13,7 @@ from study.config.launcher import resolve_launcher
 from study.orchestration.arrays import cancel_and_wait, check_commands, earlier_tasks, same_run
 from study.orchestration.launch import launch
 from study.orchestration.live_line import StageLine
+from study.runfolder import METRICS_FILE
 from study.runner.arms import ensure_run, pending
 
 
@@ -125,6 +126,8 @@ def dry_run(runs: list[list[str]], root: Path, params: str | None, label: str, j
         return {"runs": [], "reused": 0, "flops": 0.0, "gpu_hours": 0.0, "cpu_hours": 0.0}
     rows = [pending(o, root, params, wait=False) for o in runs]
     todo = [(d, c) for d, o, c in rows if o is not None]
+    replaced = sum((d / METRICS_FILE).is_file() for d, _ in todo)  # finished under other settings, code or data
+    also = f"; {replaced} of them replace a finished run of other settings" if replaced else ""
     res = resolve_launcher(rows[0][2])
     gpu = on_gpus(rows[0][2], res)
     cache: dict = {}
@@ -137,13 +140,13 @@ def dry_run(runs: list[list[str]], root: Path, params: str | None, label: str, j
     if res["executor"] == "slurm":
         where = ", ".join(f"{k} {res[k]}" for k in ("partition", "account", "qos", "constraint") if res[k])
         print(f"{label}: would submit 1 SLURM job array of {len(todo)} run(s) ({len(rows) - len(todo)} finished, "
-              f"reused){': ' + where if where else ''}; each job {res['nodes']} node(s) x {res['tasks_per_node']} "
+              f"reused{also}){': ' + where if where else ''}; each job {res['nodes']} node(s) x {res['tasks_per_node']} "
               f"task(s), {res['gpus_per_node']} GPU(s)/node, {res['cpus_per_task']} CPU(s)/task, "
               f"{str(res['mem_gb']) + ' GB' if res['mem_gb'] else 'default memory'}, {res['timeout_min']} min, "
               f"{res['array_parallelism']} at once")
     else:
         print(f"{label}: would train {len(todo)} run(s) on this machine, {max(1, jobs)} at once "
-              f"({len(rows) - len(todo)} finished, reused)")
+              f"({len(rows) - len(todo)} finished, reused{also})")
     for d, fpt, tokens in flops:
         each = gpu_hours(fpt * tokens, res) if gpu else cpu_hours(fpt * tokens)
         print(f"  {d}: {fpt:.3g} FLOP/token x {tokens:,} tokens = {fpt * tokens:.3g} FLOP, {each:.3g} {unit}")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from study.config import RunConfig, load_config, peak_lr, run_dir, run_label
+from study.config import ConfigError, RunConfig, load_config, peak_lr, run_dir, run_label
 from study.tasks import task_data_dir
 from study.config.naming import run_arm
 
@@ -78,7 +78,12 @@ def derived_settings(cfg: RunConfig, root: Path) -> tuple[dict, str | None]:
         n = describe(cfg.model, base, configured_rows(cfg))["non_embedding_params"]
         tokens = max(1, int(cfg.train.tokens_per_param * n) // cfg.train.batch_tokens) * cfg.train.batch_tokens
         out["train"] = {"tokens": tokens}
-        check_wsd_fits(cfg, tokens)  # validate() could not: the tokens were not known then
+        if cfg.train.warmup_tokens > tokens:  # validate() checked it against train.tokens: these were not known then
+            raise ConfigError(f"train.warmup_tokens={cfg.train.warmup_tokens} is more than the run's {tokens} tokens "
+                              f"(train.tokens_per_param={cfg.train.tokens_per_param} x the baseline's {n:,} "
+                              f"non-embedding parameters): the lr would never reach its peak; lower the warmup "
+                              f"(scale_ladder.warmup_tokens for the ladder) or raise tokens_per_param")
+        check_wsd_fits(cfg, tokens)
     source = None
     if cfg.train.lr_from_tuned:  # validate() checked the variant's arm is plain and has one
         from study.config.transfer import check_size_recipe, size_recipe_now, transferred_lr
