@@ -182,12 +182,13 @@ def test_dvc_keeps_persisted_outputs_when_a_stage_command_fails(tmp_path):
 
     root = Path(__file__).resolve().parent.parent
     stages = yaml.safe_load((root / "dvc.yaml").read_text())["stages"]
-    train_like = [s for s in stages.values() if "study.train" in s["cmd"]]
-    assert len(train_like) == 1  # the scale ladder's (the test stage's runs are one folder output, runs/test)
-    for s in train_like:
-        [metrics] = s["metrics"]
-        [(path, opts)] = metrics.items()
-        assert path.endswith("metrics.json") and opts == {"persist": True, "cache": False}
+    # the stages that train: each declares its runs as one folder output (runs_tune/ARM, runs/test, runs/scale_ladder)
+    train_like = {name: s for name, s in stages.items() if "study/runner/run.py" in s.get("deps", [])}
+    assert set(train_like) == {"tune", "test_runs", "scale_ladder"}
+    for s in train_like.values():
+        [out] = s["outs"]
+        [(path, opts)] = out.items()
+        assert path.startswith(("runs", "${tune.runs_dir}")) and opts == {"persist": True, "cache": False}
     (tmp_path / "dep.txt").write_text("1")
     (tmp_path / "dvc.yaml").write_text(
         "stages:\n  s:\n    cmd: python -c \"import os, sys; open('log.txt', 'a').write(str(os.path.exists("
