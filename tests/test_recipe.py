@@ -217,10 +217,10 @@ def schedule_cfg(schedule: str, **train) -> RunConfig:
 
 
 def test_d2z_decays_linearly_to_exactly_zero():
-    from study.modeling.lr_schedule import lr_at
+    from study.modeling.lr_schedule import schedule_of
 
     cfg = schedule_cfg("d2z")  # 20 steps, 4 warmup
-    lrs = [lr_at(cfg, s) for s in range(21)]
+    lrs = [schedule_of(cfg)(s) for s in range(21)]
     assert lrs[:4] == pytest.approx([1e-2 * (s + 1) / 5 for s in range(4)])
     assert lrs[4] == pytest.approx(1e-2)
     assert lrs[20] == 0.0 and lrs[19] == pytest.approx(1e-2 / 16)  # zero at the end of the budget
@@ -229,27 +229,27 @@ def test_d2z_decays_linearly_to_exactly_zero():
 
 
 def test_wsd_holds_then_decays_to_zero():
-    from study.modeling.lr_schedule import lr_at
+    from study.modeling.lr_schedule import schedule_of
 
     cfg = schedule_cfg("wsd", decay_fraction=0.25)  # 20 steps: warmup 4, stable to 15, decay over the last 5
-    lrs = [lr_at(cfg, s) for s in range(21)]
+    lrs = [schedule_of(cfg)(s) for s in range(21)]
     assert lrs[4:15] == [1e-2] * 11
     assert lrs[15:] == pytest.approx([1e-2 * k / 5 for k in (5, 4, 3, 2, 1, 0)])
     assert lrs[20] == 0.0
 
 
-def test_cosine_is_todays_schedule_and_the_module_uses_lr_at():
+def test_cosine_is_todays_schedule_and_the_module_uses_schedule_of():
     import math
 
-    from study.modeling.lr_schedule import lr_at
+    from study.modeling.lr_schedule import schedule_of
     from study.modeling.lit_module import GPTModule
 
     cfg = schedule_cfg("cosine")
     want = [1e-2 * (s + 1) / 5 if s < 4 else 1e-3 + 0.5 * (1 + math.cos(math.pi * (s - 4) / 16)) * 9e-3
             for s in range(20)] + [1e-3]
-    assert [lr_at(cfg, s) for s in range(21)] == pytest.approx(want, rel=1e-12)
+    assert [schedule_of(cfg)(s) for s in range(21)] == pytest.approx(want, rel=1e-12)
     module = GPTModule(schedule_cfg("d2z"))
-    assert module.min_lr == 0.0 and [module.lr_at(s) for s in range(21)] == [lr_at(module.cfg, s) for s in range(21)]
+    assert module.min_lr == 0.0 and [module.lr_at(s) for s in range(21)] == [schedule_of(module.cfg)(s) for s in range(21)]
 
 
 # -- z-loss and the attention-logit probe -------------------------------------------------------------

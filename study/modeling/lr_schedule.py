@@ -70,12 +70,3 @@ def schedule_of(cfg: RunConfig, lr: float | None = None, min_lr: float | None = 
     def lr_of(step: int) -> float:
         return fn(step, warmup, total, lr, min_lr, decay_fraction)
     return lr_of
-
-
-def lr_at(cfg: RunConfig, step: int, lr: float | None = None, min_lr: float | None = None) -> float:
-    """The learning rate of optimizer step ``step`` (:func:`schedule_of` at one step).
-
-    Raises:
-        ConfigError: unknown schedule.
-    """
-    return schedule_of(cfg, lr, min_lr)(step)
